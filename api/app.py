@@ -1,0 +1,67 @@
+"""The API's app factory: settings in, FastAPI app out. `uvicorn --factory api.app:create_app`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from api.errors import install_error_handlers
+from api.events import JobEvents
+from api.limits import BodySizeLimit
+from api.queue import JobQueue
+from api.routes import jobs, ops
+from shared.config import Settings
+from shared.logging import configure_logging
+from shared.store import JobStore
+
+
+def redis_client(settings: Settings) -> aioredis.Redis:
+    # Short connect timeout and no retries: when Redis is down the API answers 503 at once
+    # instead of holding requests; the pool reconnects by itself when it is back.
+    return aioredis.Redis.from_url(
+        settings.require_redis_url(),
+        decode_responses=True,
+        socket_connect_timeout=1.0,
+        socket_timeout=5.0,
+        retry=Retry(NoBackoff(), 0),
+        max_connections=512,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = redis_client(settings)
+        events = JobEvents(client)
+        store = JobStore(client, settings.job_ttl_s, settings.idempotency_ttl_s)
+        app.state.settings = settings
+        app.state.redis = client
+        app.state.queue = JobQueue(settings, store, events)
+        events.start()
+        try:
+            yield
+        finally:
+            await events.stop()
+            await client.aclose()
+
+    app = FastAPI(
+        title="genq",
+        version="0.1.0",
+        summary="LLM inference jobs: submit, poll, stream, cancel.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(jobs.router)
+    app.include_router(ops.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    logging.getLogger("genq.api").debug("app created")
+    return app

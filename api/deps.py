@@ -1,0 +1,39 @@
+"""FastAPI dependencies as Annotated aliases: what a route may ask for."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Header, Request
+
+from api.auth import owner_of
+from api.queue import JobQueue
+from shared.config import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_queue(request: Request) -> JobQueue:
+    queue: JobQueue = request.app.state.queue
+    return queue
+
+
+def get_redis(request: Request) -> aioredis.Redis:
+    client: aioredis.Redis = request.app.state.redis
+    return client
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+QueueDep = Annotated[JobQueue, Depends(get_queue)]
+RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
+
+
+def current_owner(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> str:
+    return owner_of(authorization, settings)
+
+
+OwnerDep = Annotated[str, Depends(current_owner)]

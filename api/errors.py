@@ -1,0 +1,73 @@
+"""The one place genq errors become HTTP responses: `{"error": {"type", "message", "param"}}`."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis.exceptions
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+
+from api.responses import json_response
+from shared import errors
+from shared.schemas import error_body
+
+log = logging.getLogger("genq.api")
+
+STATUS_OF: dict[type[errors.GenqError], int] = {
+    errors.MalformedRequest: 400,
+    errors.Unauthorized: 401,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PayloadTooLarge: 413,
+    errors.InvalidRequest: 422,
+    errors.Unavailable: 503,
+}
+
+
+def _status(exc: errors.GenqError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]  # type: ignore[index]
+    return 500
+
+
+def genq_error_response(exc: errors.GenqError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.Unauthorized) else None
+    return json_response(error_body(exc.type, exc.message, exc.param), _status(exc), headers)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
+    return ".".join(parts) or "body"
+
+
+def validation_error_response(exc: RequestValidationError) -> Response:
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return genq_error_response(errors.MalformedRequest("the body is not valid JSON"))
+    field = _field_path(tuple(first.get("loc", ())))
+    message = f"{field}: {first.get('msg', 'invalid value')}"
+    if first.get("type") == "extra_forbidden":
+        message = f"{field}: unknown field"
+    return genq_error_response(errors.InvalidRequest(message, param=field))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_genq_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, errors.GenqError)
+        return genq_error_response(exc)
+
+    async def on_validation_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return validation_error_response(exc)
+
+    async def on_redis_down(_: Request, exc: Exception) -> Response:
+        log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
+        return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
+
+    app.add_exception_handler(errors.GenqError, on_genq_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(redis.exceptions.ConnectionError, on_redis_down)
+    app.add_exception_handler(redis.exceptions.TimeoutError, on_redis_down)

@@ -1,0 +1,77 @@
+"""Wakes long-pollers: one pub/sub subscription per API process, fanned out to local waiters.
+
+Workers publish a job id on JOB_EVENTS_CHANNEL when the job ends; each waiting request holds an
+asyncio.Event here. Waiters also re-read the record at least every `recheck_s`, so a message
+lost while the subscription was reconnecting delays an answer by at most that, never forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from shared import keys
+
+log = logging.getLogger("genq.api")
+
+
+class JobEvents:
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen_forever(), name="genq-job-events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.contextmanager
+    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
+        event = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiters[job_id]
+
+    def _wake(self, job_id: str) -> None:
+        for event in self._waiters.get(job_id, ()):
+            event.set()
+
+    def _wake_all(self) -> None:
+        for job_id in list(self._waiters):
+            self._wake(job_id)
+
+    async def _listen_forever(self) -> None:
+        while True:
+            try:
+                await self._listen()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                log.warning(json.dumps({"event": "job_events_reconnect", "error": type(exc).__name__}))
+                self._wake_all()  # anything may have finished while we were away
+                await asyncio.sleep(0.5)
+
+    async def _listen(self) -> None:
+        async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(keys.JOB_EVENTS_CHANNEL)
+            self._wake_all()
+            while True:
+                message = await pubsub.get_message(timeout=30.0)
+                if message is not None:
+                    data = message["data"]
+                    self._wake(data.decode() if isinstance(data, bytes) else str(data))

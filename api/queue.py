@@ -1,0 +1,156 @@
+"""The API's one door to the queue: submit, read, wait for, cancel and list jobs.
+
+Routes call this and nothing else; it owns validation that needs settings (served models,
+the max_tokens cap), idempotency, and long-poll waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from api.events import JobEvents
+from shared import keys
+from shared.config import Settings
+from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.messages import task_message
+from shared.schemas import JobCreate, JobStatus
+from shared.store import JobStore, NewJob, is_terminal, public_job
+
+#: Long-pollers re-read the record at least this often, whatever pub/sub says.
+RECHECK_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    job: dict[str, Any]
+    #: False when an Idempotency-Key replay returned an existing job.
+    created: bool
+
+
+def request_digest(create: JobCreate) -> str:
+    canonical = orjson.dumps(create.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+class JobQueue:
+    def __init__(self, settings: Settings, store: JobStore, events: JobEvents) -> None:
+        self._settings = settings
+        self._store = store
+        self._events = events
+
+    def _check(self, create: JobCreate) -> tuple[str, int]:
+        model = create.model or self._settings.model
+        served = self._settings.served_models
+        if model not in served:
+            raise InvalidRequest(
+                f"model {model!r} is not served; served models: {', '.join(served)}", param="model"
+            )
+        max_tokens = create.max_tokens or self._settings.default_max_tokens
+        cap = self._settings.max_tokens_cap
+        if max_tokens > cap:
+            raise InvalidRequest(f"max_tokens is {max_tokens}; the most allowed is {cap}", param="max_tokens")
+        return model, max_tokens
+
+    async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:
+        model, max_tokens = self._check(create)
+        job_input = create.model_dump(
+            mode="json", exclude={"model", "metadata"}, exclude_none=False
+        ) | {"max_tokens": max_tokens}
+        now = time.time()
+        job = NewJob(
+            job_id=str(uuid.uuid4()),
+            owner=owner,
+            model=model,
+            queue=keys.queue_for_model(model),
+            input_json=orjson.dumps(job_input),
+            metadata_json=orjson.dumps(create.metadata),
+            created_at=now,
+            deadline=now + self._settings.job_timeout_s,
+        )
+        priority = create.priority.broker_priority
+        message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)
+        idempotency = None
+        digest = ""
+        if idempotency_key is not None:
+            digest = request_digest(create)
+            idempotency = (keys.idempotency(owner, idempotency_key), digest)
+        submitted = await self._store.submit(job, message, keys.queue_key(job.queue, priority), idempotency)
+        if submitted.created:
+            return Accepted(public_job(_record_of(job)), created=True)
+        if submitted.request_digest != digest:
+            raise Conflict("this Idempotency-Key was used with a different request body", param="Idempotency-Key")
+        return Accepted(await self.get(submitted.job_id, owner), created=False)
+
+    async def get(self, job_id: str, owner: str) -> dict[str, Any]:
+        record = await self._store.get(job_id, owner)
+        if record is None:
+            raise NotFound(f"no job {job_id!r}", param="id")
+        return public_job(record)
+
+    async def wait(self, job_id: str, owner: str, timeout_s: float) -> dict[str, Any]:
+        """The job once it is terminal, or as it is when timeout_s has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
+        with self._events.watch(job_id) as changed:
+            while True:
+                record = await self._store.get(job_id, owner)
+                if record is None:
+                    raise NotFound(f"no job {job_id!r}", param="id")
+                remaining = deadline - loop.time()
+                if is_terminal(record) or remaining <= 0:
+                    return public_job(record)
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
+                except TimeoutError:
+                    pass
+
+    async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
+        record = await self._store.cancel(job_id, owner)
+        if record is None:
+            raise NotFound(f"no job {job_id!r}", param="id")
+        return public_job(record)
+
+    async def list(
+        self, owner: str, status: JobStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the owner's jobs, newest first; the cursor is the last returned score."""
+        max_score = "+inf" if cursor is None else f"({_parse_cursor(cursor)}"
+        found: list[dict[str, Any]] = []
+        last_score: float | None = None
+        for _ in range(20):  # bounds the work of a status filter over a long history
+            page = await self._store.page(owner, max_score, max(limit * 2, 50))
+            if not page:
+                return found, None
+            records = {r["id"]: r for r in await self._store.get_many([job_id for job_id, _ in page])}
+            for job_id, score in page:
+                record = records.get(job_id)
+                last_score = score
+                if record is not None and (status is None or record["status"] == status):
+                    found.append(public_job(record))
+                    if len(found) == limit:
+                        return found, str(int(score))
+            max_score = f"({int(page[-1][1])}"
+        return found, None if last_score is None else str(int(last_score))
+
+
+def _parse_cursor(cursor: str) -> int:
+    if not cursor.isdigit():
+        raise InvalidRequest("cursor is not one this API returned", param="cursor")
+    return int(cursor)
+
+
+def _record_of(job: NewJob) -> dict[str, str]:
+    fields = job.fields()
+    return {str(fields[i]): _text(fields[i + 1]) for i in range(0, len(fields), 2)}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,86 @@
+"""/v1/jobs: submit, read (and long-poll), cancel and list jobs."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+
+from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.responses import json_response
+from shared.errors import InvalidRequest
+from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(max_length=64)]
+_PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 503)
+}
+
+
+def _prefer_wait(prefer: str | None) -> float | None:
+    match = _PREFER_WAIT.search(prefer or "")
+    if match is None:
+        return None
+    return float(match.group(1))
+
+
+@router.post("", status_code=202, response_model=JobPublic, responses=ERRORS)
+async def submit_job(
+    body: JobCreate,
+    queue: QueueDep,
+    owner: OwnerDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    prefer: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
+    """Accept a generation job. 202 with the queued job; 200 for an idempotent replay or when
+    `Prefer: wait=N` saw it finish."""
+    accepted = await queue.submit(body, owner, idempotency_key)
+    job = accepted.job
+    wait_s = _prefer_wait(prefer)
+    if wait_s is not None and wait_s > settings.max_wait_s:
+        raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
+    if wait_s:
+        job = await queue.wait(job["id"], owner, wait_s)
+    finished = JobStatus(job["status"]).is_terminal()
+    status = 202 if accepted.created and not finished else 200
+    return json_response(job, status, {"Location": job["urls"]["get"]})
+
+
+@router.get("", response_model=JobList, responses=ERRORS)
+async def list_jobs(
+    queue: QueueDep,
+    owner: OwnerDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=32)] = None,
+) -> Response:
+    """The caller's jobs, newest first."""
+    jobs, next_cursor = await queue.list(owner, status, limit, cursor)
+    return json_response({"data": jobs, "next_cursor": next_cursor})
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
+async def get_job(
+    job_id: JobId,
+    queue: QueueDep,
+    owner: OwnerDep,
+    settings: SettingsDep,
+    wait: Annotated[float | None, Query(ge=0)] = None,
+) -> Response:
+    """A job; with `?wait=N` the answer waits until the job is terminal or N seconds pass."""
+    if wait is not None and wait > settings.max_wait_s:
+        raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
+    job = await (queue.wait(job_id, owner, wait) if wait else queue.get(job_id, owner))
+    return json_response(job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
+async def cancel_job(job_id: JobId, queue: QueueDep, owner: OwnerDep) -> Response:
+    """Cancel a job. A queued job never starts; a running one stops at the next step; a finished
+    one is returned unchanged."""
+    return json_response(await queue.cancel(job_id, owner))

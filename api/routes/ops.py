@@ -1,0 +1,32 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+import redis.exceptions
+from fastapi import APIRouter, Response
+
+from api.deps import RedisDep, SettingsDep
+from api.responses import json_response
+from shared.store import live_workers
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz")
+async def healthz() -> Response:
+    """The process is alive."""
+    return json_response({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(client: RedisDep, settings: SettingsDep) -> Response:
+    """Redis is reachable and at least one worker is consuming; 503 says which is not."""
+    try:
+        await client.ping()  # type: ignore[misc]
+        workers = await live_workers(client, settings.heartbeat_ttl_s)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        return json_response({"status": "unavailable", "reason": f"Redis unreachable: {exc}"}, 503)
+    if workers == 0:
+        reason = f"no worker has sent a heartbeat in the last {settings.heartbeat_ttl_s:g} s"
+        return json_response({"status": "unavailable", "reason": reason}, 503)
+    return json_response({"status": "ready", "workers": workers})

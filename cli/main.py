@@ -1,0 +1,173 @@
+"""The `genq` command: run the stack or one part of it, submit a job, probe a worker."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from shared.config import Settings
+
+app = typer.Typer(help="genq: an LLM inference job service.", no_args_is_help=True, add_completion=False)
+health_app = typer.Typer(help="Health probes (exit 0 healthy, 1 not).", no_args_is_help=True)
+app.add_typer(health_app, name="health")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def up() -> None:
+    """Run the whole local stack in the foreground (embedded Redis unless GENQ_REDIS_URL is set)."""
+    from cli.stack import run_stack
+
+    raise typer.Exit(run_stack(Settings()))
+
+
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address [GENQ_API_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [GENQ_API_PORT].")] = None,
+    workers: Annotated[int | None, typer.Option(help="Processes [GENQ_API_WORKERS].")] = None,
+) -> None:
+    """Run the API tier."""
+    import uvicorn
+
+    settings = Settings()
+    settings.require_redis_url()
+    host = host or settings.api_host
+    if not settings.api_keys and not settings.allow_anonymous and not _is_loopback(host):
+        typer.echo(f"refusing to serve anonymously on {host}: set GENQ_API_KEYS, or GENQ_ALLOW_ANONYMOUS=1 "
+                   "on a trusted network", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    uvicorn.run(
+        "api.app:create_app", factory=True, host=host, port=port or settings.api_port,
+        workers=workers or settings.api_workers, access_log=False, log_config=None,
+        timeout_graceful_shutdown=30,
+    )  # fmt: skip
+
+
+@app.command()
+def worker(
+    queues: Annotated[str | None, typer.Option(help="Comma-separated queues; default genq.<GENQ_MODEL>.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Task threads [GENQ_WORKER_CONCURRENCY].")] = None,
+) -> None:
+    """Run a worker: load the model, warm up, then consume its queue."""
+    from workers.worker import run_worker
+
+    run_worker(Settings(), queues.split(",") if queues else None, concurrency)
+
+
+@app.command()
+def flower(
+    port: Annotated[int | None, typer.Option(help="Port [GENQ_FLOWER_PORT].")] = None,
+    address: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+) -> None:
+    """Run Flower (the Celery dashboard) against the broker, with basic auth off loopback."""
+    from shared.celery_app import create_celery_app
+
+    settings = Settings()
+    auth = settings.flower_basic_auth.get_secret_value() if settings.flower_basic_auth else None
+    if auth is None and not _is_loopback(address):
+        typer.echo(f"refusing to run Flower on {address} without GENQ_FLOWER_BASIC_AUTH", err=True)
+        raise typer.Exit(2)
+    argv = ["flower", f"--port={port or settings.flower_port}", f"--address={address}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    create_celery_app(settings).start(argv)
+
+
+@app.command()
+def submit(
+    prompt: str,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
+    max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 300.0,
+) -> None:
+    """Submit a prompt to GENQ_API_URL and print the job (finished, with --wait)."""
+    settings = Settings()
+    headers = {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"} if settings.api_key else {}
+    body: dict[str, object] = {"prompt": prompt}
+    if max_tokens:
+        body["max_tokens"] = max_tokens
+    with httpx.Client(base_url=settings.api_url, headers=headers, timeout=70.0) as client:
+        response = client.post("/v1/jobs", json=body)
+        job = response.json()
+        deadline = time.monotonic() + timeout
+        while wait and response.is_success and job["status"] in ("queued", "running"):
+            if time.monotonic() > deadline:
+                break
+            response = client.get(f"/v1/jobs/{job['id']}", params={"wait": 30})
+            job = response.json()
+    typer.echo(json.dumps(job, indent=2))
+    if not response.is_success or (wait and job.get("status") != "succeeded"):
+        raise typer.Exit(1)
+
+
+@health_app.command("worker")
+def health_worker() -> None:
+    """Exit 0 when this host's worker is warmed up and its heartbeat is fresh."""
+    from workers.runtime import ready_file_fresh
+
+    settings = Settings()
+    pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
+    ready = settings.worker_ready_file
+    if ready is None and pidfile.exists():
+        ready = settings.data_dir / f"worker-{pidfile.read_text().strip()}.ready"
+    healthy = ready is not None and ready_file_fresh(ready, settings.heartbeat_ttl_s)
+    typer.echo("ok" if healthy else "not ready")
+    raise typer.Exit(0 if healthy else 1)
+
+
+@app.command()
+def drain(timeout: Annotated[float | None, typer.Option(help="Seconds [GENQ_DRAIN_TIMEOUT_S].")] = None) -> None:
+    """Start the local worker's drain (SIGTERM via its pidfile) and wait for it to exit."""
+    settings = Settings()
+    pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
+    try:
+        pid = int(Path(pidfile).read_text())
+    except (FileNotFoundError, ValueError):
+        typer.echo(f"no worker pidfile at {pidfile}", err=True)
+        raise typer.Exit(0) from None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + (timeout or settings.drain_timeout_s) + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            raise typer.Exit(0) from None
+        time.sleep(0.5)
+    raise typer.Exit(1)
+
+
+def _mount_optional() -> None:
+    try:
+        from cli.k8s import app as k8s_app
+    except ImportError:
+        return
+    app.add_typer(k8s_app, name="k8s")
+
+
+_mount_optional()
+
+
+def main() -> None:
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

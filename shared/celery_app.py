@@ -1,0 +1,48 @@
+"""The Celery app both tiers share: broker, reliability options and routing.
+
+Reliability choices (each closes a known trap of Celery on Redis):
+- acks_late + reject_on_worker_lost: a message is acknowledged only after its job ended, so a
+  worker killed mid-job leaves it unacknowledged and the broker hands it to another worker.
+- prefetch multiplier 1: a worker reserves no more messages than it has task threads, so jobs
+  do not sit hoarded in one worker while others idle.
+- visibility_timeout from settings (kombu's default is 3,600 s): how soon a dead worker's
+  messages come back; it must exceed the job timeout or long jobs are delivered twice.
+- priority steps: interactive jobs go to kombu's priority-0 list, batch jobs to step 9;
+  workers BRPOP priority 0 first, so an interactive job overtakes any number of batch jobs.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from shared import keys
+from shared.config import Settings
+
+
+def create_celery_app(settings: Settings) -> Celery:
+    app = Celery("genq", broker=settings.require_redis_url(), set_as_current=True)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "priority_steps": [0, 3, 6, 9],
+            "sep": keys.PRIORITY_SEPARATOR,
+            "queue_order_strategy": "priority",
+            "socket_keepalive": True,
+            "health_check_interval": 10,
+        },
+        task_default_queue=keys.queue_for_model(settings.model),
+        worker_soft_shutdown_timeout=settings.drain_timeout_s,
+        worker_enable_soft_shutdown_on_idle=False,
+    )
+    return app

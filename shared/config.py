@@ -1,0 +1,189 @@
+"""Every setting of genq, in one place. Each field is the environment variable GENQ_<NAME>.
+
+Values come from the environment, then an optional `.env` file, then the defaults here,
+which are the embedded local stack's. Cross-field rules fail fast at start-up with a
+message naming both values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GENQ_", env_file=".env", extra="ignore", frozen=True, validate_default=True
+    )
+
+    # --- Connections -------------------------------------------------------------------------
+    redis_url: str | None = None
+    """Redis (or Valkey) URL used as Celery broker and job store. Unset: `genq up` starts an
+    embedded server under data_dir; every other command refuses to start."""
+
+    data_dir: Path = Path(".genq")
+    """Local state of the embedded stack: the embedded Redis's files, converted models, pidfiles."""
+
+    # --- API tier ------------------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    """Address `genq api` binds. Anything but loopback requires API keys (or allow_anonymous)."""
+
+    api_port: int = Field(8000, ge=1, le=65535)
+    """Port `genq api` binds."""
+
+    api_workers: int = Field(1, ge=1, le=64)
+    """Uvicorn worker processes of `genq api`."""
+
+    api_keys: CommaList = []
+    """Comma-separated API keys. Kept only as SHA-256 digests in memory; compared in constant time.
+    Empty: the API serves anonymously, on loopback only unless allow_anonymous."""
+
+    allow_anonymous: bool = False
+    """Serve without API keys even on a non-loopback address (trusted networks only)."""
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+
+    max_wait_s: float = Field(60.0, ge=0, le=300)
+    """Longest long-poll (`?wait=`) or `Prefer: wait=` hold."""
+
+    idempotency_ttl_s: int = Field(86_400, ge=60)
+    """How long an Idempotency-Key maps to its job."""
+
+    # --- Jobs and queue ---------------------------------------------------------------------------
+    model: str = "smollm2-135m-instruct"
+    """The model workers load (and the API's default for jobs that name none)."""
+
+    models: CommaList = []
+    """Further models served by other worker pools (each has its own queue genq.<model>)."""
+
+    default_max_tokens: int = Field(256, ge=1)
+    """max_tokens of a job that gives none."""
+
+    max_tokens_cap: int = Field(1024, ge=1)
+    """Largest max_tokens a job may ask for."""
+
+    job_ttl_s: int = Field(7 * 86_400, ge=60)
+    """How long job records (and their webhook logs) are kept."""
+
+    job_timeout_s: float = Field(600.0, gt=0)
+    """Deadline of a job, counted from acceptance. A job still queued at its deadline is failed
+    with a `timeout` error instead of run; a running one is stopped at the next step."""
+
+    visibility_timeout_s: int = Field(1800, ge=1)
+    """Seconds before the broker redelivers a message a worker took and never acknowledged (a
+    killed worker's jobs come back after this). Must exceed job_timeout_s, or a long job is
+    delivered twice."""
+
+    # --- Worker -----------------------------------------------------------------------------------
+    worker_concurrency: int | None = Field(None, ge=1)
+    """Celery task threads per worker; default max_batch_size (each running job holds one)."""
+
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    """How often a worker records that it is alive."""
+
+    heartbeat_ttl_s: float = Field(10.0, gt=0)
+    """A worker silent this long is dead: its running jobs may be taken over on redelivery."""
+
+    worker_ready_file: Path | None = None
+    """File a worker creates once warmed up (readiness probes); default data_dir/worker-<pid>.ready."""
+
+    worker_pidfile: Path | None = None
+    """Where `genq worker` writes its pid for `genq drain`; default data_dir/worker.pid."""
+
+    drain_timeout_s: float = Field(120.0, gt=0)
+    """On SIGTERM a worker finishes its jobs for this long, then hands the rest back to the queue."""
+
+    # --- Engine -------------------------------------------------------------------------------------
+    model_cache: Path = Path(".genq/models")
+    """Where converted model folders are cached."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the model runs; one GPU per worker process (choose it with CUDA_VISIBLE_DEVICES)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Model dtype; auto is bf16/fp16 on CUDA and fp32 on CPU."""
+
+    max_batch_size: int = Field(16, ge=1, le=512)
+    """Most sequences decoded together in one engine step."""
+
+    max_batch_tokens: int = Field(8192, ge=64)
+    """Most tokens (prompts and outputs of all running sequences) held in the KV cache at once."""
+
+    torch_threads: int | None = Field(None, ge=1)
+    """torch intra-op threads in a worker; default torch's own choice."""
+
+    # --- Operators ----------------------------------------------------------------------------------
+    flower_port: int = Field(5555, ge=1, le=65535)
+    """Port of `genq flower`."""
+
+    flower_basic_auth: SecretStr | None = None
+    """`user:password` for Flower. Required unless Flower binds loopback."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Least severity logged."""
+
+    log_prompts: bool = False
+    """Log prompts and outputs (off: logs carry job ids and sizes only)."""
+
+    # --- Client (`genq submit`) ---------------------------------------------------------------------
+    api_url: str = "http://127.0.0.1:8000"
+    """Where `genq submit` sends jobs."""
+
+    api_key: SecretStr | None = None
+    """The key `genq submit` sends."""
+
+    _split = field_validator("api_keys", "models", mode="before")(_split_commas)
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> Settings:
+        if self.visibility_timeout_s <= self.job_timeout_s:
+            raise ValueError(
+                f"GENQ_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
+                f"GENQ_JOB_TIMEOUT_S ({self.job_timeout_s}), or long jobs are delivered twice"
+            )
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError(
+                f"GENQ_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) exceeds "
+                f"GENQ_MAX_TOKENS_CAP ({self.max_tokens_cap})"
+            )
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"GENQ_HEARTBEAT_TTL_S ({self.heartbeat_ttl_s}) must exceed "
+                f"GENQ_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s})"
+            )
+        return self
+
+    @cached_property
+    def api_key_digests(self) -> tuple[bytes, ...]:
+        return tuple(hashlib.sha256(key.encode()).digest() for key in self.api_keys)
+
+    @property
+    def served_models(self) -> list[str]:
+        return list(dict.fromkeys([self.model, *self.models]))
+
+    @property
+    def concurrency(self) -> int:
+        return self.worker_concurrency or self.max_batch_size
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise SystemExit("GENQ_REDIS_URL is not set (only `genq up` starts an embedded server)")
+        return self.redis_url
+
+
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,295 @@
+"""Job records in Redis: one hash per job, moved between statuses by atomic Lua scripts.
+
+State only moves forward (queued -> running -> terminal), checked and set inside Redis, so
+a redelivered message never re-runs a finished job nor regresses its status. The API side
+(`JobStore`, asyncio) creates, reads, cancels and lists; the worker side (`WorkerJobs`,
+blocking) claims and finishes. Both share the scripts and the record codec below.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import redis
+import redis.asyncio as aioredis
+
+from shared import keys
+from shared.schemas import JobStatus
+
+# KEYS: job, owner index, queue list, idempotency key ('' for none)
+# ARGV: job id, score, job ttl, message, idem ttl, idem value, trim-below score, field/value pairs...
+SUBMIT_LUA = """
+if KEYS[4] ~= '' then
+  local existing = redis.call('GET', KEYS[4])
+  if existing then return {0, existing} end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('LPUSH', KEYS[3], ARGV[4])
+if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5]) end
+return {1, ARGV[1]}
+"""
+
+# A worker claims a job. KEYS: job, workers zset. ARGV: worker id, now, heartbeat ttl,
+# timeout error JSON, job id, events channel.
+# Returns {outcome, status}: outcome 'claimed' (run it), 'skip' (someone else has it or it is
+# over), 'expired' (deadline passed while queued: failed here), 'missing'.
+START_LUA = """
+local rec = redis.call('HMGET', KEYS[1], 'status', 'worker', 'deadline')
+local status = rec[1]
+if not status then return {'missing', ''} end
+local now = tonumber(ARGV[2])
+if status == 'running' then
+  local beat = redis.call('ZSCORE', KEYS[2], rec[2])
+  if rec[2] == ARGV[1] or (beat and tonumber(beat) > now - tonumber(ARGV[3])) then
+    return {'skip', status}
+  end
+elseif status ~= 'queued' then
+  return {'skip', status}
+end
+if tonumber(rec[3]) < now then
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'completed_at', ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[5])
+  return {'expired', 'failed'}
+end
+redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+return {'claimed', status}
+"""
+
+# A worker hands back a job it holds (drain): it becomes queued again. KEYS: job. ARGV: worker id.
+REQUEUE_LUA = """
+local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
+if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'worker', '')
+redis.call('HDEL', KEYS[1], 'started_at')
+return 1
+"""
+
+# A worker ends the job it holds. KEYS: job. ARGV: worker id, job id, events channel, fields...
+FINISH_LUA = """
+local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
+if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PUBLISH', ARGV[3], ARGV[2])
+return 1
+"""
+
+# A client cancels. KEYS: job. ARGV: owner, now, job id, events channel, cancel channel.
+# Returns the record (empty when missing or not the caller's).
+CANCEL_LUA = """
+local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
+if not rec[1] or rec[2] ~= ARGV[1] then return {} end
+if rec[1] == 'queued' or rec[1] == 'running' then
+  redis.call('HSET', KEYS[1], 'status', 'canceled', 'completed_at', ARGV[2],
+             'error', '{"type":"canceled","message":"canceled by the client"}')
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
+  if rec[1] == 'running' then redis.call('PUBLISH', ARGV[5], ARGV[3]) end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+TIMEOUT_ERROR = orjson.dumps(
+    {"type": "timeout", "message": "the job reached its deadline (GENQ_JOB_TIMEOUT_S) before it ran"}
+)
+
+
+def rfc3339(epoch: str | float | None) -> str | None:
+    if epoch in (None, ""):
+        return None
+    moment = datetime.fromtimestamp(float(epoch), UTC)  # type: ignore[arg-type]
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _json_or_none(raw: str | None) -> Any:
+    return orjson.loads(raw) if raw else None
+
+
+def public_job(record: dict[str, str]) -> dict[str, Any]:
+    """The job object as the API returns it, from its Redis hash."""
+    job_id = record["id"]
+    metrics = _json_or_none(record.get("metrics")) or {}
+    started = record.get("started_at")
+    if started and "queue_ms" not in metrics:
+        metrics["queue_ms"] = round((float(started) - float(record["created_at"])) * 1000, 3)
+    url = f"/v1/jobs/{job_id}"
+    return {
+        "id": job_id,
+        "status": record["status"],
+        "model": record["model"],
+        "model_label": record.get("model_label") or None,
+        "input": orjson.loads(record["input"]),
+        "output": _json_or_none(record.get("output")),
+        "error": _json_or_none(record.get("error")),
+        "created_at": rfc3339(record["created_at"]),
+        "started_at": rfc3339(started),
+        "completed_at": rfc3339(record.get("completed_at")),
+        "metrics": {
+            "queue_ms": metrics.get("queue_ms"),
+            "inference_ms": metrics.get("inference_ms"),
+            "batch_size": metrics.get("batch_size"),
+        },
+        "cached": record.get("cached") == "1",
+        "metadata": orjson.loads(record.get("metadata") or "{}"),
+        "urls": {"get": url, "cancel": f"{url}/cancel", "stream": f"{url}/stream"},
+    }
+
+
+def is_terminal(record: dict[str, str]) -> bool:
+    return JobStatus(record["status"]).is_terminal()
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """Everything the API writes when it accepts a job."""
+
+    job_id: str
+    owner: str
+    model: str
+    queue: str
+    input_json: bytes
+    metadata_json: bytes
+    created_at: float
+    deadline: float
+
+    def fields(self) -> list[str | bytes]:
+        return [
+            "id", self.job_id, "owner", self.owner, "status", JobStatus.QUEUED.value,
+            "model", self.model, "queue", self.queue, "input", self.input_json,
+            "metadata", self.metadata_json, "created_at", repr(self.created_at),
+            "deadline", repr(self.deadline), "cached", "0", "attempts", "0",
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job_id: str
+    created: bool
+    #: For an Idempotency-Key replay: the digest of the body that created the job.
+    request_digest: str | None = None
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class JobStore:
+    """The API's view of job records (asyncio)."""
+
+    def __init__(self, client: aioredis.Redis, job_ttl_s: int, idempotency_ttl_s: int) -> None:
+        self._redis = client
+        self._job_ttl_s = job_ttl_s
+        self._idempotency_ttl_s = idempotency_ttl_s
+        self._submit = client.register_script(SUBMIT_LUA)
+        self._cancel = client.register_script(CANCEL_LUA)
+
+    async def submit(
+        self,
+        job: NewJob,
+        message: bytes,
+        queue_key: str,
+        idempotency: tuple[str, str] | None = None,
+    ) -> Submitted:
+        """Write the record and enqueue its message atomically (one round trip).
+
+        idempotency is (key, request digest): when the key already names a job, nothing is
+        written and that job is returned instead.
+        """
+        idem_key, digest = idempotency or ("", "")
+        score = int(job.created_at * 1_000_000)
+        trim_below = score - self._job_ttl_s * 1_000_000
+        created, value = await self._submit(
+            keys=[keys.job(job.job_id), keys.owner_jobs(job.owner), queue_key, idem_key],
+            args=[job.job_id, score, self._job_ttl_s, message, self._idempotency_ttl_s,
+                  f"{job.job_id} {digest}", f"({trim_below}", *job.fields()],
+        )  # fmt: skip
+        if created:
+            return Submitted(job.job_id, created=True)
+        existing_id, existing_digest = _str(value).split(" ", 1)
+        return Submitted(existing_id, created=False, request_digest=existing_digest)
+
+    async def get(self, job_id: str, owner: str) -> dict[str, str] | None:
+        record: dict[str, str] = await self._redis.hgetall(keys.job(job_id))  # type: ignore[misc]
+        if not record or record.get("owner") != owner:
+            return None
+        return record
+
+    async def get_many(self, job_ids: list[str]) -> list[dict[str, str]]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(keys.job(job_id))
+            return [r for r in await pipe.execute() if r]
+
+    async def cancel(self, job_id: str, owner: str) -> dict[str, str] | None:
+        flat = await self._cancel(
+            keys=[keys.job(job_id)],
+            args=[owner, repr(time.time()), job_id, keys.JOB_EVENTS_CHANNEL, keys.CANCEL_CHANNEL],
+        )
+        if not flat:
+            return None
+        return {_str(flat[i]): _str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def page(self, owner: str, max_score: str, count: int) -> list[tuple[str, float]]:
+        """Job ids of an owner, newest first, from max_score ('+inf' or a score) down."""
+        rows = await self._redis.zrange(
+            keys.owner_jobs(owner), max_score, "-inf", byscore=True, desc=True,
+            offset=0, num=count, withscores=True,
+        )  # fmt: skip
+        return [(_str(member), score) for member, score in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: str
+    status: str
+
+
+class WorkerJobs:
+    """The worker's view of job records (blocking; called from Celery task threads)."""
+
+    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float) -> None:
+        self._redis = client
+        self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._start = client.register_script(START_LUA)
+        self._finish = client.register_script(FINISH_LUA)
+        self._requeue = client.register_script(REQUEUE_LUA)
+
+    def claim(self, job_id: str, worker_id: str) -> Claim:
+        outcome, status = self._start(
+            keys=[keys.job(job_id), keys.WORKERS],
+            args=[worker_id, repr(time.time()), self._heartbeat_ttl_s, TIMEOUT_ERROR, job_id,
+                  keys.JOB_EVENTS_CHANNEL],
+        )  # fmt: skip
+        return Claim(_str(outcome), _str(status))
+
+    def read(self, job_id: str) -> dict[str, str]:
+        return self._redis.hgetall(keys.job(job_id))  # type: ignore[return-value]
+
+    def finish(self, job_id: str, worker_id: str, fields: dict[str, str | bytes]) -> bool:
+        flat = [item for pair in fields.items() for item in pair]
+        done = self._finish(
+            keys=[keys.job(job_id)],
+            args=[worker_id, job_id, keys.JOB_EVENTS_CHANNEL, "completed_at", repr(time.time()), *flat],
+        )
+        return bool(done)
+
+    def requeue(self, job_id: str, worker_id: str) -> bool:
+        return bool(self._requeue(keys=[keys.job(job_id)], args=[worker_id]))
+
+    def heartbeat(self, worker_id: str) -> None:
+        self._redis.zadd(keys.WORKERS, {worker_id: time.time()})
+
+    def leave(self, worker_id: str) -> None:
+        self._redis.zrem(keys.WORKERS, worker_id)
+
+
+async def live_workers(client: aioredis.Redis, heartbeat_ttl_s: float) -> int:
+    """How many workers sent a heartbeat within heartbeat_ttl_s."""
+    return int(await client.zcount(keys.WORKERS, time.time() - heartbeat_ttl_s, "+inf"))

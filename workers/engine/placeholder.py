@@ -1,0 +1,123 @@
+"""PLACEHOLDER engine: a deterministic text generator, not a model.
+
+It exists so the job service's plumbing (queue, store, cancel, deadlines, batching
+bookkeeping) can be exercised without loading weights. Every job it serves says
+"placeholder" in its model label. It "generates" by echoing the prompt's words back,
+one word per step, at `placeholder_step_s` per step, through the same loop-thread and
+future contract as the real engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
+from workers.engine.types import GenerationRequest, GenerationResult, RequestError
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    future: concurrent.futures.Future[GenerationResult]
+    words: list[str]
+    admitted_at: float = field(default_factory=time.monotonic)
+    produced: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    batch_size: int = 1
+
+
+class PlaceholderEngine:
+    """Echo generator with the real engine's threading contract. Not a language model."""
+
+    label = "placeholder (echoes the prompt; not a model)"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.model_id = PLACEHOLDER_MODEL
+        self.fingerprint = hashlib.sha256(b"placeholder-echo/v1").hexdigest()[:16]
+        self._config = config
+        self._inbox: queue.Queue[_Sequence] = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="genq-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
+        text = request.prompt or " ".join(m["content"] for m in request.messages or [])
+        self._inbox.put(_Sequence(request, future, text.split() or ["..."]))
+        return future
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        running: list[_Sequence] = []
+        while not self._stop.is_set():
+            self._admit(running)
+            if not running:
+                time.sleep(0.002)
+                continue
+            time.sleep(self._config.placeholder_step_s)
+            running = [seq for seq in running if not self._step(seq, len(running))]
+        for seq in running:
+            seq.future.set_exception(RequestError("unavailable", "engine shut down"))
+
+    def _admit(self, running: list[_Sequence]) -> None:
+        while len(running) < self._config.max_batch_size:
+            try:
+                running.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _step(self, seq: _Sequence, batch: int) -> bool:
+        """Advance one sequence by one word; True when it has left the batch."""
+        request, now = seq.request, time.monotonic()
+        seq.batch_size = max(seq.batch_size, batch)
+        with self._lock:
+            cancelled = request.request_id in self._cancelled
+            self._cancelled.discard(request.request_id)
+        if cancelled:
+            seq.future.set_exception(RequestError("canceled", "canceled by the client"))
+            return True
+        if request.deadline is not None and now > request.deadline:
+            seq.future.set_exception(RequestError("timeout", "job deadline passed while running"))
+            return True
+        seq.produced.append(seq.words[len(seq.produced) % len(seq.words)])
+        seq.first_token_at = seq.first_token_at or now
+        text = " ".join(seq.produced)
+        for stop in request.params.stop:
+            if stop in text:
+                return self._finish(seq, text[: text.index(stop)], "stop")
+        if request.on_output is not None:
+            request.on_output(text, len(seq.produced))
+        if len(seq.produced) >= request.params.max_tokens:
+            return self._finish(seq, text, "length")
+        return False
+
+    def _finish(self, seq: _Sequence, text: str, reason: str) -> bool:
+        now = time.monotonic()
+        seq.future.set_result(
+            GenerationResult(
+                text=text,
+                finish_reason="stop" if reason == "stop" else "length",
+                prompt_tokens=len(seq.words),
+                completion_tokens=len(seq.produced),
+                inference_ms=(now - seq.admitted_at) * 1000,
+                batch_size=seq.batch_size,
+                time_to_first_token_ms=((seq.first_token_at or now) - seq.admitted_at) * 1000,
+            )
+        )
+        return True

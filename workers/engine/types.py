@@ -1,0 +1,95 @@
+"""The engine's small, closed message set: what a worker hands in and gets back.
+
+Nothing here imports Celery, Redis or FastAPI: the engine is a library a Celery task
+thread calls, and these types are the whole contract between the two.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+#: Called from the engine thread with (text generated so far, completion tokens so far).
+#: It must be cheap and must not raise; throttling is the callee's business.
+OutputCallback = Callable[[str, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. temperature == 0 means greedy."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One job's generation, as the engine sees it: exactly one of prompt/messages."""
+
+    request_id: str
+    params: SamplingParams
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    #: time.monotonic() after which the engine stops the sequence with a `timeout` error.
+    deadline: float | None = None
+    on_output: OutputCallback | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    #: Wall time from admission into the running batch to the last token.
+    inference_ms: float
+    #: Largest number of sequences that shared a step with this one.
+    batch_size: int
+    time_to_first_token_ms: float
+
+
+class EngineError(Exception):
+    """Base of everything the engine raises."""
+
+
+class RequestError(EngineError):
+    """A per-request failure: it fails this job only. `type` is what the client sees."""
+
+    def __init__(self, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+
+
+class FatalEngineError(EngineError):
+    """The engine cannot go on (OOM that does not clear, broken device): the process must exit."""
+
+
+class Engine(Protocol):
+    """What a worker needs from an engine. Implementations own one model and one loop thread."""
+
+    #: The model id jobs name (e.g. "smollm2-135m-instruct").
+    model_id: str
+    #: A digest of the weights and chat template; part of every cache key.
+    fingerprint: str
+    #: Human-readable description, stamped on every job it serves (e.g. "random weights").
+    label: str
+
+    def start(self) -> None:
+        """Load (if not loaded), warm up, and start the loop thread."""
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        """Queue a request; the future resolves with a result or a RequestError."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request at the next step; its future fails with RequestError('canceled')."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the loop; pending futures fail with RequestError('unavailable')."""

@@ -1,0 +1,240 @@
+"""One worker process's state: its engine, the jobs it holds, its heartbeat and cancel listener.
+
+Celery task threads call `run(job_id)`; everything else here runs on small daemon threads.
+The job store's atomic claim decides whether this worker may run a job (first delivery, or a
+redelivery whose previous worker stopped heart-beating); finishing is checked-and-set too, so
+a job that was canceled, or taken over, is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import orjson
+import redis
+import redis.exceptions
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from shared import keys
+from shared.config import Settings
+from shared.store import WorkerJobs
+from workers.engine import (
+    Engine,
+    FatalEngineError,
+    GenerationRequest,
+    GenerationResult,
+    RequestError,
+    SamplingParams,
+)
+
+log = logging.getLogger("genq.worker")
+T = TypeVar("T")
+
+#: Exit status of a worker whose engine failed fatally (the supervisor restarts it).
+FATAL_EXIT = 70
+#: How long a job-store call is retried while Redis is unreachable before the job is handed back.
+STORE_RETRY_S = 120.0
+
+
+class HandBack(Exception):
+    """The job must go back to the queue (drain, or Redis unreachable for too long)."""
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, engine: Engine | None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.redis = redis.Redis.from_url(
+            settings.require_redis_url(),
+            decode_responses=True,
+            socket_connect_timeout=2.0,
+            socket_timeout=10.0,
+            health_check_interval=10,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        )
+        self.jobs = WorkerJobs(self.redis, settings.heartbeat_ttl_s)
+        self.ready_file = settings.worker_ready_file or settings.data_dir / f"worker-{os.getpid()}.ready"
+        self._inflight: set[str] = set()
+        self._draining: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    # --- life cycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load and warm up the engine, then start heart-beating and listening for cancels."""
+        if self.engine is not None:
+            self.engine.start()
+        self._beat()
+        threading.Thread(target=self._heartbeat_loop, name="genq-heartbeat", daemon=True).start()
+        threading.Thread(target=self._cancel_loop, name="genq-cancels", daemon=True).start()
+
+    def mark_ready(self) -> None:
+        self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        self.ready_file.touch()
+        log.info(json.dumps({"event": "worker_ready", "worker": self.worker_id, "model": self.model_id}))
+
+    def drain(self, timeout_s: float) -> None:
+        """Called on SIGTERM: after timeout_s, stop every job still running and hand it back."""
+
+        def hand_back_all() -> None:
+            with self._lock:
+                held = list(self._inflight)
+                self._draining.update(held)
+            for job_id in held:
+                if self.engine is not None:
+                    self.engine.cancel(job_id)
+            log.warning(json.dumps({"event": "drain_timeout", "handed_back": len(held)}))
+
+        timer = threading.Timer(timeout_s, hand_back_all)
+        timer.daemon = True
+        timer.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.ready_file.unlink(missing_ok=True)
+        try:
+            self.jobs.leave(self.worker_id)
+        except redis.exceptions.RedisError:
+            pass
+        if self.engine is not None:
+            self.engine.shutdown(timeout=5.0)
+
+    @property
+    def model_id(self) -> str | None:
+        return self.engine.model_id if self.engine is not None else None
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # --- one job ---------------------------------------------------------------------------------
+    def run(self, job_id: str) -> None:
+        """Run one job to a terminal state. Raises HandBack when the job must be redelivered."""
+        claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
+        if claim.outcome != "claimed":
+            log.info(json.dumps({"event": "job_skipped", "job_id": job_id, "outcome": claim.outcome,
+                                 "status": claim.status}))  # fmt: skip
+            return
+        record = self._store(lambda: self.jobs.read(job_id))
+        with self._lock:
+            self._inflight.add(job_id)
+        try:
+            fields = self._generate(job_id, record)
+        finally:
+            with self._lock:
+                self._inflight.discard(job_id)
+                drained = job_id in self._draining
+                self._draining.discard(job_id)
+        if drained:
+            self._store(lambda: self.jobs.requeue(job_id, self.worker_id))
+            raise HandBack(f"job {job_id} handed back at drain timeout")
+        if fields is not None:
+            self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields))
+
+    def _generate(self, job_id: str, record: dict[str, str]) -> dict[str, str | bytes] | None:
+        """The record fields that end the job, or None when it ended elsewhere (canceled)."""
+        assert self.engine is not None, "a worker without an engine received a generation job"
+        request = self._request(job_id, record)
+        label = {"model_label": self.engine.label}
+        log.info(json.dumps({"event": "job_started", "job_id": job_id, "model": self.engine.model_id}))
+        try:
+            result = self.engine.submit(request).result()
+        except RequestError as exc:
+            if exc.type == "canceled":
+                return None
+            return label | {"status": "failed", "error": orjson.dumps({"type": exc.type, "message": exc.message})}
+        except FatalEngineError:
+            log.critical(json.dumps({"event": "engine_fatal", "job_id": job_id}), exc_info=True)
+            os._exit(FATAL_EXIT)
+        log.info(json.dumps({"event": "job_succeeded", "job_id": job_id,
+                             "completion_tokens": result.completion_tokens}))  # fmt: skip
+        return label | _success_fields(result)
+
+    def _request(self, job_id: str, record: dict[str, str]) -> GenerationRequest:
+        job_input = orjson.loads(record["input"])
+        params = SamplingParams(
+            max_tokens=job_input["max_tokens"],
+            temperature=job_input["temperature"],
+            top_p=job_input["top_p"],
+            seed=job_input["seed"],
+            stop=tuple(job_input["stop"]),
+        )
+        remaining = float(record["deadline"]) - time.time()
+        return GenerationRequest(
+            request_id=job_id,
+            params=params,
+            prompt=job_input["prompt"],
+            messages=job_input["messages"],
+            deadline=time.monotonic() + remaining,
+        )
+
+    # --- background ------------------------------------------------------------------------------
+    def _store(self, call: Callable[[], T]) -> T:
+        """A job-store call, retried while Redis is unreachable (a restart must not lose jobs)."""
+        give_up = time.monotonic() + STORE_RETRY_S
+        while True:
+            try:
+                return call()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                if time.monotonic() > give_up:
+                    raise HandBack("Redis unreachable") from exc
+                time.sleep(0.5)
+
+    def _beat(self) -> None:
+        self.jobs.heartbeat(self.worker_id)
+        if self.ready_file.exists():
+            self.ready_file.touch()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopped.wait(self.settings.heartbeat_interval_s):
+            try:
+                self._beat()
+            except redis.exceptions.RedisError as exc:
+                log.warning(json.dumps({"event": "heartbeat_failed", "error": str(exc)}))
+
+    def _cancel_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._listen_for_cancels()
+            except redis.exceptions.RedisError:
+                time.sleep(0.5)
+
+    def _listen_for_cancels(self) -> None:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(keys.CANCEL_CHANNEL)
+        try:
+            while not self._stopped.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message is not None and self.engine is not None and message["data"] in self._inflight:
+                    self.engine.cancel(message["data"])
+        finally:
+            pubsub.close()
+
+
+def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
+    output = {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+    }
+    metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
+    return {"status": "succeeded", "output": orjson.dumps(output), "metrics": orjson.dumps(metrics)}
+
+
+def ready_file_fresh(path: Path, max_age_s: float) -> bool:
+    """For `genq health worker`: the ready file exists and the heartbeat touched it recently."""
+    try:
+        return time.time() - path.stat().st_mtime < max_age_s
+    except FileNotFoundError:
+        return False

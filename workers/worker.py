@@ -1,0 +1,83 @@
+"""Worker start-up: build the engine, warm it up, then consume; drain on SIGTERM.
+
+The engine loads and warms up before Celery connects to the broker, so a worker takes no job
+it is not ready to run; the ready file (readiness probes, `genq health worker`) appears only
+once Celery is consuming.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from celery import signals
+
+from shared import keys
+from shared.celery_app import create_celery_app
+from shared.config import Settings
+from shared.logging import configure_logging
+from workers.engine import EngineConfig, build_engine
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger("genq.worker")
+_runtime: WorkerRuntime | None = None
+
+
+def runtime() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("the worker runtime is not started (run the worker with `genq worker`)")
+    return _runtime
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    return EngineConfig(
+        model=settings.model,
+        model_cache=settings.model_cache,
+        device=settings.device,
+        dtype=settings.dtype,
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        torch_threads=settings.torch_threads,
+    )
+
+
+def run_worker(settings: Settings, queues: list[str] | None = None, concurrency: int | None = None) -> None:
+    """Start a worker in this process (blocks until it is shut down)."""
+    global _runtime
+    configure_logging(settings.log_level)
+    queues = queues or [keys.queue_for_model(settings.model)]
+    serves_model = keys.queue_for_model(settings.model) in queues
+    _runtime = WorkerRuntime(settings, build_engine(engine_config(settings)) if serves_model else None)
+    _runtime.start()
+    pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    pidfile.write_text(str(os.getpid()))
+    app = create_celery_app(settings)
+    import workers.tasks  # noqa: F401  (registers the tasks on the app)
+
+    argv = [
+        "worker", "--pool=threads", f"--concurrency={concurrency or settings.concurrency}",
+        f"--queues={','.join(queues)}", "--without-gossip", "--without-mingle",
+        f"--hostname=genq-{_runtime.worker_id}", f"--loglevel={settings.log_level}", "--task-events",
+    ]  # fmt: skip
+    try:
+        app.worker_main(argv)
+    finally:
+        _runtime.stop()
+        pidfile.unlink(missing_ok=True)
+
+
+@signals.worker_ready.connect
+def _on_ready(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.mark_ready()
+
+
+@signals.worker_shutting_down.connect
+def _on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
+    if _runtime is not None:
+        log.info(json.dumps({"event": "worker_draining", "signal": sig, "how": how,
+                             "inflight": _runtime.inflight}))  # fmt: skip
+        _runtime.drain(_runtime.settings.drain_timeout_s)
