@@ -29,7 +29,7 @@ STATUS_OF: dict[type[errors.GenqError], int] = {
 def _status(exc: errors.GenqError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
+            return STATUS_OF[cls]
     return 500
 
 

@@ -33,8 +33,9 @@ class JobEvents:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded: a cancel that lands mid-subscribe can leave redis-py's pubsub close waiting
+            # on a reply that never comes; the client's pool is closed right after anyway.
+            await asyncio.wait({self._task}, timeout=1.0)
 
     @contextlib.contextmanager
     def watch(self, job_id: str) -> Iterator[asyncio.Event]:
@@ -67,11 +68,14 @@ class JobEvents:
                 await asyncio.sleep(0.5)
 
     async def _listen(self) -> None:
-        async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
             await pubsub.subscribe(keys.JOB_EVENTS_CHANNEL)
             self._wake_all()
             while True:
-                message = await pubsub.get_message(timeout=30.0)
+                message = await pubsub.get_message(timeout=5.0)
                 if message is not None:
                     data = message["data"]
                     self._wake(data.decode() if isinstance(data, bytes) else str(data))
+        finally:
+            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]

@@ -19,28 +19,42 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._reject(scope, receive, send)
+            else:  # the server enforces Content-Length: nothing more can arrive
+                await self.app(scope, receive, send)
+            return
+        # Chunked: read it here (bounded), then replay it. Raising from inside `receive` would
+        # not do: FastAPI reports any error while reading a body as malformed JSON.
+        body = await self._read_bounded(receive)
+        if body is None:
             await self._reject(scope, receive, send)
             return
-        seen = 0
+        replayed = False
 
-        async def counting_receive() -> Message:
-            nonlocal seen
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _read_bounded(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await self._reject(scope, receive, send)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")
         await genq_error_response(error)(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass

@@ -7,6 +7,7 @@ the max_tokens cap), idempotency, and long-poll waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
@@ -60,9 +61,9 @@ class JobQueue:
 
     async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:
         model, max_tokens = self._check(create)
-        job_input = create.model_dump(
-            mode="json", exclude={"model", "metadata"}, exclude_none=False
-        ) | {"max_tokens": max_tokens}
+        job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
+            "max_tokens": max_tokens
+        }
         now = time.time()
         job = NewJob(
             job_id=str(uuid.uuid4()),
@@ -85,7 +86,9 @@ class JobQueue:
         if submitted.created:
             return Accepted(public_job(_record_of(job)), created=True)
         if submitted.request_digest != digest:
-            raise Conflict("this Idempotency-Key was used with a different request body", param="Idempotency-Key")
+            raise Conflict(
+                "this Idempotency-Key was used with a different request body", param="Idempotency-Key"
+            )
         return Accepted(await self.get(submitted.job_id, owner), created=False)
 
     async def get(self, job_id: str, owner: str) -> dict[str, Any]:
@@ -107,10 +110,8 @@ class JobQueue:
                 if is_terminal(record) or remaining <= 0:
                     return public_job(record)
                 changed.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
-                except TimeoutError:
-                    pass
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
         record = await self._store.cancel(job_id, owner)

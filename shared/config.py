@@ -80,8 +80,9 @@ class Settings(BaseSettings):
     """How long job records (and their webhook logs) are kept."""
 
     job_timeout_s: float = Field(600.0, gt=0)
-    """Deadline of a job, counted from acceptance. A job still queued at its deadline is failed
-    with a `timeout` error instead of run; a running one is stopped at the next step."""
+    """Bounds both a job's wait in the queue (counted from acceptance: a job still queued then is
+    failed with a `timeout` error instead of run) and each run (counted from its start: a job still
+    running then is stopped at the next step and fails with `timeout`)."""
 
     visibility_timeout_s: int = Field(1800, ge=1)
     """Seconds before the broker redelivers a message a worker took and never acknowledged (a
@@ -107,6 +108,20 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(120.0, gt=0)
     """On SIGTERM a worker finishes its jobs for this long, then hands the rest back to the queue."""
 
+    worker_metrics_port: int = Field(9100, ge=0, le=65535)
+    """Port of a worker's Prometheus /metrics (all interfaces, so Prometheus can scrape pods);
+    0 turns it off."""
+
+    pod_deletion_cost: bool = False
+    """In Kubernetes: keep this pod's controller.kubernetes.io/pod-deletion-cost equal to its
+    in-flight job count, so scale-in removes idle workers first (needs the worker RBAC Role)."""
+
+    pod_name: str | None = None
+    """This pod's name (downward API), for pod_deletion_cost."""
+
+    pod_namespace: str | None = None
+    """This pod's namespace (downward API), for pod_deletion_cost."""
+
     # --- Engine -------------------------------------------------------------------------------------
     model_cache: Path = Path(".genq/models")
     """Where converted model folders are cached."""
@@ -125,6 +140,10 @@ class Settings(BaseSettings):
 
     torch_threads: int | None = Field(None, ge=1)
     """torch intra-op threads in a worker; default torch's own choice."""
+
+    placeholder_step_s: float = Field(0.01, ge=0)
+    """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
+    use it to hold jobs running for a known while."""
 
     # --- Operators ----------------------------------------------------------------------------------
     flower_port: int = Field(5555, ge=1, le=65535)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -37,8 +37,10 @@ if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5]) end
 return {1, ARGV[1]}
 """
 
-# A worker claims a job. KEYS: job, workers zset. ARGV: worker id, now, heartbeat ttl,
-# timeout error JSON, job id, events channel.
+# A worker claims a job: a queued one before its deadline, or a running one whose worker
+# stopped heart-beating (a takeover after a crash runs even past the queue deadline: the job
+# was accepted and begun, and dropping it now would lose it). KEYS: job, workers zset.
+# ARGV: worker id, now, heartbeat ttl, timeout error JSON, job id, events channel.
 # Returns {outcome, status}: outcome 'claimed' (run it), 'skip' (someone else has it or it is
 # over), 'expired' (deadline passed while queued: failed here), 'missing'.
 START_LUA = """
@@ -54,7 +56,7 @@ if status == 'running' then
 elseif status ~= 'queued' then
   return {'skip', status}
 end
-if tonumber(rec[3]) < now then
+if status == 'queued' and tonumber(rec[3]) < now then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'completed_at', ARGV[2])
   redis.call('PUBLISH', ARGV[6], ARGV[5])
   return {'expired', 'failed'}
@@ -102,9 +104,9 @@ TIMEOUT_ERROR = orjson.dumps(
 
 
 def rfc3339(epoch: str | float | None) -> str | None:
-    if epoch in (None, ""):
+    if epoch is None or epoch == "":
         return None
-    moment = datetime.fromtimestamp(float(epoch), UTC)  # type: ignore[arg-type]
+    moment = datetime.fromtimestamp(float(epoch), UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -216,7 +218,7 @@ class JobStore:
         return Submitted(existing_id, created=False, request_digest=existing_digest)
 
     async def get(self, job_id: str, owner: str) -> dict[str, str] | None:
-        record: dict[str, str] = await self._redis.hgetall(keys.job(job_id))  # type: ignore[misc]
+        record = cast(dict[str, str], await self._redis.hgetall(keys.job(job_id)))
         if not record or record.get("owner") != owner:
             return None
         return record
@@ -242,7 +244,7 @@ class JobStore:
             keys.owner_jobs(owner), max_score, "-inf", byscore=True, desc=True,
             offset=0, num=count, withscores=True,
         )  # fmt: skip
-        return [(_str(member), score) for member, score in rows]
+        return cast(list[tuple[str, float]], rows)
 
 
 @dataclass(frozen=True, slots=True)

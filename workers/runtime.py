@@ -8,6 +8,7 @@ a job that was canceled, or taken over, is never overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from redis.retry import Retry
 from shared import keys
 from shared.config import Settings
 from shared.store import WorkerJobs
+from workers import scalein
 from workers.engine import (
     Engine,
     FatalEngineError,
@@ -69,6 +71,9 @@ class WorkerRuntime:
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._deletion_cost = scalein.from_env(
+            settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
+        )
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -103,10 +108,8 @@ class WorkerRuntime:
     def stop(self) -> None:
         self._stopped.set()
         self.ready_file.unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(redis.exceptions.RedisError):
             self.jobs.leave(self.worker_id)
-        except redis.exceptions.RedisError:
-            pass
         if self.engine is not None:
             self.engine.shutdown(timeout=5.0)
 
@@ -129,6 +132,7 @@ class WorkerRuntime:
         record = self._store(lambda: self.jobs.read(job_id))
         with self._lock:
             self._inflight.add(job_id)
+        self._report_inflight()
         try:
             fields = self._generate(job_id, record)
         finally:
@@ -136,6 +140,7 @@ class WorkerRuntime:
                 self._inflight.discard(job_id)
                 drained = job_id in self._draining
                 self._draining.discard(job_id)
+            self._report_inflight()
         if drained:
             self._store(lambda: self.jobs.requeue(job_id, self.worker_id))
             raise HandBack(f"job {job_id} handed back at drain timeout")
@@ -146,14 +151,15 @@ class WorkerRuntime:
         """The record fields that end the job, or None when it ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
         request = self._request(job_id, record)
-        label = {"model_label": self.engine.label}
+        label: dict[str, str | bytes] = {"model_label": self.engine.label}
         log.info(json.dumps({"event": "job_started", "job_id": job_id, "model": self.engine.model_id}))
         try:
             result = self.engine.submit(request).result()
         except RequestError as exc:
             if exc.type == "canceled":
                 return None
-            return label | {"status": "failed", "error": orjson.dumps({"type": exc.type, "message": exc.message})}
+            error = {"type": exc.type, "message": exc.message}
+            return label | {"status": "failed", "error": orjson.dumps(error)}
         except FatalEngineError:
             log.critical(json.dumps({"event": "engine_fatal", "job_id": job_id}), exc_info=True)
             os._exit(FATAL_EXIT)
@@ -170,13 +176,12 @@ class WorkerRuntime:
             seed=job_input["seed"],
             stop=tuple(job_input["stop"]),
         )
-        remaining = float(record["deadline"]) - time.time()
         return GenerationRequest(
             request_id=job_id,
             params=params,
             prompt=job_input["prompt"],
             messages=job_input["messages"],
-            deadline=time.monotonic() + remaining,
+            deadline=time.monotonic() + self.settings.job_timeout_s,
         )
 
     # --- background ------------------------------------------------------------------------------
@@ -191,7 +196,14 @@ class WorkerRuntime:
                     raise HandBack("Redis unreachable") from exc
                 time.sleep(0.5)
 
+    def _report_inflight(self) -> None:
+        """Scale-in removes the pods with the lowest deletion cost first: keep ours = our load.
+        Throttled inside; the heartbeat calls it too, so a throttled change is sent later."""
+        if self._deletion_cost is not None:
+            self._deletion_cost.update(self.inflight)
+
     def _beat(self) -> None:
+        self._report_inflight()
         self.jobs.heartbeat(self.worker_id)
         if self.ready_file.exists():
             self.ready_file.touch()
@@ -211,7 +223,7 @@ class WorkerRuntime:
                 time.sleep(0.5)
 
     def _listen_for_cancels(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         pubsub.subscribe(keys.CANCEL_CHANNEL)
         try:
             while not self._stopped.is_set():

@@ -40,12 +40,13 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_batch_size=settings.max_batch_size,
         max_batch_tokens=settings.max_batch_tokens,
         torch_threads=settings.torch_threads,
+        placeholder_step_s=settings.placeholder_step_s,
     )
 
 
 def run_worker(settings: Settings, queues: list[str] | None = None, concurrency: int | None = None) -> None:
     """Start a worker in this process (blocks until it is shut down)."""
-    global _runtime
+    global _runtime  # noqa: PLW0603  (one runtime per worker process; tasks reach it here)
     configure_logging(settings.log_level)
     queues = queues or [keys.queue_for_model(settings.model)]
     serves_model = keys.queue_for_model(settings.model) in queues

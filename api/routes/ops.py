@@ -22,7 +22,7 @@ async def healthz() -> Response:
 async def readyz(client: RedisDep, settings: SettingsDep) -> Response:
     """Redis is reachable and at least one worker is consuming; 503 says which is not."""
     try:
-        await client.ping()  # type: ignore[misc]
+        await client.ping()
         workers = await live_workers(client, settings.heartbeat_ttl_s)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         return json_response({"status": "unavailable", "reason": f"Redis unreachable: {exc}"}, 503)

@@ -1,4 +1,20 @@
-"""The inference engine: model loading, scheduling and continuous batching. Imports no Celery."""
+"""The inference engine: model loading, scheduling and continuous batching. Imports no Celery.
+
+build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the transformers
+continuous-batching engine (workers/engine/continuous.py) for every other model id. The worker:
+
+    engine = build_engine(EngineConfig(model=..., on_step=observe_step, on_fatal=exit_soon))
+    engine.start()                      # loads, converts on first use, warms up; FatalEngineError if it can't
+    future = engine.submit(GenerationRequest(...))
+    result = future.result()            # GenerationResult, or raises RequestError(type_=...)
+    engine.cancel(request_id); engine.shutdown(timeout)
+
+Metrics hooks: EngineConfig.on_step(StepStats) after every engine step (batch_size, tokens,
+prefill_tokens, duration_s, first_token_ms from submit); TransformersEngine.stats() -> EngineStats
+counters; every GenerationResult carries queued_ms, time_to_first_token_ms and batch_size.
+Fatal errors: TransformersEngine.fatal_error is set and EngineConfig.on_fatal is called once; all
+held futures fail with RequestError("unavailable"). Exit non-zero then.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +22,26 @@ from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
 from workers.engine.types import (
     Engine,
     EngineError,
+    EngineStats,
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
     RequestError,
     SamplingParams,
+    StepStats,
 )
 
 __all__ = [
     "Engine",
     "EngineConfig",
     "EngineError",
+    "EngineStats",
     "FatalEngineError",
     "GenerationRequest",
     "GenerationResult",
     "RequestError",
     "SamplingParams",
+    "StepStats",
     "build_engine",
 ]
 
@@ -32,4 +52,7 @@ def build_engine(config: EngineConfig) -> Engine:
         from workers.engine.placeholder import PlaceholderEngine
 
         return PlaceholderEngine(config)
-    raise NotImplementedError(f"model {config.model!r}: the transformers engine is not built yet")
+    # Imported here so the placeholder path (and the API tier's tests) never pay for torch.
+    from workers.engine.continuous import TransformersEngine
+
+    return TransformersEngine(config)

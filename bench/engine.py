@@ -1,0 +1,338 @@
+"""Engine benchmark: sequential `transformers.generate` against the continuous-batching engine.
+
+    python -m bench.engine            # the default model, fp32, CPU (~3-4 minutes on 2 cores)
+    python -m bench.engine --quick    # random-tiny, a few tokens: a smoke test that takes seconds
+
+Same prompts (chat-templated), same machine, same process, same torch threads, one run. Every job
+generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate), so both sides do the
+same work. Reports output tokens/s, time to first token (from submit) p50/p99 and per-job latency
+p50/p99 at each concurrency (closed loop: N clients, each submitting its next job when the last one
+returns), the ratios to the baseline, peak RSS, and a 16-token job submitted while 256-token jobs
+run against the same job alone. Writes <out>/engine.json and <out>/engine.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import platform
+import queue
+import resource
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.engine import GenerationRequest, SamplingParams
+from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
+from workers.engine.continuous import TransformersEngine
+from workers.engine.loading import LoadedModel, load_model
+
+TOPICS = [
+    "the moon",
+    "how bread rises",
+    "why the sky is blue",
+    "a cat who learns to swim",
+    "the history of the bicycle",
+    "how vaccines train the immune system",
+    "a lighthouse keeper's last night",
+    "the rules of chess",
+    "volcanoes",
+    "a robot that paints",
+    "how rainbows form",
+    "the life of a honeybee",
+    "why leaves change colour in autumn",
+    "a journey across the desert",
+    "how a compass works",
+    "the first day at a new school",
+]
+STYLES = ["Write a short story about {}.", "Explain {} to a curious ten-year-old, in a few paragraphs."]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    model: str
+    tokens: int
+    concurrency: tuple[int, ...]
+    baseline_jobs: int
+    long_tokens: int
+    short_tokens: int
+    long_jobs: int
+
+
+FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15)
+QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3)
+
+
+def prompts(count: int) -> list[str]:
+    return [STYLES[i % len(STYLES)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_baseline(loaded: LoadedModel, texts: list[str], tokens: int) -> dict[str, Any]:
+    """Sequential generate(): one prompt at a time, greedy, exactly `tokens` new tokens each."""
+    model: Any = loaded.model  # transformers' generate() is untyped
+    tokenizer: Any = loaded.tokenizer
+    latencies, ttfts, generated = [], [], 0
+    with torch.inference_mode():  # warm-up, as the engine's start() does
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)
+    started = time.perf_counter()
+    for text in texts:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
+        begin = time.perf_counter()
+        with torch.inference_mode():
+            first = model.generate(ids, max_new_tokens=1, do_sample=False)
+            ttfts.append((time.perf_counter() - begin) * 1000)
+            begin = time.perf_counter()
+            output = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        latencies.append((time.perf_counter() - begin) * 1000)
+        generated += output.shape[1] - ids.shape[1]
+        assert first.shape[1] == ids.shape[1] + 1
+    # The generate used for timing is the second one: ttft is measured by its own one-token call.
+    wall = sum(latencies) / 1000
+    return _summary(
+        name="baseline generate()",
+        concurrency=1,
+        generated=generated,
+        wall=wall,
+        ttfts=ttfts,
+        latencies=latencies,
+        elapsed=time.perf_counter() - started,
+    )
+
+
+def on_own_thread(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Run torch work on a thread that then exits, taking its OpenMP team with it.
+
+    With GNU OpenMP a thread's parallel regions run 1.5-2x slower while another thread's team exists,
+    so a baseline run on the main thread would slow the engine's loop thread down afterwards.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(function, *args).result()
+
+
+def _summary(
+    *,
+    name: str,
+    concurrency: int,
+    generated: int,
+    wall: float,
+    ttfts: list[float],
+    latencies: list[float],
+    elapsed: float,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "concurrency": concurrency,
+        "jobs": len(latencies),
+        "output_tokens": generated,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(generated / wall, 2),
+        "ttft_ms_p50": round(percentile(ttfts, 50), 1),
+        "ttft_ms_p99": round(percentile(ttfts, 99), 1),
+        "latency_ms_p50": round(percentile(latencies, 50), 1),
+        "latency_ms_p99": round(percentile(latencies, 99), 1),
+        "elapsed_s": round(elapsed, 2),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+
+
+def run_engine(engine: TransformersEngine, texts: list[str], tokens: int, concurrency: int) -> dict[str, Any]:
+    """Closed loop: `concurrency` clients, each submitting its next job when the previous one returns."""
+    jobs: queue.Queue[tuple[int, str]] = queue.Queue()
+    for index, text in enumerate(texts):
+        jobs.put((index, text))
+    ttfts: list[float] = []
+    latencies: list[float] = []
+    generated = [0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            try:
+                index, text = jobs.get_nowait()
+            except queue.Empty:
+                return
+            request = GenerationRequest(
+                f"c{concurrency}-{index}",
+                SamplingParams(max_tokens=tokens, ignore_eos=True),
+                messages=[{"role": "user", "content": text}],
+            )
+            begin = time.perf_counter()
+            result = engine.submit(request).result()
+            latency = (time.perf_counter() - begin) * 1000
+            with lock:
+                latencies.append(latency)
+                ttfts.append(result.queued_ms + result.time_to_first_token_ms)
+                generated[0] += result.completion_tokens
+
+    clients = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    wall = time.perf_counter() - started
+    return _summary(
+        name=f"engine c={concurrency}",
+        concurrency=concurrency,
+        generated=generated[0],
+        wall=wall,
+        ttfts=ttfts,
+        latencies=latencies,
+        elapsed=wall,
+    )
+
+
+def run_short_amid_long(engine: TransformersEngine, sizes: Sizes) -> dict[str, Any]:
+    """Latency of a short job alone, then submitted while `long_jobs` long jobs are decoding."""
+
+    def short_job(request_id: str) -> float:
+        request = GenerationRequest(
+            request_id,
+            SamplingParams(max_tokens=sizes.short_tokens, ignore_eos=True),
+            messages=[{"role": "user", "content": "Say hello to the team."}],
+        )
+        begin = time.perf_counter()
+        engine.submit(request).result()
+        return (time.perf_counter() - begin) * 1000
+
+    solo_ms = short_job("short-solo")
+    long_futures = [
+        engine.submit(
+            GenerationRequest(
+                f"long-{i}",
+                SamplingParams(max_tokens=sizes.long_tokens, ignore_eos=True),
+                messages=[{"role": "user", "content": text}],
+            )
+        )
+        for i, text in enumerate(prompts(sizes.long_jobs))
+    ]
+    while engine.stats().running < sizes.long_jobs:  # all long jobs prefilled and decoding
+        time.sleep(0.01)
+    amid_ms = short_job("short-amid")
+    long_unfinished = sum(not future.done() for future in long_futures)
+    for future in long_futures:
+        future.result()
+    return {
+        "short_tokens": sizes.short_tokens,
+        "long_tokens": sizes.long_tokens,
+        "long_jobs": sizes.long_jobs,
+        "short_solo_ms": round(solo_ms, 1),
+        "short_amid_long_ms": round(amid_ms, 1),
+        "ratio": round(amid_ms / solo_ms, 2),
+        "long_jobs_unfinished_when_short_done": long_unfinished,
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["engine"]
+    baseline = report["baseline"]
+    labels = [str(run["concurrency"]) for run in runs]
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    throughput.bar(labels, [run["tokens_per_s"] for run in runs], color="#4c72b0", label="engine")
+    throughput.axhline(
+        baseline["tokens_per_s"], color="#dd8452", linestyle="--", label="sequential generate()"
+    )
+    for index, run in enumerate(runs):
+        throughput.annotate(
+            f"{run['tokens_per_s'] / baseline['tokens_per_s']:.1f}x", (index, run["tokens_per_s"])
+        )
+    throughput.set(xlabel="concurrent jobs", ylabel="output tokens/s", title="Throughput")
+    throughput.legend()
+    for key, style in (("ttft_ms", "o-"), ("latency_ms", "s-")):
+        for q in ("p50", "p99"):
+            latency.plot(labels, [run[f"{key}_{q}"] / 1000 for run in runs], style, label=f"{key[:-3]} {q}")
+    latency.set(xlabel="concurrent jobs", ylabel="seconds", title="Time to first token and job latency")
+    latency.legend()
+    figure.suptitle(
+        f"{report['model']} ({report['label']}), {report['torch_threads']} threads, {report['machine']}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="random-tiny and a few tokens: a smoke test")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for engine.json/png")
+    parser.add_argument("--model-cache", type=Path, default=Path(".genq/models"))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    biggest = max(sizes.concurrency)
+    config = EngineConfig(
+        model=sizes.model,
+        model_cache=args.model_cache,
+        max_batch_size=max(biggest, sizes.long_jobs + 1),
+        max_batch_tokens=32768,
+    )
+    loaded = load_model(config)
+    texts = prompts(max(biggest, 2 * sizes.concurrency[0]))
+    report: dict[str, Any] = {
+        "model": sizes.model,
+        "label": loaded.label,
+        "quick": args.quick,
+        "tokens_per_job": sizes.tokens,
+        "torch_threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {torch.get_num_threads()}-thread CPU",
+        "config": {k: str(v) for k, v in asdict(config).items() if k not in ("on_step", "on_fatal")},
+        "baseline": on_own_thread(run_baseline, loaded, texts[: sizes.baseline_jobs], sizes.tokens),
+    }
+    print(json.dumps(report["baseline"]))
+    engine = TransformersEngine(config, loaded)
+    engine.start()
+    try:
+        report["engine"] = []
+        for concurrency in sizes.concurrency:
+            count = max(
+                concurrency, 4 if concurrency == 1 else 2 * concurrency if concurrency < 16 else concurrency
+            )
+            run = run_engine(
+                engine, texts[:count] if count <= len(texts) else prompts(count), sizes.tokens, concurrency
+            )
+            run["ratio_to_baseline"] = round(run["tokens_per_s"] / report["baseline"]["tokens_per_s"], 2)
+            report["engine"].append(run)
+            print(json.dumps(run))
+        report["short_amid_long"] = run_short_amid_long(engine, sizes)
+        print(json.dumps(report["short_amid_long"]))
+    finally:
+        engine.shutdown(60)
+    report["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, args.out / "engine.png")
+    print(
+        f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}; peak RSS {report['peak_rss_mb']} MB"
+    )
+    return report
+
+
+if __name__ == "__main__":
+    main()

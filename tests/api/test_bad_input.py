@@ -1,0 +1,64 @@
+"""Bad input gets a clear error (status, type, message naming the field) and changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+pytestmark = pytest.mark.anyio
+
+CASES = [
+    ({"prompt": "x", "colour": "blue"}, 422, "colour", "unknown field"),
+    ({}, 422, "body", "exactly one of"),
+    ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, 422, "body", "exactly one of"),
+    ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens", "greater than or equal to 1"),
+    ({"prompt": "x", "max_tokens": 5000}, 422, "max_tokens", "most allowed is 1024"),
+    ({"prompt": "x", "temperature": 2.5}, 422, "temperature", "less than or equal to 2"),
+    ({"prompt": "x", "top_p": 0}, 422, "top_p", "greater than 0"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 422, "stop", "at most 4"),
+    ({"prompt": "x", "priority": "urgent"}, 422, "priority", "interactive"),
+    ({"prompt": "x", "model": "gpt-9"}, 422, "model", "served models: placeholder-echo"),
+    ({"prompt": "x", "webhook": "ftp://example.com/hook"}, 422, "webhook", "URL scheme"),
+    ({"prompt": "x", "webhook_events_filter": ["finished"]}, 422, "webhook_events_filter.0", "start"),
+    ({"prompt": "x", "metadata": {"k": 1}}, 422, "metadata.k", "string"),
+    ({"prompt": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, 422, "metadata", "at most 16"),
+    ({"messages": [{"role": "robot", "content": "y"}]}, 422, "messages.0.role", "system"),
+    ({"prompt": ""}, 422, "prompt", "at least 1"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "param", "phrase"), CASES)
+async def test_schema_violations_name_the_field_and_create_nothing(
+    api, redis_client: redis.Redis, body: dict, status: int, param: str, phrase: str
+) -> None:
+    response = await api.post("/v1/jobs", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert error["param"] == param
+    assert phrase in error["message"]
+    assert redis_client.dbsize() == 0
+
+
+async def test_malformed_json_is_400(api, redis_client: redis.Redis) -> None:
+    response = await api.post(
+        "/v1/jobs", content=b'{"prompt": "x"', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "malformed_request"
+    assert redis_client.dbsize() == 0
+
+
+async def test_body_over_one_mib_is_413(api, redis_client: redis.Redis) -> None:
+    body = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
+    response = await api.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "payload_too_large"
+
+    async def chunks():  # no Content-Length: the limit still holds while streaming
+        for _ in range(20):
+            yield b"a" * 65536
+
+    streamed = await api.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+    assert redis_client.dbsize() == 0

@@ -1,0 +1,229 @@
+"""The v1 jobs contract, end to end: the real app, the suite's Redis, real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import redis
+
+from shared.config import Settings
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.anyio
+
+
+async def _wait_status(
+    api: httpx.AsyncClient, job_id: str, statuses: set[str], timeout_s: float = 30
+) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = (await api.get(f"/v1/jobs/{job_id}")).json()
+        if job["status"] in statuses or time.monotonic() > deadline:
+            return job
+        await asyncio.sleep(0.02)
+
+
+async def test_submit_returns_202_with_location_and_the_queued_job(api: httpx.AsyncClient) -> None:
+    response = await api.post("/v1/jobs", json={"prompt": "hello world", "metadata": {"team": "a"}})
+    assert response.status_code == 202
+    job = response.json()
+    assert response.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["status"] == "queued"
+    assert job["model"] == "placeholder-echo"
+    assert job["input"] == {
+        "prompt": "hello world", "messages": None, "max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
+        "seed": None, "stop": [], "priority": "interactive", "webhook": None,
+        "webhook_events_filter": ["completed"], "cache": True,
+    }  # fmt: skip
+    assert job["output"] is None and job["error"] is None
+    assert job["metadata"] == {"team": "a"}
+    assert job["created_at"].endswith("Z") and job["started_at"] is None
+    assert job["urls"]["cancel"] == f"/v1/jobs/{job['id']}/cancel"
+    assert (await api.get(job["urls"]["get"])).json() == job
+
+
+async def test_a_worker_runs_the_job_to_success(api: httpx.AsyncClient, worker: WorkerProcess) -> None:
+    job = (await api.post("/v1/jobs", json={"prompt": "one two three", "max_tokens": 4})).json()
+    done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 20})).json()
+    assert done["status"] == "succeeded"
+    assert done["output"] == {
+        "text": "one two three one",
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    }
+    assert done["model_label"].startswith("placeholder")
+    assert done["started_at"] >= done["created_at"] and done["completed_at"] >= done["started_at"]
+    assert done["metrics"]["queue_ms"] >= 0 and done["metrics"]["inference_ms"] > 0
+    assert done["metrics"]["batch_size"] >= 1
+
+
+async def test_chat_messages_and_stop_strings(api: httpx.AsyncClient, worker: WorkerProcess) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "alpha beta gamma"}],
+        "stop": ["gamma"],
+        "max_tokens": 10,
+    }
+    job = (await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=20"})).json()
+    assert job["status"] == "succeeded"
+    assert job["output"]["finish_reason"] == "stop"
+    assert "gamma" not in job["output"]["text"]
+
+
+async def test_long_poll_returns_when_the_job_ends_not_at_the_timeout(
+    api: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    job = (await api.post("/v1/jobs", json={"prompt": "quick", "max_tokens": 2})).json()
+    started = time.monotonic()
+    done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
+    assert done["status"] == "succeeded"
+    assert time.monotonic() - started < 10
+
+
+async def test_long_poll_gives_up_after_wait_seconds_when_nothing_runs(api: httpx.AsyncClient) -> None:
+    job = (await api.post("/v1/jobs", json={"prompt": "nobody runs me"})).json()
+    started = time.monotonic()
+    still = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 1})).json()
+    assert still["status"] == "queued"
+    assert 0.9 <= time.monotonic() - started < 5
+    over = await api.get(f"/v1/jobs/{job['id']}", params={"wait": 61})
+    assert over.status_code == 422 and over.json()["error"]["param"] == "wait"
+
+
+async def test_prefer_wait_holds_the_submit_until_the_job_ends(
+    api: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    response = await api.post(
+        "/v1/jobs", json={"prompt": "x", "max_tokens": 3}, headers={"Prefer": "wait=20"}
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == "succeeded"
+
+
+async def test_prefer_wait_answers_202_when_time_runs_out(api: httpx.AsyncClient) -> None:
+    response = await api.post("/v1/jobs", json={"prompt": "x"}, headers={"Prefer": "wait=1"})
+    assert response.status_code == 202
+    assert response.json()["status"] == "queued"
+
+
+async def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body(
+    api: httpx.AsyncClient, redis_client: redis.Redis
+) -> None:
+    headers = {"Idempotency-Key": "order-42"}
+    first = await api.post("/v1/jobs", json={"prompt": "same"}, headers=headers)
+    again = await api.post("/v1/jobs", json={"prompt": "same"}, headers=headers)
+    assert first.status_code == 202 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    other = await api.post("/v1/jobs", json={"prompt": "different"}, headers=headers)
+    assert other.status_code == 409
+    assert other.json()["error"]["type"] == "conflict"
+    assert len(redis_client.keys("genq:job:*")) == 1
+    assert redis_client.llen("genq.placeholder-echo") == 1
+
+
+async def test_cancel_a_queued_job_means_it_never_starts(
+    api: httpx.AsyncClient, settings: Settings, start_worker
+) -> None:
+    job = (await api.post("/v1/jobs", json={"prompt": "never"})).json()
+    canceled = await api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert canceled.status_code == 200
+    assert canceled.json()["status"] == "canceled"
+    start_worker(settings)
+    marker = (await api.post("/v1/jobs", json={"prompt": "after", "max_tokens": 1},
+                             headers={"Prefer": "wait=20"})).json()  # fmt: skip
+    assert marker["status"] == "succeeded"  # the worker has passed the canceled job's message
+    after = (await api.get(f"/v1/jobs/{job['id']}")).json()
+    assert after["status"] == "canceled" and after["started_at"] is None and after["output"] is None
+
+
+async def test_cancel_a_running_job_stops_it_and_frees_its_slot(
+    make_settings, redis_client: redis.Redis, start_worker
+) -> None:
+    from tests.conftest import api_client
+
+    settings = make_settings(placeholder_step_s=0.05)
+    start_worker(settings, "--concurrency=1")
+    async with api_client(settings) as api:
+        job = (await api.post("/v1/jobs", json={"prompt": "long", "max_tokens": 400})).json()
+        assert (await _wait_status(api, job["id"], {"running"}))["status"] == "running"
+        canceled = (await api.post(f"/v1/jobs/{job['id']}/cancel")).json()
+        assert canceled["status"] == "canceled"
+        # One worker slot: the next job can only run once the canceled one has left the engine.
+        nxt = await api.post(
+            "/v1/jobs", json={"prompt": "next", "max_tokens": 2}, headers={"Prefer": "wait=10"}
+        )
+        assert nxt.json()["status"] == "succeeded"
+        final = (await api.get(f"/v1/jobs/{job['id']}")).json()
+        assert final["status"] == "canceled" and final["output"] is None
+
+
+async def test_cancel_a_finished_job_returns_it_unchanged(
+    api: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    job = (
+        await api.post("/v1/jobs", json={"prompt": "x", "max_tokens": 1}, headers={"Prefer": "wait=20"})
+    ).json()
+    response = await api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert response.status_code == 200
+    assert response.json() == job
+
+
+async def test_unknown_job_is_404_everywhere(api: httpx.AsyncClient) -> None:
+    for response in (await api.get("/v1/jobs/nope"), await api.post("/v1/jobs/nope/cancel")):
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "not_found"
+
+
+async def test_list_is_newest_first_paginated_and_filtered(api: httpx.AsyncClient) -> None:
+    ids = [(await api.post("/v1/jobs", json={"prompt": f"p{i}"})).json()["id"] for i in range(7)]
+    await api.post(f"/v1/jobs/{ids[2]}/cancel")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        page = (await api.get("/v1/jobs", params=params)).json()
+        seen += [job["id"] for job in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    canceled = (await api.get("/v1/jobs", params={"status": "canceled"})).json()
+    assert [job["id"] for job in canceled["data"]] == [ids[2]]
+    bad = await api.get("/v1/jobs", params={"status": "sleeping"})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "status"
+
+
+async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(
+    api: httpx.AsyncClient, settings: Settings, start_worker, redis_client: redis.Redis
+) -> None:
+    batch = [
+        (await api.post("/v1/jobs", json={"prompt": f"b{i}", "max_tokens": 1, "priority": "batch"})).json()[
+            "id"
+        ]
+        for i in range(1000)
+    ]
+    start_worker(settings, "--concurrency=2")
+    await _wait_status(api, batch[20], {"succeeded"})  # the worker is busy with batch jobs
+    pipe = redis_client.pipeline()
+    for job_id in batch:
+        pipe.hget(f"genq:job:{job_id}", "status")
+    queued_before = {
+        job_id for job_id, status in zip(batch, pipe.execute(), strict=True) if status == "queued"
+    }
+    assert len(queued_before) > 500
+    urgent = (await api.post("/v1/jobs", json={"prompt": "urgent", "max_tokens": 1})).json()
+    urgent = await _wait_status(api, urgent["id"], {"succeeded"})
+    pipe = redis_client.pipeline()
+    for job_id in queued_before:
+        pipe.hget(f"genq:job:{job_id}", "started_at")
+    started_ahead = [s for s in pipe.execute() if s and float(s) < _epoch(urgent["started_at"])]
+    # Only messages already reserved by the two worker slots may start before it.
+    assert len(started_ahead) <= 2, started_ahead
+
+
+def _epoch(rfc3339: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,166 @@
+"""Real parts for every test: a private Redis-compatible server (the same valkey-server binary
+the local stack uses) on a free loopback port, real `genq worker` processes, and the real
+FastAPI app (in-process over httpx's ASGI transport, lifespan included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from cli.redis_server import EmbeddedRedis
+from shared.config import Settings
+
+for _name in [n for n in os.environ if n.startswith("GENQ_")]:  # the suite is hermetic
+    del os.environ[_name]
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_MODEL = "placeholder-echo"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": redis_server.url,
+            "model": TEST_MODEL,
+            "data_dir": tmp_path / "genq",
+            "heartbeat_interval_s": 0.5,
+            "heartbeat_ttl_s": 3.0,
+        }
+        values.update(overrides)
+        return Settings(_env_file=None, **values)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings], redis_client: redis.Redis) -> Settings:
+    return make_settings()
+
+
+@asynccontextmanager
+async def api_client(settings: Settings, api_key: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    from api.app import create_app
+
+    app = create_app(settings)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://genq.test", headers=headers,
+                                     timeout=90) as client:  # fmt: skip
+            yield client
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(settings) as client:
+        yield client
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
+    for name, value in settings.model_dump(exclude_none=True).items():
+        if isinstance(value, list):
+            text = ",".join(value)
+        elif hasattr(value, "get_secret_value"):
+            text = value.get_secret_value()
+        else:
+            text = str(value)
+        env[f"GENQ_{name.upper()}"] = text
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+class WorkerProcess:
+    """A real `genq worker` process."""
+
+    def __init__(self, settings: Settings, log_path: Path, *extra: str) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "worker", *extra],
+            env=settings_env(settings), cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    @property
+    def ready_file(self) -> Path:
+        return self.settings.data_dir / f"worker-{self.process.pid}.ready"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> WorkerProcess:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"worker exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker not ready:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(settings: Settings, *extra: str, wait: bool = True) -> WorkerProcess:
+        worker = WorkerProcess(settings, tmp_path / f"worker-{len(started)}.log", *extra)
+        started.append(worker)
+        return worker.wait_ready() if wait else worker
+
+    yield start
+    for worker in started:
+        worker.close()
+
+
+@pytest.fixture
+def worker(settings: Settings, start_worker: Callable[..., WorkerProcess]) -> WorkerProcess:
+    return start_worker(settings)

@@ -1,0 +1,38 @@
+"""The engine benchmark's --quick mode runs end to end and writes its JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.workers.engine.conftest import MODEL_CACHE, ROOT
+
+
+def test_bench_engine_quick(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.engine",
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--model-cache",
+            str(MODEL_CACHE),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=240,
+        capture_output=True,
+    )
+    report = json.loads((tmp_path / "engine.json").read_text())
+    assert report["quick"] is True
+    assert report["baseline"]["tokens_per_s"] > 0
+    assert [run["concurrency"] for run in report["engine"]] == [1, 4]
+    assert all(run["output_tokens"] == run["jobs"] * report["tokens_per_job"] for run in report["engine"])
+    assert report["short_amid_long"]["long_jobs_unfinished_when_short_done"] > 0
+    assert (tmp_path / "engine.png").stat().st_size > 0

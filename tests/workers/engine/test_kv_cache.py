@@ -1,0 +1,48 @@
+"""The batched KV cache against the model run without a cache: same logits for every row, every step.
+
+Sequences join with prompts longer than the free room (the window must move right), decode past the
+buffer's edge (it must move left / grow) and leave from the middle (the last row moves), so every
+path of SlotKVCache is exercised against a plain full-sequence forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.engine.batch import RunningBatch
+from workers.engine.loading import LoadedModel
+
+
+def _reference_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:
+    output = loaded.model(input_ids=torch.tensor([tokens]), use_cache=False)
+    logits: torch.Tensor = output.logits[0, -1]
+    return logits
+
+
+def test_batched_decode_matches_uncached_forward(random_model: LoadedModel) -> None:
+    generator = torch.Generator().manual_seed(0)
+
+    def tokens(count: int) -> list[int]:
+        return torch.randint(10, 40000, (count,), generator=generator).tolist()
+
+    batch = RunningBatch(random_model.model, max_rows=4)
+    plan = {0: tokens(3), 5: tokens(90), 9: tokens(7), 30: tokens(150)}  # step -> prompt joining then
+    sequences: list[list[int]] = []  # index == row
+    with torch.inference_mode():
+        for step in range(110):
+            if step in plan:
+                cache, logits = batch.prefill(plan[step])
+                torch.testing.assert_close(logits, _reference_logits(random_model, plan[step]))
+                assert batch.join(cache) == len(sequences)
+                sequences.append(list(plan[step]))
+            if step == 60:  # the second sequence leaves; the last row moves into its place
+                assert batch.leave(1) == len(sequences) - 1
+                sequences[1] = sequences.pop()
+            next_tokens = tokens(len(sequences))
+            logits = batch.decode(next_tokens)
+            for row, token in enumerate(next_tokens):
+                sequences[row].append(token)
+                torch.testing.assert_close(
+                    logits[row], _reference_logits(random_model, sequences[row]), atol=1e-4, rtol=1e-4
+                )
+    assert batch.rows == 3

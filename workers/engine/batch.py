@@ -1,0 +1,62 @@
+"""The running batch as tensors: prefill one prompt, decode one step for every row. No policy here.
+
+Prefill runs each prompt alone (batch 1, no padding) on a fresh DynamicCache, so its logits and K/V
+are exactly those of a solo run; the K/V then join the SlotKVCache. Decode steps run every row
+together with explicit position ids and a padding mask. Rows are positions in SlotKVCache; the
+engine keeps its own list of sequences in the same order.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from workers.engine.kv_cache import SlotKVCache
+
+
+class RunningBatch:
+    """The model and the KV cache of the sequences being decoded."""
+
+    def __init__(self, model: PreTrainedModel, max_rows: int) -> None:
+        self._model = model
+        self._device = next(model.parameters()).device
+        layers = int(model.config.get_text_config().num_hidden_layers)
+        self._cache = SlotKVCache(num_layers=layers, max_rows=max_rows)
+
+    @property
+    def rows(self) -> int:
+        return self._cache.rows
+
+    def memory_bytes(self) -> int:
+        return self._cache.memory_bytes()
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """Run one prompt alone; returns its cache (to join()) and its next-token logits [vocab]."""
+        input_ids = torch.tensor([prompt_ids], device=self._device)
+        cache = DynamicCache()
+        output = self._model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits: torch.Tensor = output.logits[0, -1]
+        return cache, logits
+
+    def join(self, prefill: DynamicCache) -> int:
+        """Add a prefilled sequence; returns its row."""
+        return self._cache.append(prefill)
+
+    def leave(self, row: int) -> int | None:
+        """Drop a row; returns the row whose sequence moved into `row` (the engine relabels it)."""
+        return self._cache.remove(row)
+
+    def decode(self, last_tokens: list[int]) -> torch.Tensor:
+        """One step for every row: feeds each row's last token, returns logits [rows, vocab]."""
+        position_ids, mask = self._cache.begin_decode()
+        input_ids = torch.tensor(last_tokens, device=self._device)[:, None]
+        output = self._model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache.end_decode()
+        logits: torch.Tensor = output.logits[:, -1]
+        return logits

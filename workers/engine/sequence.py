@@ -1,0 +1,83 @@
+"""One request's state inside the engine, and the text rules applied to it (stops, streaming)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from workers.engine.types import FinishReason, GenerationRequest, GenerationResult, RequestError
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request from submit() to its result. Only the engine thread mutates it (cancel sets a flag)."""
+
+    request: GenerationRequest
+    future: concurrent.futures.Future[GenerationResult]
+    prompt_ids: list[int]
+    #: Tokens this sequence may hold at most (prompt + max_tokens, capped by the context): its share
+    #: of EngineConfig.max_batch_tokens while it runs.
+    reservation: int
+    generator: torch.Generator | None
+    submitted_at: float
+    completion: list[int] = field(default_factory=list)
+    admitted_at: float = 0.0
+    first_token_at: float | None = None
+    batch_size: int = 1
+    last_output_at: float = -math.inf
+    #: Length of the text already searched for stop strings.
+    stop_checked_chars: int = 0
+    #: Set by cancel() from a caller thread; a plain bool store is atomic, and the engine reads it each step.
+    cancel_requested: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def fail(self, error: RequestError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def succeed(self, text: str, reason: FinishReason, now: float) -> None:
+        first = self.first_token_at if self.first_token_at is not None else now
+        result = GenerationResult(
+            text=text,
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.completion),
+            inference_ms=(now - self.admitted_at) * 1000,
+            batch_size=self.batch_size,
+            time_to_first_token_ms=(first - self.admitted_at) * 1000,
+            queued_ms=(self.admitted_at - self.submitted_at) * 1000,
+        )
+        if not self.future.done():
+            self.future.set_result(result)
+
+
+def find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
+    """Index of the earliest stop string in text that ends at or after `start` (None if none)."""
+    found: int | None = None
+    for stop in stops:
+        index = text.find(stop, max(0, start - len(stop) + 1))
+        if index >= 0 and (found is None or index < found):
+            found = index
+    return found
+
+
+def streamable(text: str, stops: tuple[str, ...]) -> str:
+    """Text safe to publish mid-generation: without a trailing partial stop string or partial character.
+
+    A stream must never show what the final result will drop: a suffix that could still grow into a
+    stop string is held back, and so is a trailing U+FFFD (half of a multi-byte character).
+    """
+    text = text.rstrip("\ufffd")
+    held = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:size]):
+                held = size
+                break
+    return text[: len(text) - held] if held else text
