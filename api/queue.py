@@ -21,7 +21,8 @@ from shared import keys
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.messages import task_message
-from shared.schemas import JobCreate, JobStatus
+from shared.schemas import JobCreate, JobStatus, WebhookEvent
+from shared.ssrf import check_url
 from shared.store import JobStore, NewJob, is_terminal, public_job
 
 #: Long-pollers re-read the record at least this often, whatever pub/sub says.
@@ -61,12 +62,15 @@ class JobQueue:
 
     async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:
         model, max_tokens = self._check(create)
+        if create.webhook is not None:
+            await check_url(str(create.webhook), self._settings.webhook_policy)
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
             "max_tokens": max_tokens
         }
         now = time.time()
+        job_id = str(uuid.uuid4())
         job = NewJob(
-            job_id=str(uuid.uuid4()),
+            job_id=job_id,
             owner=owner,
             model=model,
             queue=keys.queue_for_model(model),
@@ -74,6 +78,7 @@ class JobQueue:
             metadata_json=orjson.dumps(create.metadata),
             created_at=now,
             deadline=now + self._settings.job_timeout_s,
+            webhook_messages=_webhook_messages(job_id, create),
         )
         priority = create.priority.broker_priority
         message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)
@@ -140,6 +145,21 @@ class JobQueue:
                         return found, str(int(score))
             max_score = f"({int(page[-1][1])}"
         return found, None if last_score is None else str(int(last_score))
+
+
+def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes], ...]:
+    """Delivery messages for the job's start/completed events, built now so the job store's
+    scripts can enqueue them atomically with the state change that causes them."""
+    if create.webhook is None:
+        return ()
+    wanted = [e for e in (WebhookEvent.START, WebhookEvent.COMPLETED) if e in create.webhook_events_filter]
+    return tuple(
+        (
+            event.value,
+            task_message(keys.WEBHOOK_TASK, str(uuid.uuid4()), [job_id, event.value], keys.WEBHOOK_QUEUE, 0),
+        )
+        for event in wanted
+    )
 
 
 def _parse_cursor(cursor: str) -> int:

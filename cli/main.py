@@ -159,11 +159,16 @@ def drain(
 
 
 @app.command("settings")
-def settings_table() -> None:
+def settings_table(
+    readme: Annotated[Path | None, typer.Option(help="Rewrite this README's settings table instead.")] = None,
+) -> None:
     """Print every GENQ_* setting as a Markdown table (the README's)."""
-    from shared.settings_doc import markdown_table
+    from shared.settings_doc import markdown_table, update_readme
 
-    typer.echo(markdown_table())
+    if readme is None:
+        typer.echo(markdown_table())
+    else:
+        readme.write_text(update_readme(readme.read_text()))
 
 
 def _mount_optional() -> None:

@@ -6,7 +6,8 @@ Reliability choices (each closes a known trap of Celery on Redis):
 - prefetch multiplier 1: a worker reserves no more messages than it has task threads, so jobs
   do not sit hoarded in one worker while others idle.
 - visibility_timeout from settings (kombu's default is 3,600 s): how soon a dead worker's
-  messages come back; it must exceed the job timeout or long jobs are delivered twice.
+  messages come back; it must exceed the job timeout or long jobs are delivered twice. A
+  second delivery of a job still running on a live worker is dropped by the job store's claim.
 - priority steps: interactive jobs go to kombu's priority-0 list, batch jobs to step 9;
   workers BRPOP priority 0 first, so an interactive job overtakes any number of batch jobs.
 """
@@ -35,6 +36,11 @@ def create_celery_app(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
+            # kombu sweeps for expired unacked messages every interval x throttle seconds (100 s
+            # by default): sweep often enough that a dead worker's jobs come back soon after the
+            # visibility timeout, at the cost of one ZRANGE per sweep.
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+            "unacked_restore_throttle": 1,
             "priority_steps": [0, 3, 6, 9],
             "sep": keys.PRIORITY_SEPARATOR,
             "queue_order_strategy": "priority",

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.ssrf import TargetPolicy, parse_ports
+
 CommaList = Annotated[list[str], NoDecode]
 
 
@@ -145,6 +147,25 @@ class Settings(BaseSettings):
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
     use it to hold jobs running for a known while."""
 
+    # --- Webhooks -----------------------------------------------------------------------------------
+    webhook_secret: SecretStr | None = None
+    """Signing secrets `whsec_<base64>`, space-separated while rotating (every delivery carries a
+    signature per secret). Unset: deliveries are sent unsigned and a warning is logged."""
+
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60)
+    """Seconds one delivery attempt may take (connect, send, first bytes of the answer)."""
+
+    webhook_retry_delays_s: CommaList = ["5", "300", "1800", "7200", "18000", "36000"]
+    """Delays before each retry of a failed delivery (jitter is added); after the last, the
+    delivery is marked failed. The default spans about a day."""
+
+    webhook_allow_private: bool = False
+    """Allow webhook targets on loopback/private/link-local addresses and any port (local
+    development and tests only; logged at start-up)."""
+
+    webhook_allowed_ports: str = "80,443,8000-9999"
+    """Ports a webhook target may use (comma-separated ports and ranges)."""
+
     # --- Operators ----------------------------------------------------------------------------------
     flower_port: int = Field(5555, ge=1, le=65535)
     """Port of `genq flower`."""
@@ -165,7 +186,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     """The key `genq submit` sends."""
 
-    _split = field_validator("api_keys", "models", mode="before")(_split_commas)
+    _split = field_validator("api_keys", "models", "webhook_retry_delays_s", mode="before")(_split_commas)
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Settings:
@@ -189,6 +210,10 @@ class Settings(BaseSettings):
     @cached_property
     def api_key_digests(self) -> tuple[bytes, ...]:
         return tuple(hashlib.sha256(key.encode()).digest() for key in self.api_keys)
+
+    @cached_property
+    def webhook_policy(self) -> TargetPolicy:
+        return TargetPolicy(self.webhook_allow_private, parse_ports(self.webhook_allowed_ports))
 
     @property
     def served_models(self) -> list[str]:

@@ -39,6 +39,20 @@ KOMBU_UNACKED_INDEX = "unacked_index"
 #: kombu's separator between a queue name and its priority step.
 PRIORITY_SEPARATOR = "\x06\x16"
 
+#: Job hash fields holding pre-built webhook delivery messages; the Lua script that moves the job
+#: to running (start) or to a terminal state (completed) pushes the message onto WEBHOOK_QUEUE and
+#: deletes the field, in the same atomic step: an event is never lost and never sent twice.
+WEBHOOK_MESSAGE_FIELD = "webhook_message:{event}"
+
+#: List of one job's webhook delivery attempts (JSON each). TTL: the job's.
+WEBHOOK_LOG = PREFIX + ":job:{job_id}:webhooks"
+
+#: Celery queue of webhook deliveries: its own workers, never a GPU worker's.
+WEBHOOK_QUEUE = "webhooks"
+
+#: Celery task that delivers one webhook event: args [job_id, event].
+WEBHOOK_TASK = "genq.webhook.deliver"
+
 #: Celery task that runs one generation job; its id is the job id.
 GENERATE_TASK = "genq.generate"
 
@@ -54,6 +68,14 @@ def owner_jobs(owner: str) -> str:
 def idempotency(owner: str, key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()
     return IDEMPOTENCY.format(owner=owner, key_digest=digest)
+
+
+def webhook_log(job_id: str) -> str:
+    return WEBHOOK_LOG.format(job_id=job_id)
+
+
+def webhook_message_field(event: str) -> str:
+    return WEBHOOK_MESSAGE_FIELD.format(event=event)
 
 
 def queue_for_model(model: str) -> str:

@@ -20,6 +20,19 @@ import redis.asyncio as aioredis
 from shared import keys
 from shared.schemas import JobStatus
 
+# Pushes a job's pre-built webhook message for `event` onto the webhook queue, once.
+# Prepended to the scripts that use it; KEYS[1] is the job, WEBHOOK_QUEUE the queue key.
+PUSH_WEBHOOK_LUA = """
+local function push_webhook(job_key, queue_key, event)
+  local field = 'webhook_message:' .. event
+  local message = redis.call('HGET', job_key, field)
+  if message then
+    redis.call('LPUSH', queue_key, message)
+    redis.call('HDEL', job_key, field)
+  end
+end
+"""
+
 # KEYS: job, owner index, queue list, idempotency key ('' for none)
 # ARGV: job id, score, job ttl, message, idem ttl, idem value, trim-below score, field/value pairs...
 SUBMIT_LUA = """
@@ -40,10 +53,13 @@ return {1, ARGV[1]}
 # A worker claims a job: a queued one before its deadline, or a running one whose worker
 # stopped heart-beating (a takeover after a crash runs even past the queue deadline: the job
 # was accepted and begun, and dropping it now would lose it). KEYS: job, workers zset.
-# ARGV: worker id, now, heartbeat ttl, timeout error JSON, job id, events channel.
+# ARGV: worker id, now, heartbeat ttl, timeout error JSON, job id, events channel. KEYS[3]: the
+# webhook queue (a first start sends `start`; a takeover does not send it again).
 # Returns {outcome, status}: outcome 'claimed' (run it), 'skip' (someone else has it or it is
 # over), 'expired' (deadline passed while queued: failed here), 'missing'.
-START_LUA = """
+START_LUA = (
+    PUSH_WEBHOOK_LUA
+    + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker', 'deadline')
 local status = rec[1]
 if not status then return {'missing', ''} end
@@ -59,12 +75,15 @@ end
 if status == 'queued' and tonumber(rec[3]) < now then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'completed_at', ARGV[2])
   redis.call('PUBLISH', ARGV[6], ARGV[5])
+  push_webhook(KEYS[1], KEYS[3], 'completed')
   return {'expired', 'failed'}
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
+push_webhook(KEYS[1], KEYS[3], 'start')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 return {'claimed', status}
 """
+)
 
 # A worker hands back a job it holds (drain): it becomes queued again. KEYS: job. ARGV: worker id.
 REQUEUE_LUA = """
@@ -75,18 +94,25 @@ redis.call('HDEL', KEYS[1], 'started_at')
 return 1
 """
 
-# A worker ends the job it holds. KEYS: job. ARGV: worker id, job id, events channel, fields...
-FINISH_LUA = """
+# A worker ends the job it holds. KEYS: job, webhook queue. ARGV: worker id, job id, events
+# channel, fields...
+FINISH_LUA = (
+    PUSH_WEBHOOK_LUA
+    + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('PUBLISH', ARGV[3], ARGV[2])
+push_webhook(KEYS[1], KEYS[2], 'completed')
 return 1
 """
+)
 
-# A client cancels. KEYS: job. ARGV: owner, now, job id, events channel, cancel channel.
+# A client cancels. KEYS: job, webhook queue. ARGV: owner, now, job id, events channel, cancel channel.
 # Returns the record (empty when missing or not the caller's).
-CANCEL_LUA = """
+CANCEL_LUA = (
+    PUSH_WEBHOOK_LUA
+    + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if not rec[1] or rec[2] ~= ARGV[1] then return {} end
 if rec[1] == 'queued' or rec[1] == 'running' then
@@ -94,9 +120,11 @@ if rec[1] == 'queued' or rec[1] == 'running' then
              'error', '{"type":"canceled","message":"canceled by the client"}')
   redis.call('PUBLISH', ARGV[4], ARGV[3])
   if rec[1] == 'running' then redis.call('PUBLISH', ARGV[5], ARGV[3]) end
+  push_webhook(KEYS[1], KEYS[2], 'completed')
 end
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
 TIMEOUT_ERROR = orjson.dumps(
     {"type": "timeout", "message": "the job reached its deadline (GENQ_JOB_TIMEOUT_S) before it ran"}
@@ -160,10 +188,14 @@ class NewJob:
     metadata_json: bytes
     created_at: float
     deadline: float
+    #: Pre-built webhook delivery messages by event ("start", "completed"), pushed by the scripts.
+    webhook_messages: tuple[tuple[str, bytes], ...] = ()
 
     def fields(self) -> list[str | bytes]:
+        webhook_fields = [item for event, message in self.webhook_messages
+                          for item in (keys.webhook_message_field(event), message)]  # fmt: skip
         return [
-            "id", self.job_id, "owner", self.owner, "status", JobStatus.QUEUED.value,
+            *webhook_fields, "id", self.job_id, "owner", self.owner, "status", JobStatus.QUEUED.value,
             "model", self.model, "queue", self.queue, "input", self.input_json,
             "metadata", self.metadata_json, "created_at", repr(self.created_at),
             "deadline", repr(self.deadline), "cached", "0", "attempts", "0",
@@ -231,7 +263,7 @@ class JobStore:
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, str] | None:
         flat = await self._cancel(
-            keys=[keys.job(job_id)],
+            keys=[keys.job(job_id), keys.WEBHOOK_QUEUE],
             args=[owner, repr(time.time()), job_id, keys.JOB_EVENTS_CHANNEL, keys.CANCEL_CHANNEL],
         )
         if not flat:
@@ -265,7 +297,7 @@ class WorkerJobs:
 
     def claim(self, job_id: str, worker_id: str) -> Claim:
         outcome, status = self._start(
-            keys=[keys.job(job_id), keys.WORKERS],
+            keys=[keys.job(job_id), keys.WORKERS, keys.WEBHOOK_QUEUE],
             args=[worker_id, repr(time.time()), self._heartbeat_ttl_s, TIMEOUT_ERROR, job_id,
                   keys.JOB_EVENTS_CHANNEL],
         )  # fmt: skip
@@ -277,7 +309,7 @@ class WorkerJobs:
     def finish(self, job_id: str, worker_id: str, fields: dict[str, str | bytes]) -> bool:
         flat = [item for pair in fields.items() for item in pair]
         done = self._finish(
-            keys=[keys.job(job_id)],
+            keys=[keys.job(job_id), keys.WEBHOOK_QUEUE],
             args=[worker_id, job_id, keys.JOB_EVENTS_CHANNEL, "completed_at", repr(time.time()), *flat],
         )
         return bool(done)

@@ -15,7 +15,7 @@ def test_the_first_lines_give_make_run_and_make_test() -> None:
 
 
 def test_the_settings_table_is_current() -> None:
-    assert markdown_table() in README, "run `genq settings` and paste its table into the README"
+    assert markdown_table() in README, "run `genq settings --readme README.md`"
 
 
 def test_ci_runs_exactly_make_test() -> None:

@@ -259,6 +259,7 @@ class TransformersEngine:
         if self._config.fast_cpu_linear:
             use_transposed_linear(loaded.model)
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
+        self._batch.share_prefix(_template_prefix(loaded.tokenizer))
         self._warm_up(self._batch)
 
     def _step(self) -> None:
@@ -497,6 +498,20 @@ class TransformersEngine:
         if self._loaded is None:
             raise RuntimeError("the engine has no model loaded")
         return self._loaded
+
+
+def _template_prefix(tokenizer: Any) -> list[int]:
+    """The tokens every chat prompt starts with (system block, user header): two renders' common prefix."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    first, second = (
+        TransformersEngine._tokenize(tokenizer, "", [{"role": "user", "content": text}])
+        for text in ("a", "b")
+    )
+    size = 0
+    while size < min(len(first), len(second)) and first[size] == second[size]:
+        size += 1
+    return first[:size]
 
 
 def _validate_params(request: GenerationRequest) -> None:

@@ -87,7 +87,7 @@ class SlotKVCache(Cache):
 
     def append(self, prefill: DynamicCache) -> int:
         """Add a sequence from its prefill cache (batch 1); returns its row."""
-        first, _ = _layer_kv(prefill, 0)
+        first, _ = layer_kv(prefill, 0)
         length = first.shape[-2]
         if self.rows >= self.max_rows:
             raise RuntimeError(f"SlotKVCache is full ({self.max_rows} rows)")
@@ -98,7 +98,7 @@ class SlotKVCache(Cache):
         self._make_room(left=length)
         row, span = self.rows, slice(self._cur - length, self._cur)
         for layer, (keys, values) in enumerate(zip(self._keys, self._values, strict=True)):
-            source_keys, source_values = _layer_kv(prefill, layer)
+            source_keys, source_values = layer_kv(prefill, layer)
             keys[row, :, span] = source_keys[0]
             values[row, :, span] = source_values[0]
         self._lengths.append(length)
@@ -183,7 +183,7 @@ class SlotKVCache(Cache):
         self._cur = new_cur
 
 
-def _layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     keys, values = getattr(cache.layers[layer], "keys", None), getattr(cache.layers[layer], "values", None)
     if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
         raise TypeError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from workers.engine.batch import RunningBatch
+from workers.engine.kv_cache import layer_kv
 from workers.engine.loading import LoadedModel
 
 
@@ -46,3 +47,19 @@ def test_batched_decode_matches_uncached_forward(random_model: LoadedModel) -> N
                     logits[row], _reference_logits(random_model, sequences[row]), atol=1e-4, rtol=1e-4
                 )
     assert batch.rows == 3
+
+
+def test_prefix_reuse_matches_full_prefill(random_model: LoadedModel) -> None:
+    prompt = torch.randint(10, 40000, (30,), generator=torch.Generator().manual_seed(1)).tolist()
+    plain, shared = RunningBatch(random_model.model, max_rows=2), RunningBatch(random_model.model, max_rows=2)
+    with torch.inference_mode():
+        shared.share_prefix(prompt[:12])
+        plain_cache, plain_logits = plain.prefill(prompt)
+        shared_cache, shared_logits = shared.prefill(prompt)
+        other_cache, _ = shared.prefill(prompt[:5] + prompt[13:])  # does not start with the prefix
+    torch.testing.assert_close(shared_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    for layer in range(len(plain_cache.layers)):
+        torch.testing.assert_close(
+            layer_kv(shared_cache, layer), layer_kv(plain_cache, layer), atol=1e-5, rtol=1e-5
+        )
+    assert layer_kv(other_cache, 0)[0].shape[-2] == 22

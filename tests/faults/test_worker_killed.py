@@ -1,0 +1,39 @@
+"""A worker killed with SIGKILL mid-job: its jobs are redelivered and finish on another worker,
+each exactly once (real processes, real broker; the visibility timeout is shortened)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from tests.conftest import api_client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_sigkill_mid_batch_loses_nothing(
+    make_settings, redis_client: redis.Redis, start_worker
+) -> None:
+    settings = make_settings(placeholder_step_s=0.05, visibility_timeout_s=6, job_timeout_s=5)
+    doomed = start_worker(settings, "--concurrency=4")
+    async with api_client(settings) as api:
+        ids = [
+            (await api.post("/v1/jobs", json={"prompt": f"job {i}", "max_tokens": 30})).json()["id"]
+            for i in range(4)
+        ]
+        deadline = time.monotonic() + 20
+        while redis_client.hget(f"genq:job:{ids[-1]}", "status") != "running":
+            assert time.monotonic() < deadline, "the jobs never started"
+            await asyncio.sleep(0.02)
+        doomed.kill()
+        assert {redis_client.hget(f"genq:job:{i}", "status") for i in ids} == {"running"}
+        start_worker(settings, "--concurrency=4")
+        finished = [(await api.get(f"/v1/jobs/{i}", params={"wait": 30})).json() for i in ids]
+    assert [job["status"] for job in finished] == ["succeeded"] * 4
+    assert all(job["output"]["usage"]["completion_tokens"] == 30 for job in finished)
+    # Each was started twice (once per worker) and completed once.
+    assert [redis_client.hget(f"genq:job:{i}", "attempts") for i in ids] == ["2"] * 4
+    assert redis_client.hlen("unacked") == 0
