@@ -22,6 +22,12 @@ OWNER_JOBS = PREFIX + ":owner:{owner}:jobs"
 #: String "<job id> <request digest>" for an Idempotency-Key. TTL: Settings.idempotency_ttl_s.
 IDEMPOTENCY = PREFIX + ":idem:{owner}:{key_digest}"
 
+#: Redis Stream of one job's output deltas (fields: delta, tokens), written by the worker while
+#: it generates and read by any API replica's SSE endpoint. Capped at JOB_STREAM_MAXLEN entries
+#: (approximately); TTL: the job's.
+JOB_STREAM = PREFIX + ":job:{job_id}:stream"
+JOB_STREAM_MAXLEN = 4096
+
 #: Sorted set of worker ids scored by their last heartbeat (Unix seconds). No TTL: readers
 #: only count members newer than heartbeat_ttl_s, and workers remove themselves on exit.
 WORKERS = PREFIX + ":workers"
@@ -68,6 +74,10 @@ def owner_jobs(owner: str) -> str:
 def idempotency(owner: str, key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()
     return IDEMPOTENCY.format(owner=owner, key_digest=digest)
+
+
+def job_stream(job_id: str) -> str:
+    return JOB_STREAM.format(job_id=job_id)
 
 
 def webhook_log(job_id: str) -> str:

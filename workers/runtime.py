@@ -38,6 +38,7 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
+from workers.publish import OutputPublisher
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -71,6 +72,7 @@ class WorkerRuntime:
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self.output = OutputPublisher(self.redis, settings.job_ttl_s)
         self._deletion_cost = scalein.from_env(
             settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
         )
@@ -107,6 +109,7 @@ class WorkerRuntime:
 
     def stop(self) -> None:
         self._stopped.set()
+        self.output.stop()
         self.ready_file.unlink(missing_ok=True)
         with contextlib.suppress(redis.exceptions.RedisError):
             self.jobs.leave(self.worker_id)
@@ -155,6 +158,7 @@ class WorkerRuntime:
         log.info(json.dumps({"event": "job_started", "job_id": job_id, "model": self.engine.model_id}))
         try:
             result = self.engine.submit(request).result()
+            self.output.flush(job_id)
         except RequestError as exc:
             if exc.type == "canceled":
                 return None
@@ -163,6 +167,8 @@ class WorkerRuntime:
         except FatalEngineError:
             log.critical(json.dumps({"event": "engine_fatal", "job_id": job_id}), exc_info=True)
             os._exit(FATAL_EXIT)
+        finally:
+            self.output.forget(job_id)
         log.info(json.dumps({"event": "job_succeeded", "job_id": job_id,
                              "completion_tokens": result.completion_tokens}))  # fmt: skip
         return label | _success_fields(result)
@@ -182,6 +188,7 @@ class WorkerRuntime:
             prompt=job_input["prompt"],
             messages=job_input["messages"],
             deadline=time.monotonic() + self.settings.job_timeout_s,
+            on_output=lambda text, tokens: self.output.offer(job_id, text, tokens),
         )
 
     # --- background ------------------------------------------------------------------------------

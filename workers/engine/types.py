@@ -71,7 +71,8 @@ class StepStats:
     prefill_tokens: int
     #: Wall seconds the step took.
     duration_s: float
-    #: Time to first token (ms, from admission) of each request that got its first token in this step.
+    #: Time to first token (ms, from submit(), queueing included) of each request whose first token came
+    #: in this step.
     first_token_ms: tuple[float, ...] = ()
 
 
