@@ -11,11 +11,14 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from api import observability
 from api.errors import install_error_handlers
 from api.events import JobEvents
 from api.limits import BodySizeLimit
 from api.queue import JobQueue
+from api.queue_stats import QueueStatsReader
 from api.routes import jobs, ops
+from shared import keys
 from shared.config import Settings
 from shared.logging import configure_logging
 from shared.store import JobStore
@@ -46,6 +49,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.redis = client
         app.state.queue = JobQueue(settings, store, events)
+        app.state.queue_stats = QueueStatsReader(
+            client, [keys.queue_for_model(m) for m in settings.served_models]
+        )
         events.start()
         try:
             yield
@@ -62,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(ops.router)
+    app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(observability.HttpMetrics)
     logging.getLogger("genq.api").debug("app created")
     return app

@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     worker_concurrency: int | None = Field(None, ge=1)
     """Celery task threads per worker; default max_batch_size (each running job holds one)."""
 
+    worker_prefetch_multiplier: int = Field(1, ge=1, le=64)
+    """Messages a worker reserves per task thread. 1 keeps jobs in the shared queue where any free
+    worker can take them; more only hides them from other workers."""
+
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """How often a worker records that it is alive."""
 

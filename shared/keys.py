@@ -28,6 +28,10 @@ IDEMPOTENCY = PREFIX + ":idem:{owner}:{key_digest}"
 JOB_STREAM = PREFIX + ":job:{job_id}:stream"
 JOB_STREAM_MAXLEN = 4096
 
+#: Set of the ids of a queue's running jobs, kept by the job store's scripts (claim adds; finish,
+#: cancel and hand-back remove). No TTL: members leave when their job ends.
+RUNNING = PREFIX + ":running:{queue}"
+
 #: Sorted set of worker ids scored by their last heartbeat (Unix seconds). No TTL: readers
 #: only count members newer than heartbeat_ttl_s, and workers remove themselves on exit.
 WORKERS = PREFIX + ":workers"
@@ -74,6 +78,10 @@ def owner_jobs(owner: str) -> str:
 def idempotency(owner: str, key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()
     return IDEMPOTENCY.format(owner=owner, key_digest=digest)
+
+
+def running(queue: str) -> str:
+    return RUNNING.format(queue=queue)
 
 
 def job_stream(job_id: str) -> str:

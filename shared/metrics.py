@@ -1,6 +1,123 @@
-"""Prometheus metric names shared by the API, the workers and the deployment files."""
+"""Prometheus metrics: their names (shared with the deployment files), the worker's and the
+API's instruments, and the queue statistics that drive autoscaling.
+
+`genq_queue_length{queue}` counts jobs accepted and not yet running wherever their message
+sits: in the broker's lists (every priority step of the queue) or delivered to a worker that
+has not started them (kombu's `unacked` hash holds those, together with the running jobs' own
+messages, since acknowledgement is late). So: waiting + (unacked - running). Raw LLEN misses
+the prefetched ones, and a fleet scaled on it never grows while workers hoard messages.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared import keys
+
 #: Jobs accepted and not yet running, wherever their message sits (the autoscaling signal).
 QUEUE_LENGTH_METRIC = "genq_queue_length"
+
+# --- API ------------------------------------------------------------------------------------------
+REQUESTS_INFLIGHT = Gauge(
+    "genq_gateway_requests_inflight", "HTTP requests being served.", multiprocess_mode="livesum"
+)
+HTTP_REQUESTS = Counter("genq_http_requests_total", "HTTP requests answered.", ["route", "method", "status"])
+HTTP_DURATION = Histogram(
+    "genq_http_request_duration_seconds",
+    "Time to answer an HTTP request (long-polls included).",
+    ["route"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+JOBS = Counter("genq_jobs_total", "Jobs by how they ended (or were accepted).", ["status"])
+RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
+SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
+
+# --- Worker ---------------------------------------------------------------------------------------
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+INFERENCE_DURATION = Histogram(
+    "genq_model_inference_duration_seconds",
+    "Time a job spent in the engine.",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+BATCH_SIZE = Histogram(
+    "genq_batch_size_distribution",
+    "Sequences in each engine step.",
+    ["model"],
+    buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256),
+)
+GENERATED_TOKENS = Counter("genq_generated_tokens_total", "Tokens generated.", ["model"])
+TIME_TO_FIRST_TOKEN = Histogram(
+    "genq_time_to_first_token_seconds",
+    "From admission to the first token.",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_WAIT = Histogram(
+    "genq_queue_wait_seconds", "From acceptance to the start of a run.", ["queue"], buckets=_LATENCY_BUCKETS
+)
+
+# Counts kombu's unacked messages per routing key inside Redis (values are JSON arrays
+# [message, exchange, routing_key]); returns {queue, count, ...} and the total.
+UNACKED_BY_QUEUE_LUA = """
+local counts = {}
+local total = 0
+for _, value in ipairs(redis.call('HVALS', KEYS[1])) do
+  local queue = string.match(value, '"([^"]*)"%]$')
+  if queue then counts[queue] = (counts[queue] or 0) + 1 end
+  total = total + 1
+end
+local flat = {}
+for queue, count in pairs(counts) do
+  table.insert(flat, queue)
+  table.insert(flat, count)
+end
+return {total, flat}
+"""
+
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    waiting: int
+    unacked: int
+    running: int
+
+    @property
+    def length(self) -> int:
+        """Accepted and not running: waiting in lists, or delivered and not yet started."""
+        return self.waiting + max(0, self.unacked - self.running)
+
+
+class QueueStatsCollector(Collector):
+    """Exposes the last computed queue statistics (computed async by the /metrics route)."""
+
+    def __init__(self, stats: list[QueueStats], unacked_total: int) -> None:
+        self._stats = stats
+        self._unacked_total = unacked_total
+
+    def collect(self) -> list[Metric]:
+        length = GaugeMetricFamily(
+            QUEUE_LENGTH_METRIC,
+            "Jobs accepted and not yet running, wherever their message sits.",
+            labels=["queue"],
+        )
+        running = GaugeMetricFamily("genq_jobs_running", "Jobs running now.", labels=["queue"])
+        for item in self._stats:
+            length.add_metric([item.queue], item.length)
+            running.add_metric([item.queue], item.running)
+        unacked = GaugeMetricFamily(
+            "genq_queue_unacked", "Messages delivered to workers and not yet acknowledged (all queues)."
+        )
+        unacked.add_metric([], self._unacked_total)
+        return [length, running, unacked]
+
+
+def queue_list_keys(queue: str) -> list[str]:
+    return [keys.queue_key(queue, step) for step in PRIORITY_STEPS]

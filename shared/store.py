@@ -20,9 +20,9 @@ import redis.asyncio as aioredis
 from shared import keys
 from shared.schemas import JobStatus
 
-# Pushes a job's pre-built webhook message for `event` onto the webhook queue, once.
-# Prepended to the scripts that use it; KEYS[1] is the job, WEBHOOK_QUEUE the queue key.
-PUSH_WEBHOOK_LUA = """
+# Functions prepended to the scripts that use them. push_webhook pushes a job's pre-built
+# webhook message for `event` onto the webhook queue, once.
+LUA_FUNCTIONS = """
 local function push_webhook(job_key, queue_key, event)
   local field = 'webhook_message:' .. event
   local message = redis.call('HGET', job_key, field)
@@ -30,6 +30,12 @@ local function push_webhook(job_key, queue_key, event)
     redis.call('LPUSH', queue_key, message)
     redis.call('HDEL', job_key, field)
   end
+end
+
+-- The set of a queue's running jobs (genq_queue_length subtracts them from the messages workers
+-- hold), named from the job's queue field like keys.RUNNING.
+local function running_set(job_key)
+  return 'genq:running:' .. (redis.call('HGET', job_key, 'queue') or '')
 end
 """
 
@@ -58,7 +64,7 @@ return {1, ARGV[1]}
 # Returns {outcome, status}: outcome 'claimed' (run it), 'skip' (someone else has it or it is
 # over), 'expired' (deadline passed while queued: failed here), 'missing'.
 START_LUA = (
-    PUSH_WEBHOOK_LUA
+    LUA_FUNCTIONS
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker', 'deadline')
 local status = rec[1]
@@ -79,29 +85,36 @@ if status == 'queued' and tonumber(rec[3]) < now then
   return {'expired', 'failed'}
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
+redis.call('SADD', running_set(KEYS[1]), ARGV[5])
 push_webhook(KEYS[1], KEYS[3], 'start')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 return {'claimed', status}
 """
 )
 
-# A worker hands back a job it holds (drain): it becomes queued again. KEYS: job. ARGV: worker id.
-REQUEUE_LUA = """
+# A worker hands back a job it holds (drain): it becomes queued again. KEYS: job.
+# ARGV: worker id, job id.
+REQUEUE_LUA = (
+    LUA_FUNCTIONS
+    + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'worker', '')
+redis.call('SREM', running_set(KEYS[1]), ARGV[2])
 redis.call('HDEL', KEYS[1], 'started_at')
 return 1
 """
+)
 
 # A worker ends the job it holds. KEYS: job, webhook queue. ARGV: worker id, job id, events
 # channel, fields...
 FINISH_LUA = (
-    PUSH_WEBHOOK_LUA
+    LUA_FUNCTIONS
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('SREM', running_set(KEYS[1]), ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 push_webhook(KEYS[1], KEYS[2], 'completed')
 return 1
@@ -111,7 +124,7 @@ return 1
 # A client cancels. KEYS: job, webhook queue. ARGV: owner, now, job id, events channel, cancel channel.
 # Returns the record (empty when missing or not the caller's).
 CANCEL_LUA = (
-    PUSH_WEBHOOK_LUA
+    LUA_FUNCTIONS
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if not rec[1] or rec[2] ~= ARGV[1] then return {} end
@@ -119,7 +132,10 @@ if rec[1] == 'queued' or rec[1] == 'running' then
   redis.call('HSET', KEYS[1], 'status', 'canceled', 'completed_at', ARGV[2],
              'error', '{"type":"canceled","message":"canceled by the client"}')
   redis.call('PUBLISH', ARGV[4], ARGV[3])
-  if rec[1] == 'running' then redis.call('PUBLISH', ARGV[5], ARGV[3]) end
+  if rec[1] == 'running' then
+    redis.call('SREM', running_set(KEYS[1]), ARGV[3])
+    redis.call('PUBLISH', ARGV[5], ARGV[3])
+  end
   push_webhook(KEYS[1], KEYS[2], 'completed')
 end
 return redis.call('HGETALL', KEYS[1])
@@ -315,7 +331,7 @@ class WorkerJobs:
         return bool(done)
 
     def requeue(self, job_id: str, worker_id: str) -> bool:
-        return bool(self._requeue(keys=[keys.job(job_id)], args=[worker_id]))
+        return bool(self._requeue(keys=[keys.job(job_id)], args=[worker_id, job_id]))
 
     def heartbeat(self, worker_id: str) -> None:
         self._redis.zadd(keys.WORKERS, {worker_id: time.time()})

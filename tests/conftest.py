@@ -58,6 +58,7 @@ def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., 
             "data_dir": tmp_path / "genq",
             "heartbeat_interval_s": 0.5,
             "heartbeat_ttl_s": 3.0,
+            "worker_metrics_port": 0,
         }
         values.update(overrides)
         return Settings(_env_file=None, **values)

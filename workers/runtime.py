@@ -26,7 +26,7 @@ import redis.exceptions
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from shared import keys
+from shared import keys, metrics
 from shared.config import Settings
 from shared.store import WorkerJobs
 from workers import scalein
@@ -133,6 +133,9 @@ class WorkerRuntime:
                                  "status": claim.status}))  # fmt: skip
             return
         record = self._store(lambda: self.jobs.read(job_id))
+        if record.get("started_at"):
+            wait_s = float(record["started_at"]) - float(record["created_at"])
+            metrics.QUEUE_WAIT.labels(record["queue"]).observe(max(0.0, wait_s))
         with self._lock:
             self._inflight.add(job_id)
         self._report_inflight()
@@ -163,15 +166,23 @@ class WorkerRuntime:
             if exc.type == "canceled":
                 return None
             error = {"type": exc.type, "message": exc.message}
+            metrics.JOBS.labels("failed").inc()
             return label | {"status": "failed", "error": orjson.dumps(error)}
         except FatalEngineError:
             log.critical(json.dumps({"event": "engine_fatal", "job_id": job_id}), exc_info=True)
             os._exit(FATAL_EXIT)
         finally:
             self.output.forget(job_id)
+        self._observe(result)
         log.info(json.dumps({"event": "job_succeeded", "job_id": job_id,
                              "completion_tokens": result.completion_tokens}))  # fmt: skip
         return label | _success_fields(result)
+
+    def _observe(self, result: GenerationResult) -> None:
+        model = self.model_id or ""
+        metrics.JOBS.labels("succeeded").inc()
+        metrics.INFERENCE_DURATION.labels(model).observe(result.inference_ms / 1000)
+        metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(result.time_to_first_token_ms / 1000)
 
     def _request(self, job_id: str, record: dict[str, str]) -> GenerationRequest:
         job_input = orjson.loads(record["input"])

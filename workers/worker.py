@@ -10,16 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
+import prometheus_client
 from celery import signals
 
-from shared import keys
+from shared import keys, metrics
 from shared.celery_app import create_celery_app
 from shared.config import Settings
 from shared.logging import configure_logging
-from workers.engine import EngineConfig, build_engine
-from workers.runtime import WorkerRuntime
+from workers.engine import EngineConfig, StepStats, build_engine
+from workers.runtime import FATAL_EXIT, WorkerRuntime
 
 log = logging.getLogger("genq.worker")
 _runtime: WorkerRuntime | None = None
@@ -41,7 +43,29 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_batch_tokens=settings.max_batch_tokens,
         torch_threads=settings.torch_threads,
         placeholder_step_s=settings.placeholder_step_s,
+        on_step=_observe_step(settings.model),
+        on_fatal=_exit_on_fatal,
     )
+
+
+def _observe_step(model: str) -> Callable[[StepStats], None]:
+    batch_size = metrics.BATCH_SIZE.labels(model)
+    tokens = metrics.GENERATED_TOKENS.labels(model)
+
+    def observe(step: StepStats) -> None:
+        if step.batch_size:
+            batch_size.observe(step.batch_size)
+        tokens.inc(step.tokens)
+
+    return observe
+
+
+def _exit_on_fatal(error: BaseException) -> None:
+    """The engine cannot go on: exit non-zero so the supervisor restarts the worker. The jobs this
+    worker held stay unacknowledged and come back after the visibility timeout."""
+    log.critical(json.dumps({"event": "engine_fatal", "error": repr(error)}))
+    logging.shutdown()
+    os._exit(FATAL_EXIT)
 
 
 def run_worker(settings: Settings, queues: list[str] | None = None, concurrency: int | None = None) -> None:
@@ -52,6 +76,8 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     serves_model = keys.queue_for_model(settings.model) in queues
     _runtime = WorkerRuntime(settings, build_engine(engine_config(settings)) if serves_model else None)
     _runtime.start()
+    if settings.worker_metrics_port:
+        prometheus_client.start_http_server(settings.worker_metrics_port, addr="0.0.0.0")  # noqa: S104
     pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(str(os.getpid()))

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
-from workers.engine.types import GenerationRequest, GenerationResult, RequestError
+from workers.engine.types import GenerationRequest, GenerationResult, RequestError, StepStats
 
 
 @dataclass
@@ -71,7 +71,12 @@ class PlaceholderEngine:
                 time.sleep(0.002)
                 continue
             time.sleep(self._config.placeholder_step_s)
-            running = [seq for seq in running if not self._step(seq, len(running))]
+            batch = len(running)
+            running = [seq for seq in running if not self._step(seq, batch)]
+            if self._config.on_step is not None:
+                self._config.on_step(
+                    StepStats(batch_size=batch, tokens=batch, prefill_tokens=0, duration_s=0.0)
+                )
         for seq in running:
             seq.future.set_exception(RequestError("unavailable", "engine shut down"))
 

@@ -1,0 +1,53 @@
+"""Queue statistics for /metrics and admission control: one pipelined round trip, cached for
+about a second per process, so scrapes and submissions never hammer Redis."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from shared import keys
+from shared.metrics import UNACKED_BY_QUEUE_LUA, QueueStats, queue_list_keys
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class QueueStatsReader:
+    def __init__(self, client: aioredis.Redis, queues: list[str], max_age_s: float = 1.0) -> None:
+        self._redis = client
+        self._queues = queues
+        self._max_age_s = max_age_s
+        self._unacked_script = client.register_script(UNACKED_BY_QUEUE_LUA)
+        self._cached: tuple[float, list[QueueStats], int] | None = None
+
+    async def read(self) -> tuple[list[QueueStats], int]:
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < self._max_age_s:
+            return self._cached[1], self._cached[2]
+        stats, total = await self._fetch()
+        self._cached = (now, stats, total)
+        return stats, total
+
+    async def length(self, queue: str) -> int:
+        stats, _ = await self.read()
+        return next((item.length for item in stats if item.queue == queue), 0)
+
+    async def _fetch(self) -> tuple[list[QueueStats], int]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue in self._queues:
+                for key in queue_list_keys(queue):
+                    pipe.llen(key)
+                pipe.scard(keys.running(queue))
+            await self._unacked_script(keys=[keys.KOMBU_UNACKED], client=pipe)  # queued, not run yet
+            replies = await pipe.execute()
+        total, flat = replies[-1]
+        unacked = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        stats = []
+        per_queue = len(queue_list_keys("")) + 1
+        for index, queue in enumerate(self._queues):
+            chunk = replies[index * per_queue : (index + 1) * per_queue]
+            stats.append(QueueStats(queue, sum(chunk[:-1]), unacked.get(queue, 0), int(chunk[-1])))
+        return stats, int(total)

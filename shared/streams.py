@@ -1,0 +1,82 @@
+"""Reading a job's output stream (keys.JOB_STREAM): the API side of workers/publish.py.
+
+Entries are `{delta, tokens}`; their Redis ids are increasing, so a reader resumes after the
+last id it saw (XRANGE with an exclusive start, or XREAD BLOCK to wait for new ones).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared import keys
+
+#: The id before every entry: reading after it reads the stream from its beginning.
+START_ID = "0-0"
+#: Entries read per round trip; a job's stream holds at most about JOB_STREAM_MAXLEN.
+READ_COUNT = 512
+
+_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEntry:
+    """One published piece of a job's output."""
+
+    id: str
+    delta: str
+    #: Completion tokens generated so far (when the delta was published).
+    tokens: int
+
+
+def is_entry_id(text: str) -> bool:
+    """Whether text is a Redis stream entry id (`<ms>-<seq>`)."""
+    return _ENTRY_ID.match(text) is not None
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A sort key for entry ids (they compare as number pairs, not as strings)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+class OutputStreams:
+    """The API's reader of job output streams (asyncio)."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+
+    async def read(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
+        """Entries after `after_id`, oldest first. With block_ms > 0 and none there yet, waits up
+        to that long for one (XREAD BLOCK); an empty list means none came."""
+        stream = keys.job_stream(job_id)
+        if block_ms <= 0:
+            rows = await self._redis.xrange(stream, f"({after_id}", "+", count=READ_COUNT)
+            return _entries(rows)
+        reply = await self._redis.xread({stream: after_id}, count=READ_COUNT, block=block_ms)
+        return _entries(_rows_of(reply))
+
+    async def read_all(self, job_id: str, after_id: str = START_ID) -> list[OutputEntry]:
+        """Every entry after `after_id` (paged), without waiting."""
+        found: list[OutputEntry] = []
+        while page := await self.read(job_id, after_id):
+            found.extend(page)
+            after_id = page[-1].id
+            if len(page) < READ_COUNT:
+                break
+        return found
+
+
+def _rows_of(reply: Any) -> list[Any]:
+    """XREAD's rows of its one stream (the API's client speaks RESP2: `[[name, rows]]`)."""
+    return list(reply[0][1]) if reply else []
+
+
+def _entries(rows: list[Any]) -> list[OutputEntry]:
+    return [
+        OutputEntry(str(entry_id), str(fields.get("delta", "")), int(fields.get("tokens", 0) or 0))
+        for entry_id, fields in rows
+    ]
