@@ -12,16 +12,18 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from api import observability
+from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
 from api.limits import BodySizeLimit
 from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
-from api.routes import jobs, ops
+from api.routes import jobs, openai, ops, playground, stream, webhooks
 from shared import keys
 from shared.config import Settings
 from shared.logging import configure_logging
 from shared.store import JobStore
+from shared.streams import OutputStreams
 
 
 def redis_client(settings: Settings) -> aioredis.Redis:
@@ -48,15 +50,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = JobStore(client, settings.job_ttl_s, settings.idempotency_ttl_s)
         app.state.settings = settings
         app.state.redis = client
-        app.state.queue = JobQueue(settings, store, events)
-        app.state.queue_stats = QueueStatsReader(
-            client, [keys.queue_for_model(m) for m in settings.served_models]
-        )
+        queue_stats = QueueStatsReader(client, [keys.queue_for_model(m) for m in settings.served_models])
+        app.state.queue_stats = queue_stats
+        cache = ResponseCache(settings, client)
+        app.state.cache = cache
+        app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache)
         events.start()
         try:
             yield
         finally:
             await events.stop()
+            await cache.close()
             await client.aclose()
 
     app = FastAPI(
@@ -68,6 +72,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(ops.router)
+    app.include_router(stream.router)
+    app.include_router(openai.router)
+    app.include_router(playground.router)
+    app.mount("/static", playground.static_files(), name="static")
+    app.include_router(webhooks.router)
     app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(observability.HttpMetrics)

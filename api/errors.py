@@ -22,7 +22,9 @@ STATUS_OF: dict[type[errors.GenqError], int] = {
     errors.Conflict: 409,
     errors.PayloadTooLarge: 413,
     errors.InvalidRequest: 422,
+    errors.RateLimited: 429,
     errors.Unavailable: 503,
+    errors.Overloaded: 503,
 }
 
 
@@ -34,7 +36,7 @@ def _status(exc: errors.GenqError) -> int:
 
 
 def genq_error_response(exc: errors.GenqError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.Unauthorized) else None
+    headers = exc.headers | ({"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.Unauthorized) else {})
     return json_response(error_body(exc.type, exc.message, exc.param), _status(exc), headers)
 
 

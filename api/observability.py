@@ -1,5 +1,6 @@
-"""HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids in
-logs, and the /metrics endpoint (multiprocess-aware)."""
+"""HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids,
+headers that dependencies left in `request.state.response_headers` (rate-limit state), and the
+/metrics endpoint (multiprocess-aware)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,12 @@ class HttpMetrics:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                extra = scope.get("state", {}).get("response_headers", {})
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode()),
+                    *((name.lower().encode(), value.encode()) for name, value in extra.items()),
+                ]
             await send(message)
 
         started = time.perf_counter()

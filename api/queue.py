@@ -16,14 +16,18 @@ from typing import Any
 
 import orjson
 
+from api.cache import Lookup, ResponseCache
 from api.events import JobEvents
+from api.queue_stats import QueueStatsReader
 from shared import keys
 from shared.config import Settings
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared import metrics
+from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
 from shared.store import JobStore, NewJob, is_terminal, public_job
+from shared.streams import OutputEntry, OutputStreams
 
 #: Long-pollers re-read the record at least this often, whatever pub/sub says.
 RECHECK_S = 1.0
@@ -42,10 +46,21 @@ def request_digest(create: JobCreate) -> str:
 
 
 class JobQueue:
-    def __init__(self, settings: Settings, store: JobStore, events: JobEvents) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        events: JobEvents,
+        streams: OutputStreams,
+        queue_stats: QueueStatsReader,
+        cache: ResponseCache,
+    ) -> None:
         self._settings = settings
+        self._cache = cache
         self._store = store
         self._events = events
+        self._streams = streams
+        self._queue_stats = queue_stats
 
     def _check(self, create: JobCreate) -> tuple[str, int]:
         model = create.model or self._settings.model
@@ -67,6 +82,7 @@ class JobQueue:
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
             "max_tokens": max_tokens
         }
+        model, lookup = await self._route(create, model, job_input)
         now = time.time()
         job_id = str(uuid.uuid4())
         job = NewJob(
@@ -79,6 +95,7 @@ class JobQueue:
             created_at=now,
             deadline=now + self._settings.job_timeout_s,
             webhook_messages=_webhook_messages(job_id, create),
+            cache_key=lookup.request.cache_key if lookup else "",
         )
         priority = create.priority.broker_priority
         message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)
@@ -87,14 +104,60 @@ class JobQueue:
         if idempotency_key is not None:
             digest = request_digest(create)
             idempotency = (keys.idempotency(owner, idempotency_key), digest)
-        submitted = await self._store.submit(job, message, keys.queue_key(job.queue, priority), idempotency)
+        queue_key = keys.queue_key(job.queue, priority)
+        cache = lookup.request if lookup else None
+        submitted = await self._store.submit(job, message, queue_key, idempotency, cache)
+        if lookup is not None:
+            self._cache.settle(lookup, submitted)
         if submitted.created:
-            return Accepted(public_job(_record_of(job)), created=True)
+            # A follower stays queued until its leader ends; a cache hit is already succeeded.
+            return Accepted(public_job(submitted.hit_record or _record_of(job)), created=True)
         if submitted.request_digest != digest:
             raise Conflict(
                 "this Idempotency-Key was used with a different request body", param="Idempotency-Key"
             )
         return Accepted(await self.get(submitted.job_id, owner), created=False)
+
+    async def _route(
+        self, create: JobCreate, model: str, job_input: dict[str, Any]
+    ) -> tuple[str, Lookup | None]:
+        """The model the job goes to and its response-cache lookup (None: not cacheable).
+
+        A response already found needs no room in the queue, so admission control is asked
+        only otherwise; a fallback model has its own fingerprint, hence its own key.
+        """
+        lookup = await self._lookup(model, job_input)
+        if lookup is not None and lookup.level is not None:
+            return model, lookup
+        admitted = await self._admit(create, model)
+        if admitted != model:
+            lookup = await self._lookup(admitted, job_input)
+        return admitted, lookup
+
+    async def _lookup(self, model: str, job_input: dict[str, Any]) -> Lookup | None:
+        cache_key = await self._cache.key_for(model, job_input)
+        return None if cache_key is None else await self._cache.lookup(cache_key)
+
+    async def _admit(self, create: JobCreate, model: str) -> str:
+        """Admission control: the model to queue on, or Overloaded when its queue is full.
+
+        A full queue sheds the job with 503, unless the request allows a fallback and one is
+        configured: then it goes to the fallback model's queue (its record names that model).
+        """
+        bound = self._settings.max_queue_length
+        if not bound or await self._queue_stats.length(keys.queue_for_model(model)) < bound:
+            return model
+        fallback = self._settings.fallback_model
+        if create.allow_fallback and fallback and fallback != model:
+            if await self._queue_stats.length(keys.queue_for_model(fallback)) < bound:
+                metrics.SHED.labels("fallback").inc()
+                return fallback
+        metrics.SHED.labels("queue_full").inc()
+        raise Overloaded(
+            f"the queue of {model!r} holds {bound} or more jobs; retry later"
+            + ("" if create.allow_fallback else ", or allow a fallback model with allow_fallback"),
+            retry_after_s=self._settings.overload_retry_after_s,
+        )
 
     async def get(self, job_id: str, owner: str) -> dict[str, Any]:
         record = await self._store.get(job_id, owner)
@@ -117,6 +180,17 @@ class JobQueue:
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
+
+    async def stream_entries(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
+        """The job's output deltas after entry `after_id`: all of them at once (block_ms 0), or one
+        read that waits up to block_ms for new ones. Callers check the owner with get() first."""
+        if block_ms > 0:
+            return await self._streams.read(job_id, after_id, block_ms)
+        return await self._streams.read_all(job_id, after_id)
+
+    def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
+        """An event set when the job may have ended (re-read it to know)."""
+        return self._events.watch(job_id)
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
         record = await self._store.cancel(job_id, owner)

@@ -65,6 +65,31 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(86_400, ge=60)
     """How long an Idempotency-Key maps to its job."""
 
+    # --- Response cache ------------------------------------------------------------------------
+    cache_enabled: bool = True
+    """Answer identical deterministic requests (temperature 0 or a fixed seed) from the response
+    cache, and coalesce identical ones in flight into one generation (docs/cache.md)."""
+
+    cache_ttl_s: int = Field(86_400, ge=1)
+    """How long a response stays in the shared (Redis) cache level after it was generated."""
+
+    cache_redis_url: str | None = None
+    """A dedicated Redis for the shared cache level (recommended in production, with
+    `maxmemory-policy allkeys-lru`). Unset: the job store's Redis (TTL-bounded only)."""
+
+    cache_l1_max_entries: int = Field(10_000, ge=0)
+    """Most responses each API process keeps in memory (level 1); 0 turns level 1 off."""
+
+    cache_l1_max_bytes: int = Field(64 << 20, ge=0)
+    """Most bytes of responses each API process keeps in memory (level 1)."""
+
+    cache_l1_ttl_s: float = Field(300.0, gt=0)
+    """How long an API process keeps a response in memory (never longer than cache_ttl_s)."""
+
+    cache_fingerprint_refresh_s: float = Field(5.0, gt=0)
+    """How often an API process re-reads the models' fingerprints that workers publish (a new
+    model revision gets new cache keys within this long)."""
+
     # --- Jobs and queue ---------------------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
     """The model workers load (and the API's default for jobs that name none)."""
@@ -90,6 +115,35 @@ class Settings(BaseSettings):
     """Seconds before the broker redelivers a message a worker took and never acknowledged (a
     killed worker's jobs come back after this). Must exceed job_timeout_s, or a long job is
     delivered twice."""
+
+    # --- Protection -----------------------------------------------------------------------------
+    max_queue_length: int = Field(10_000, ge=0)
+    """Admission bound: while genq_queue_length of a model's queue is at or over this, new jobs
+    for it get 503 `overloaded` (or go to the fallback model when they allow it). 0: unbounded."""
+
+    fallback_model: str | None = None
+    """A smaller model served by its own workers; jobs with `allow_fallback` go there when their
+    model's queue is full."""
+
+    overload_retry_after_s: float = Field(5.0, gt=0)
+    """Retry-After sent with a 503 `overloaded`."""
+
+    rate_limit_submit: str = "60/10"
+    """Token bucket for job submissions per API key: `capacity/refill per second`. Empty: off."""
+
+    rate_limit_read: str = "600/100"
+    """Token bucket for reads (polls, lists, streams) per API key, kept apart from submissions so
+    polling never starves them. Empty: off."""
+
+    rate_limit_overrides: dict[str, dict[str, str]] = {}
+    """Per-key buckets as JSON: {"<owner id>": {"submit": "600/100", "read": "6000/1000"}}. The owner
+    id of a key is `key-` + the first 16 hex digits of its SHA-256."""
+
+    rate_limit_fail_open_reads: bool = True
+    """While Redis cannot be asked, let reads through (they fail anyway without Redis)."""
+
+    rate_limit_fail_open_submits: bool = False
+    """While Redis cannot be asked, let submissions through (default: refuse with 503)."""
 
     # --- Worker -----------------------------------------------------------------------------------
     worker_concurrency: int | None = Field(None, ge=1)
@@ -221,7 +275,8 @@ class Settings(BaseSettings):
 
     @property
     def served_models(self) -> list[str]:
-        return list(dict.fromkeys([self.model, *self.models]))
+        fallback = [self.fallback_model] if self.fallback_model else []
+        return list(dict.fromkeys([self.model, *self.models, *fallback]))
 
     @property
     def concurrency(self) -> int:

@@ -3,6 +3,8 @@ them to HTTP statuses in exactly one place (api/errors.py)."""
 
 from __future__ import annotations
 
+import math
+
 
 class GenqError(Exception):
     type = "internal_error"
@@ -11,6 +13,11 @@ class GenqError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer must carry (Retry-After, rate-limit state)."""
+        return {}
 
 
 class InvalidRequest(GenqError):
@@ -41,3 +48,40 @@ class Unavailable(GenqError):
     """A dependency (Redis) is unreachable; the request changed nothing."""
 
     type = "unavailable"
+
+
+class RateLimited(GenqError):
+    type = "rate_limited"
+
+    def __init__(
+        self, message: str, *, limit: int, remaining: int, reset_s: float, retry_after_s: float
+    ) -> None:
+        super().__init__(message)
+        self.limit_headers = rate_limit_headers(limit, remaining, reset_s)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.limit_headers | {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class Overloaded(GenqError):
+    """Admission control shed the request: the queue is full."""
+
+    type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+def rate_limit_headers(limit: int, remaining: int, reset_s: float) -> dict[str, str]:
+    return {
+        "X-RateLimit-Limit": str(limit),
+        "X-RateLimit-Remaining": str(max(0, remaining)),
+        "X-RateLimit-Reset": str(max(0, math.ceil(reset_s))),
+    }

@@ -32,6 +32,10 @@ JOB_STREAM_MAXLEN = 4096
 #: cancel and hand-back remove). No TTL: members leave when their job ends.
 RUNNING = PREFIX + ":running:{queue}"
 
+#: Hash {tokens, ts} of one API key's token bucket of a kind (submit | read). TTL: the time the
+#: bucket takes to refill, plus a second (a full bucket needs no key).
+RATE_LIMIT = PREFIX + ":ratelimit:{owner}:{kind}"
+
 #: Sorted set of worker ids scored by their last heartbeat (Unix seconds). No TTL: readers
 #: only count members newer than heartbeat_ttl_s, and workers remove themselves on exit.
 WORKERS = PREFIX + ":workers"
@@ -41,6 +45,25 @@ JOB_EVENTS_CHANNEL = PREFIX + ":events:jobs"
 
 #: Pub/sub channel: a job id each time a client cancels a job (workers holding it stop it).
 CANCEL_CHANNEL = PREFIX + ":events:cancel"
+
+#: Hash model id -> fingerprint (digest of weights + chat template) of the model that workers
+#: serve, written by each worker at start-up; the API reads it to compute cache keys. No TTL: a new
+#: revision overwrites its entry, and an entry for a model no longer served is never used.
+MODELS = PREFIX + ":models"
+
+#: Hash of one cached response (fields: output, model_label), keyed by the request's cache key.
+#: Written by the worker that produced it. TTL: Settings.cache_ttl_s; the cache Redis's
+#: maxmemory policy caps the total (see docs/cache.md).
+CACHE_ENTRY = PREFIX + ":cache:{cache_key}"
+
+#: String: the id of the job generating the answer to a cache key (the coalescing leader).
+#: Set by the submit script with the leader's record, deleted by the script that ends the leader.
+#: TTL: job_ttl_s, a backstop only (a leader that is missing or terminal is replaced on submit).
+INFLIGHT = PREFIX + ":inflight:{cache_key}"
+
+#: List of the job ids following a leader (identical submissions waiting for its result), in
+#: arrival order. Resolved and deleted by the script that ends the leader. TTL: the job's.
+FOLLOWERS = PREFIX + ":job:{job_id}:followers"
 
 #: Celery's Redis transport keeps delivered, unacknowledged messages here (kombu's names).
 KOMBU_UNACKED = "unacked"
@@ -80,6 +103,10 @@ def idempotency(owner: str, key: str) -> str:
     return IDEMPOTENCY.format(owner=owner, key_digest=digest)
 
 
+def rate_limit(owner: str, kind: str) -> str:
+    return RATE_LIMIT.format(owner=owner, kind=kind)
+
+
 def running(queue: str) -> str:
     return RUNNING.format(queue=queue)
 
@@ -94,6 +121,18 @@ def webhook_log(job_id: str) -> str:
 
 def webhook_message_field(event: str) -> str:
     return WEBHOOK_MESSAGE_FIELD.format(event=event)
+
+
+def cache_entry(cache_key: str) -> str:
+    return CACHE_ENTRY.format(cache_key=cache_key)
+
+
+def inflight(cache_key: str) -> str:
+    return INFLIGHT.format(cache_key=cache_key)
+
+
+def followers(job_id: str) -> str:
+    return FOLLOWERS.format(job_id=job_id)
 
 
 def queue_for_model(model: str) -> str:

@@ -80,6 +80,8 @@ class JobCreate(BaseModel):
         WebhookEvent.COMPLETED
     ]
     cache: bool = True
+    #: When the model's queue is full, run on the configured fallback model instead of a 503.
+    allow_fallback: bool = False
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] = {}
 
     @field_validator("webhook")
@@ -110,6 +112,7 @@ class JobInput(BaseModel):
     webhook: str | None
     webhook_events_filter: list[WebhookEvent]
     cache: bool
+    allow_fallback: bool
 
 
 class Usage(BaseModel):

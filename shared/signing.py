@@ -12,7 +12,7 @@ import binascii
 import hashlib
 import hmac
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = "whsec_"  # noqa: S105  (the prefix of every secret, not a secret)
 
 
 def parse_secrets(text: str) -> tuple[bytes, ...]:

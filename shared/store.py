@@ -18,6 +18,7 @@ import redis
 import redis.asyncio as aioredis
 
 from shared import keys
+from shared.cache import CacheEntry
 from shared.schemas import JobStatus
 
 # Functions prepended to the scripts that use them. push_webhook pushes a job's pre-built
@@ -39,22 +40,147 @@ local function running_set(job_key)
 end
 """
 
-# KEYS: job, owner index, queue list, idempotency key ('' for none)
-# ARGV: job id, score, job ttl, message, idem ttl, idem value, trim-below score, field/value pairs...
-SUBMIT_LUA = """
+
+def _lua_key(name: str, template: str, param: str) -> str:
+    """A Lua function building a key from keys.py's template (for keys named only in records)."""
+    head, tail = template.split("{" + param + "}")
+    return f"local function {name}({param}) return '{head}' .. {param} .. '{tail}' end\n"
+
+
+#: metrics of a job answered without a generation of its own (a cache hit or a follower).
+NO_INFERENCE_METRICS = '{"inference_ms":0}'
+
+# Coalescing (docs/cache.md). A cacheable job that finds no job in flight for its cache key
+# becomes the leader (keys.INFLIGHT names it); identical submissions meanwhile become followers,
+# listed under the leader (keys.FOLLOWERS). The scripts that end the leader resolve its followers:
+# its result or failure is copied into each one still queued; when the leader is canceled or
+# expires in the queue, the oldest follower is promoted (its own message goes onto its queue) and
+# the rest follow it. Follower keys come from job ids stored in Redis, so they are built here.
+COALESCE_LUA = (
+    _lua_key("job_key", keys.JOB, "job_id")
+    + _lua_key("followers_key", keys.FOLLOWERS, "job_id")
+    + _lua_key("inflight_key", keys.INFLIGHT, "cache_key")
+    + f"local NO_INFERENCE_METRICS = '{NO_INFERENCE_METRICS}'\n"
+    + """
+local function release_inflight(leader_key, leader_id)
+  local cache_key = redis.call('HGET', leader_key, 'cache_key')
+  if cache_key and redis.call('GET', inflight_key(cache_key)) == leader_id then
+    redis.call('DEL', inflight_key(cache_key))
+  end
+end
+
+local function resolve_followers(leader_key, leader_id, webhook_queue, channel)
+  local list = followers_key(leader_id)
+  local r = redis.call('HMGET', leader_key, 'status', 'output', 'error', 'model_label', 'completed_at')
+  for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local key = job_key(id)
+    if redis.call('HGET', key, 'status') == 'queued' then
+      redis.call('HSET', key, 'status', r[1], 'model_label', r[4] or '', 'started_at', r[5],
+                 'completed_at', r[5])
+      if r[1] == 'succeeded' then
+        redis.call('HSET', key, 'output', r[2], 'cached', '1', 'metrics', NO_INFERENCE_METRICS)
+      else
+        redis.call('HSET', key, 'error', r[3] or '')
+      end
+      push_webhook(key, webhook_queue, 'start')
+      push_webhook(key, webhook_queue, 'completed')
+      redis.call('PUBLISH', channel, id)
+    end
+  end
+  redis.call('DEL', list)
+end
+
+local function promote_followers(leader_key, leader_id)
+  local list = followers_key(leader_id)
+  local ids = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  release_inflight(leader_key, leader_id)
+  local leader = nil
+  for _, id in ipairs(ids) do
+    local key = job_key(id)
+    local rec = redis.call('HMGET', key, 'status', 'message', 'queue_key', 'cache_key')
+    if rec[1] == 'queued' and rec[2] then
+      if leader == nil then
+        leader = id
+        local ttl = math.max(redis.call('TTL', key), 1)
+        redis.call('HDEL', key, 'follows', 'message', 'queue_key')
+        redis.call('LPUSH', rec[3], rec[2])
+        redis.call('SET', inflight_key(rec[4]), id, 'NX', 'EX', ttl)
+        redis.call('EXPIRE', followers_key(id), ttl)
+      else
+        redis.call('HSET', key, 'follows', leader)
+        redis.call('RPUSH', followers_key(leader), id)
+      end
+    end
+  end
+end
+"""
+)
+
+# KEYS: job, owner index, queue list, idempotency key ('' for none), in-flight key ('' when the
+# job is not cacheable), cache entry to look up ('' for none), webhook queue.
+# ARGV: job id, score, job ttl, message, idem ttl, idem value, trim-below score, now, known
+# cached output ('' for none), its model label, field/value pairs...
+# Returns {0, idem value} (a replay: nothing written), {1} (queued: enqueued), {2, record...}
+# (a cache hit: succeeded at once), {3, leader id} (a follower: waits for the leader's result).
+SUBMIT_LUA = (
+    LUA_FUNCTIONS
+    + COALESCE_LUA
+    + """
+local function accept()
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5]) end
+end
+
+local function cached_response()
+  if ARGV[9] ~= '' or KEYS[6] == '' then return ARGV[9], ARGV[10] end
+  local entry = redis.call('HMGET', KEYS[6], 'output', 'model_label')
+  return entry[1] or '', entry[2] or ''
+end
+
+local function live_leader()
+  local leader = redis.call('GET', KEYS[5])
+  if not leader then return nil end
+  local status = redis.call('HGET', job_key(leader), 'status')
+  if status == 'queued' or status == 'running' then return leader end
+  return nil
+end
+
 if KEYS[4] ~= '' then
   local existing = redis.call('GET', KEYS[4])
   if existing then return {0, existing} end
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 8))
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[1], unpack(ARGV, 11))
+local output, label = cached_response()
+if output ~= '' then
+  redis.call('HSET', KEYS[1], 'status', 'succeeded', 'cached', '1', 'output', output, 'model_label', label,
+             'metrics', NO_INFERENCE_METRICS, 'started_at', ARGV[8], 'completed_at', ARGV[8])
+  accept()
+  push_webhook(KEYS[1], KEYS[7], 'start')
+  push_webhook(KEYS[1], KEYS[7], 'completed')
+  local record = redis.call('HGETALL', KEYS[1])
+  table.insert(record, 1, 2)
+  return record
+end
+if KEYS[5] ~= '' then
+  local leader = live_leader()
+  if leader then
+    redis.call('HSET', KEYS[1], 'follows', leader, 'message', ARGV[4], 'queue_key', KEYS[3])
+    redis.call('RPUSH', followers_key(leader), ARGV[1])
+    redis.call('EXPIRE', followers_key(leader), ARGV[3])
+    accept()
+    return {3, leader}
+  end
+  redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3])
+end
+accept()
 redis.call('LPUSH', KEYS[3], ARGV[4])
-if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5]) end
-return {1, ARGV[1]}
+return {1}
 """
+)
 
 # A worker claims a job: a queued one before its deadline, or a running one whose worker
 # stopped heart-beating (a takeover after a crash runs even past the queue deadline: the job
@@ -65,6 +191,7 @@ return {1, ARGV[1]}
 # over), 'expired' (deadline passed while queued: failed here), 'missing'.
 START_LUA = (
     LUA_FUNCTIONS
+    + COALESCE_LUA
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker', 'deadline')
 local status = rec[1]
@@ -82,6 +209,7 @@ if status == 'queued' and tonumber(rec[3]) < now then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'completed_at', ARGV[2])
   redis.call('PUBLISH', ARGV[6], ARGV[5])
   push_webhook(KEYS[1], KEYS[3], 'completed')
+  promote_followers(KEYS[1], ARGV[5])
   return {'expired', 'failed'}
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
@@ -106,25 +234,36 @@ return 1
 """
 )
 
-# A worker ends the job it holds. KEYS: job, webhook queue. ARGV: worker id, job id, events
-# channel, fields...
+# A worker ends the job it holds. KEYS: job, webhook queue, cache entry to write on success ('' for
+# none). ARGV: worker id, job id, events channel, cache ttl, fields... Followers of the job get its
+# outcome in the same step.
 FINISH_LUA = (
     LUA_FUNCTIONS
+    + COALESCE_LUA
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'worker')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('SREM', running_set(KEYS[1]), ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 push_webhook(KEYS[1], KEYS[2], 'completed')
+local done = redis.call('HMGET', KEYS[1], 'status', 'output', 'model_label')
+if KEYS[3] ~= '' and done[1] == 'succeeded' then
+  redis.call('HSET', KEYS[3], 'output', done[2], 'model_label', done[3] or '')
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
+end
+release_inflight(KEYS[1], ARGV[2])
+resolve_followers(KEYS[1], ARGV[2], KEYS[2], ARGV[3])
 return 1
 """
 )
 
 # A client cancels. KEYS: job, webhook queue. ARGV: owner, now, job id, events channel, cancel channel.
-# Returns the record (empty when missing or not the caller's).
+# Returns the record (empty when missing or not the caller's). A canceled leader's followers are
+# not canceled with it: the oldest is promoted to run in its place.
 CANCEL_LUA = (
     LUA_FUNCTIONS
+    + COALESCE_LUA
     + """
 local rec = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if not rec[1] or rec[2] ~= ARGV[1] then return {} end
@@ -137,6 +276,7 @@ if rec[1] == 'queued' or rec[1] == 'running' then
     redis.call('PUBLISH', ARGV[5], ARGV[3])
   end
   push_webhook(KEYS[1], KEYS[2], 'completed')
+  promote_followers(KEYS[1], ARGV[3])
 end
 return redis.call('HGETALL', KEYS[1])
 """
@@ -206,16 +346,31 @@ class NewJob:
     deadline: float
     #: Pre-built webhook delivery messages by event ("start", "completed"), pushed by the scripts.
     webhook_messages: tuple[tuple[str, bytes], ...] = ()
+    #: The response-cache key of a cacheable job ("" for none): coalescing and lookups use it.
+    cache_key: str = ""
 
     def fields(self) -> list[str | bytes]:
         webhook_fields = [item for event, message in self.webhook_messages
                           for item in (keys.webhook_message_field(event), message)]  # fmt: skip
+        cache_fields = ["cache_key", self.cache_key] if self.cache_key else []
         return [
-            *webhook_fields, "id", self.job_id, "owner", self.owner, "status", JobStatus.QUEUED.value,
-            "model", self.model, "queue", self.queue, "input", self.input_json,
+            *webhook_fields, *cache_fields, "id", self.job_id, "owner", self.owner,
+            "status", JobStatus.QUEUED.value, "model", self.model, "queue", self.queue,
+            "input", self.input_json,
             "metadata", self.metadata_json, "created_at", repr(self.created_at),
             "deadline", repr(self.deadline), "cached", "0", "attempts", "0",
         ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """What the submit script does with a cacheable job's key."""
+
+    cache_key: str
+    #: A response already found (level 1, or a dedicated cache Redis): the job succeeds with it.
+    known: CacheEntry | None = None
+    #: Look the entry up in the job store's Redis (when the shared cache level lives there).
+    look_up: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +379,30 @@ class Submitted:
     created: bool
     #: For an Idempotency-Key replay: the digest of the body that created the job.
     request_digest: str | None = None
+    #: A cache hit: the job's record, already succeeded.
+    hit_record: dict[str, str] | None = None
+    #: A follower: the id of the job whose result it waits for.
+    follows: str | None = None
+
+
+#: SUBMIT_LUA's outcomes (the first item of its reply).
+SUBMIT_REPLAY, SUBMIT_QUEUED, SUBMIT_HIT, SUBMIT_FOLLOWS = 0, 1, 2, 3
 
 
 def _str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _record(flat: list[bytes | str]) -> dict[str, str]:
+    return {_str(flat[i]): _str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _submit_cache_keys(cache: CacheLookup | None) -> list[str]:
+    """SUBMIT_LUA's in-flight and cache-entry keys."""
+    if cache is None:
+        return ["", ""]
+    entry = keys.cache_entry(cache.cache_key) if cache.look_up and cache.known is None else ""
+    return [keys.inflight(cache.cache_key), entry]
 
 
 class JobStore:
@@ -246,23 +421,35 @@ class JobStore:
         message: bytes,
         queue_key: str,
         idempotency: tuple[str, str] | None = None,
+        cache: CacheLookup | None = None,
     ) -> Submitted:
         """Write the record and enqueue its message atomically (one round trip).
 
         idempotency is (key, request digest): when the key already names a job, nothing is
-        written and that job is returned instead.
+        written and that job is returned instead. With `cache`, a cached response makes the job
+        succeed at once (nothing enqueued), and a job in flight for the same key makes it a
+        follower of that job (nothing enqueued either); otherwise it becomes that key's leader.
         """
         idem_key, digest = idempotency or ("", "")
         score = int(job.created_at * 1_000_000)
         trim_below = score - self._job_ttl_s * 1_000_000
-        created, value = await self._submit(
-            keys=[keys.job(job.job_id), keys.owner_jobs(job.owner), queue_key, idem_key],
+        known = cache.known if cache is not None else None
+        cache_keys = _submit_cache_keys(cache)
+        reply = await self._submit(
+            keys=[keys.job(job.job_id), keys.owner_jobs(job.owner), queue_key, idem_key, *cache_keys,
+                  keys.WEBHOOK_QUEUE],
             args=[job.job_id, score, self._job_ttl_s, message, self._idempotency_ttl_s,
-                  f"{job.job_id} {digest}", f"({trim_below}", *job.fields()],
+                  f"{job.job_id} {digest}", f"({trim_below}", repr(time.time()),
+                  known.output if known else "", known.model_label if known else "", *job.fields()],
         )  # fmt: skip
-        if created:
+        outcome = int(reply[0])
+        if outcome == SUBMIT_HIT:
+            return Submitted(job.job_id, created=True, hit_record=_record(reply[1:]))
+        if outcome == SUBMIT_FOLLOWS:
+            return Submitted(job.job_id, created=True, follows=_str(reply[1]))
+        if outcome == SUBMIT_QUEUED:
             return Submitted(job.job_id, created=True)
-        existing_id, existing_digest = _str(value).split(" ", 1)
+        existing_id, existing_digest = _str(reply[1]).split(" ", 1)
         return Submitted(existing_id, created=False, request_digest=existing_digest)
 
     async def get(self, job_id: str, owner: str) -> dict[str, str] | None:
@@ -284,7 +471,7 @@ class JobStore:
         )
         if not flat:
             return None
-        return {_str(flat[i]): _str(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return _record(flat)
 
     async def page(self, owner: str, max_score: str, count: int) -> list[tuple[str, float]]:
         """Job ids of an owner, newest first, from max_score ('+inf' or a score) down."""
@@ -322,13 +509,27 @@ class WorkerJobs:
     def read(self, job_id: str) -> dict[str, str]:
         return self._redis.hgetall(keys.job(job_id))  # type: ignore[return-value]
 
-    def finish(self, job_id: str, worker_id: str, fields: dict[str, str | bytes]) -> bool:
+    def finish(
+        self,
+        job_id: str,
+        worker_id: str,
+        fields: dict[str, str | bytes],
+        cache_entry: tuple[str, int] | None = None,
+    ) -> bool:
+        """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
+        (cache key, ttl): on success the response is stored there in the same step."""
         flat = [item for pair in fields.items() for item in pair]
+        entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
         done = self._finish(
-            keys=[keys.job(job_id), keys.WEBHOOK_QUEUE],
-            args=[worker_id, job_id, keys.JOB_EVENTS_CHANNEL, "completed_at", repr(time.time()), *flat],
-        )
+            keys=[keys.job(job_id), keys.WEBHOOK_QUEUE, entry_key],
+            args=[worker_id, job_id, keys.JOB_EVENTS_CHANNEL, ttl, "completed_at", repr(time.time()),
+                  *flat],
+        )  # fmt: skip
         return bool(done)
+
+    def publish_model(self, model_id: str, fingerprint: str) -> None:
+        """Tell the API tier which revision of the model this worker serves (cache keys use it)."""
+        self._redis.hset(keys.MODELS, model_id, fingerprint)
 
     def requeue(self, job_id: str, worker_id: str) -> bool:
         return bool(self._requeue(keys=[keys.job(job_id)], args=[worker_id, job_id]))

@@ -55,7 +55,7 @@ class OutputStreams:
         stream = keys.job_stream(job_id)
         if block_ms <= 0:
             rows = await self._redis.xrange(stream, f"({after_id}", "+", count=READ_COUNT)
-            return _entries(rows)
+            return _entries(list(rows or []))
         reply = await self._redis.xread({stream: after_id}, count=READ_COUNT, block=block_ms)
         return _entries(_rows_of(reply))
 

@@ -59,6 +59,9 @@ def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., 
             "heartbeat_interval_s": 0.5,
             "heartbeat_ttl_s": 3.0,
             "worker_metrics_port": 0,
+            # Limits far above what a test sends; tests/api/test_ratelimit.py sets tight ones.
+            "rate_limit_submit": "100000/100000",
+            "rate_limit_read": "100000/100000",
         }
         values.update(overrides)
         return Settings(_env_file=None, **values)

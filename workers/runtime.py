@@ -27,6 +27,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared import keys, metrics
+from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
 from shared.store import WorkerJobs
 from workers import scalein
@@ -67,6 +68,8 @@ class WorkerRuntime:
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
         )
         self.jobs = WorkerJobs(self.redis, settings.heartbeat_ttl_s)
+        #: A dedicated Redis for the response cache (None: it shares the job store's).
+        self.cache_redis = cache_client(settings.cache_redis_url)
         self.ready_file = settings.worker_ready_file or settings.data_dir / f"worker-{os.getpid()}.ready"
         self._inflight: set[str] = set()
         self._draining: set[str] = set()
@@ -82,6 +85,8 @@ class WorkerRuntime:
         """Load and warm up the engine, then start heart-beating and listening for cancels."""
         if self.engine is not None:
             self.engine.start()
+            if self.engine.fingerprint:  # the API computes cache keys with it (docs/cache.md)
+                self.jobs.publish_model(self.engine.model_id, self.engine.fingerprint)
         self._beat()
         threading.Thread(target=self._heartbeat_loop, name="genq-heartbeat", daemon=True).start()
         threading.Thread(target=self._cancel_loop, name="genq-cancels", daemon=True).start()
@@ -151,7 +156,23 @@ class WorkerRuntime:
             self._store(lambda: self.jobs.requeue(job_id, self.worker_id))
             raise HandBack(f"job {job_id} handed back at drain timeout")
         if fields is not None:
-            self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields))
+            self._finish(job_id, record, fields)
+
+    def _finish(self, job_id: str, record: dict[str, str], fields: dict[str, str | bytes]) -> None:
+        """End the job; a success is also written to the response cache (in the same script when
+        the cache shares the job store's Redis, right after it otherwise)."""
+        key = self._cache_key(record) if fields.get("status") == "succeeded" else None
+        in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
+        done = self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script))
+        if done and key and self.cache_redis is not None:
+            entry = CacheEntry(_text(fields["output"]), _text(fields.get("model_label", "")))
+            write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
+
+    def _cache_key(self, record: dict[str, str]) -> str | None:
+        """The key this worker's result answers: its own model revision, whatever the API assumed."""
+        if self.engine is None or not self.settings.cache_enabled:
+            return None
+        return cache_key(self.engine.model_id, self.engine.fingerprint, orjson.loads(record["input"]))
 
     def _generate(self, job_id: str, record: dict[str, str]) -> dict[str, str | bytes] | None:
         """The record fields that end the job, or None when it ended elsewhere (canceled)."""
@@ -268,3 +289,7 @@ def ready_file_fresh(path: Path, max_age_s: float) -> bool:
         return time.time() - path.stat().st_mtime < max_age_s
     except FileNotFoundError:
         return False
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

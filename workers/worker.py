@@ -83,6 +83,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     pidfile.write_text(str(os.getpid()))
     app = create_celery_app(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
+    from workers import webhooks  # noqa: F401  (registers the webhook delivery task)
 
     argv = [
         "worker", "--pool=threads", f"--concurrency={concurrency or settings.concurrency}",

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.ratelimit import ReadLimit, SubmitLimit
 from api.responses import json_response
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Annotated[str, Path(max_length=64)]
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -28,7 +29,7 @@ def _prefer_wait(prefer: str | None) -> float | None:
     return float(match.group(1))
 
 
-@router.post("", status_code=202, response_model=JobPublic, responses=ERRORS)
+@router.post("", status_code=202, response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
 async def submit_job(
     body: JobCreate,
     queue: QueueDep,
@@ -51,7 +52,7 @@ async def submit_job(
     return json_response(job, status, {"Location": job["urls"]["get"]})
 
 
-@router.get("", response_model=JobList, responses=ERRORS)
+@router.get("", response_model=JobList, responses=ERRORS, dependencies=[ReadLimit])
 async def list_jobs(
     queue: QueueDep,
     owner: OwnerDep,
@@ -64,7 +65,7 @@ async def list_jobs(
     return json_response({"data": jobs, "next_cursor": next_cursor})
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
+@router.get("/{job_id}", response_model=JobPublic, responses=ERRORS, dependencies=[ReadLimit])
 async def get_job(
     job_id: JobId,
     queue: QueueDep,
@@ -79,7 +80,7 @@ async def get_job(
     return json_response(job)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS)
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
 async def cancel_job(job_id: JobId, queue: QueueDep, owner: OwnerDep) -> Response:
     """Cancel a job. A queued job never starts; a running one stops at the next step; a finished
     one is returned unchanged."""

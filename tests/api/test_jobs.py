@@ -36,7 +36,7 @@ async def test_submit_returns_202_with_location_and_the_queued_job(api: httpx.As
     assert job["input"] == {
         "prompt": "hello world", "messages": None, "max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
         "seed": None, "stop": [], "priority": "interactive", "webhook": None,
-        "webhook_events_filter": ["completed"], "cache": True,
+        "webhook_events_filter": ["completed"], "cache": True, "allow_fallback": False,
     }  # fmt: skip
     assert job["output"] is None and job["error"] is None
     assert job["metadata"] == {"team": "a"}

@@ -89,8 +89,8 @@ def test_worker_exports_batch_and_token_metrics(
     async def run_jobs() -> None:
         async with api_client(settings) as api:
             ids = [
-                (await api.post("/v1/jobs", json={"prompt": "a b", "max_tokens": 5})).json()["id"]
-                for _ in range(4)
+                (await api.post("/v1/jobs", json={"prompt": f"a {i}", "max_tokens": 5})).json()["id"]
+                for i in range(4)
             ]
             for job_id in ids:
                 await api.get(f"/v1/jobs/{job_id}", params={"wait": 20})

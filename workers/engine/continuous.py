@@ -125,9 +125,8 @@ class TransformersEngine:
         90 vs 130-180 ms per 16-row decode step), so the engine keeps every torch call on one thread.
         Raises FatalEngineError when the model cannot load or its warm-up output is not finite.
         """
-        if self._thread.is_alive() or self._ready.is_set():
-            return
-        self._thread.start()
+        if not self._ready.is_set() and not self._thread.is_alive():
+            self._thread.start()
         self._ready.wait()
         if self.fatal_error is not None:
             raise self.fatal_error

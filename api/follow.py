@@ -1,0 +1,139 @@
+"""Follows one job's output as a closed set of typed events, whatever wire format carries them
+(the /v1/jobs/{id}/stream SSE endpoint, OpenAI-style streaming).
+
+The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record
+turns terminal. So: read what is there (late join), then wait for new entries in short XREAD
+BLOCKs, re-reading the record when the events hub says it changed (or every RECHECK_S); once the
+record is terminal, one more read drains everything left, and `Done` follows. A job that ended
+with text its stream lacks (a cached job, one whose worker could not publish) gets that text as
+one last `Output` with id FINAL_ID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis.exceptions
+
+from api.queue import JobQueue
+from shared.errors import NotFound
+from shared.schemas import JobStatus
+from shared.streams import START_ID, OutputEntry, entry_order
+
+log = logging.getLogger("genq.api")
+
+#: Id of the output event that carries text the stream lacked; resuming after it sends only `Done`.
+FINAL_ID = "final"
+#: Longest single XREAD BLOCK: bounds how late a terminal record is noticed when no delta comes.
+BLOCK_MS = 250
+#: The record is re-read at least this often, whatever the events hub says.
+RECHECK_S = 1.0
+#: A comment is sent after this long without any event, so proxies keep the connection open.
+HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """New text: `delta`, with `tokens` completion tokens generated so far."""
+
+    id: str
+    delta: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The job ended; `job` is the job object as GET returns it."""
+
+    job: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The stream cannot go on (the job vanished, Redis is unreachable)."""
+
+    type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Nothing happened for HEARTBEAT_S."""
+
+
+StreamEvent = Output | Done | Failure | Ping
+
+
+async def follow(
+    queue: JobQueue, job_id: str, owner: str, after_id: str = START_ID
+) -> AsyncIterator[StreamEvent]:
+    """The job's output after entry `after_id`, then `Done`, or a `Failure` that ends it."""
+    try:
+        async for event in _follow(queue, job_id, owner, after_id):
+            yield event
+    except NotFound:
+        yield Failure("not_found", f"job {job_id!r} no longer exists (it expired or was removed)")
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning(json.dumps({"event": "stream_redis_unavailable", "job_id": job_id, "error": str(exc)}))
+        yield Failure("unavailable", "the job store (Redis) is unreachable; reconnect with Last-Event-ID")
+
+
+async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> AsyncIterator[StreamEvent]:
+    loop = asyncio.get_running_loop()
+    cursor = after_id
+    with queue.watch(job_id) as changed:
+        job = await queue.get(job_id, owner)
+        if cursor == FINAL_ID and not JobStatus(job["status"]).is_terminal():
+            cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
+        next_check = loop.time() + RECHECK_S
+        quiet_since = loop.time()
+        while not JobStatus(job["status"]).is_terminal():
+            for entry in await queue.stream_entries(job_id, cursor, BLOCK_MS):
+                cursor = entry.id
+                quiet_since = loop.time()
+                yield Output(entry.id, entry.delta, entry.tokens)
+            if loop.time() - quiet_since >= HEARTBEAT_S:
+                quiet_since = loop.time()
+                yield Ping()
+            if changed.is_set() or loop.time() >= next_check:
+                changed.clear()
+                job = await queue.get(job_id, owner)
+                next_check = loop.time() + RECHECK_S
+    async for event in _finish(queue, job, cursor):
+        yield event
+
+
+async def _finish(queue: JobQueue, job: dict[str, Any], cursor: str) -> AsyncIterator[StreamEvent]:
+    """After the record turned terminal: the entries left after `cursor`, any text the stream
+    lacks, then Done."""
+    if cursor != FINAL_ID:
+        entries = await queue.stream_entries(job["id"], START_ID)
+        after = entry_order(cursor)
+        for entry in entries:
+            if entry_order(entry.id) > after:
+                yield Output(entry.id, entry.delta, entry.tokens)
+        missing = _missing_text(job, entries)
+        if missing:
+            yield Output(FINAL_ID, missing, _completion_tokens(job))
+    yield Done(job)
+
+
+def _missing_text(job: dict[str, Any], entries: list[OutputEntry]) -> str:
+    """The end of a succeeded job's text that its stream never carried ('' when none, or when the
+    stream is no prefix of it: then the `Done` job's output is the authority)."""
+    output = job.get("output") or {}
+    text = str(output.get("text") or "")
+    streamed = "".join(entry.delta for entry in entries)
+    if job["status"] != JobStatus.SUCCEEDED or not text.startswith(streamed):
+        return ""
+    return text[len(streamed) :]
+
+
+def _completion_tokens(job: dict[str, Any]) -> int:
+    usage = (job.get("output") or {}).get("usage") or {}
+    return int(usage.get("completion_tokens") or 0)

@@ -1,0 +1,321 @@
+"""OpenAI's wire format for genq jobs: the request models, request -> JobCreate, job -> completion
+objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
+
+Unknown fields OpenAI defines are accepted and ignored when ignoring them cannot change the
+answer (penalties, logit_bias, store, service_tier, ...). Those that would change it (n > 1,
+echo, logprobs, tools, a non-text response_format, ...) are refused with 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+import pydantic
+import redis.exceptions
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException
+
+from api.errors import genq_error_response, validation_error_response
+from api.queue import JobQueue
+from api.responses import json_response
+from shared import errors
+from shared.schemas import ChatMessage, JobCreate, JobStatus, Priority
+
+log = logging.getLogger("genq.api")
+
+#: One JobQueue.wait round (it is also capped by Settings.max_wait_s); between rounds the
+#: request checks that its client is still there.
+WAIT_ROUND_S = 10.0
+#: Rounds are paced to at least this long, so a max_wait_s of 0 does not spin.
+MIN_ROUND_S = 1.0
+
+#: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+}
+
+
+class Kind(enum.Enum):
+    """The two completion flavours: OpenAI's object names and id prefixes."""
+
+    CHAT = ("chat.completion", "chat.completion.chunk", "chatcmpl-", "openai.chat.completions")
+    TEXT = ("text_completion", "text_completion", "cmpl-", "openai.completions")
+
+    def __init__(self, obj: str, chunk_obj: str, id_prefix: str, source: str) -> None:
+        self.obj = obj
+        self.chunk_obj = chunk_obj
+        self.id_prefix = id_prefix
+        self.source = source
+
+
+# --- requests ------------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = False
+
+
+class TextPart(BaseModel):
+    """A content part of a chat message; genq's models read text only."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class OpenAIMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def as_chat_message(self) -> ChatMessage:
+        content = (
+            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        )
+        return ChatMessage(role="system" if self.role == "developer" else self.role, content=content)
+
+
+class OpenAIRequest(BaseModel):
+    """The fields both completion endpoints share. Other fields are kept to be checked."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, min_length=1, max_length=200)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError("genq returns one choice per request; n must be 1")
+        return n
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    messages: list[OpenAIMessage] = Field(min_length=1)
+
+
+class CompletionRequest(OpenAIRequest):
+    prompt: str | list[str]
+
+
+def _refuse_unsupported(body: OpenAIRequest) -> None:
+    for name, value in (body.model_extra or {}).items():
+        if name in NEUTRAL_VALUES and value not in NEUTRAL_VALUES[name]:
+            raise errors.InvalidRequest(f"{name} is not supported by this server", param=name)
+
+
+def _prompt_text(prompt: str | list[str]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) != 1:
+        raise errors.InvalidRequest(
+            "prompt: give one string (batched prompts are not supported)", param="prompt"
+        )
+    return prompt[0]
+
+
+def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
+    """The genq job an OpenAI request asks for (OpenAI's defaults: temperature 1, top_p 1)."""
+    _refuse_unsupported(body)
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "max_tokens": body.max_completion_tokens or body.max_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "seed": body.seed,
+        "stop": [body.stop] if isinstance(body.stop, str) else body.stop or [],
+        "priority": Priority.INTERACTIVE,
+        "metadata": {"source": (Kind.CHAT if isinstance(body, ChatCompletionRequest) else Kind.TEXT).source}
+        | ({"user": body.user[:512]} if body.user else {}),
+    }
+    if isinstance(body, ChatCompletionRequest):
+        fields["messages"] = [m.as_chat_message() for m in body.messages]
+    else:
+        fields["prompt"] = _prompt_text(body.prompt)
+    try:
+        return JobCreate(**fields)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise errors.InvalidRequest(f"{param}: {first.get('msg', 'invalid value')}", param=param) from exc
+
+
+# --- waiting -------------------------------------------------------------------------------------
+
+
+async def wait_for_job(
+    queue: JobQueue, job_id: str, owner: str, request: Request, max_wait_s: float
+) -> dict[str, Any]:
+    """The job once terminal. Waits in rounds past max_wait_s: a job is bounded by job_timeout_s
+    queued and again running, so this ends. A client that left between rounds cancels the job."""
+    round_s = min(WAIT_ROUND_S, max_wait_s) if max_wait_s > 0 else WAIT_ROUND_S
+    while True:
+        started = time.monotonic()
+        job = await queue.wait(job_id, owner, round_s)
+        if JobStatus(job["status"]).is_terminal():
+            return job
+        if await request.is_disconnected():
+            return await queue.cancel(job_id, owner)
+        await asyncio.sleep(max(0.0, MIN_ROUND_S - (time.monotonic() - started)))
+
+
+# --- responses -----------------------------------------------------------------------------------
+
+
+class JobNotCompleted(errors.GenqError):
+    """The job failed or was canceled: answered 500 `server_error`, `code` the job's error type."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        error = job.get("error") or {}
+        super().__init__(str(error.get("message") or f"the job ended {job['status']}"))
+        self.type = str(error.get("type") or job["status"])
+
+
+def _created(job: dict[str, Any]) -> int:
+    return int(datetime.fromisoformat(job["created_at"].replace("Z", "+00:00")).timestamp())
+
+
+def _usage(job: dict[str, Any]) -> dict[str, int]:
+    usage = job["output"]["usage"]
+    prompt, completion_ = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    return {"prompt_tokens": prompt, "completion_tokens": completion_, "total_tokens": prompt + completion_}
+
+
+def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
+    return {
+        "id": kind.id_prefix + job["id"],
+        "object": obj,
+        "created": _created(job),
+        "model": job["model"],
+        "system_fingerprint": None,
+    }
+
+
+def completion(kind: Kind, job: dict[str, Any]) -> dict[str, Any]:
+    """A finished job as a `chat.completion` or `text_completion` object."""
+    if job["status"] != JobStatus.SUCCEEDED:
+        raise JobNotCompleted(job)
+    output = job["output"]
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": output["finish_reason"]}
+    if kind is Kind.CHAT:
+        choice["message"] = {"role": "assistant", "content": output["text"], "refusal": None}
+    else:
+        choice["text"] = output["text"]
+    return _envelope(kind, job, kind.obj) | {"choices": [choice], "usage": _usage(job)}
+
+
+def chunk(
+    kind: Kind, job: dict[str, Any], delta: str | None, finish_reason: str | None, include_usage: bool
+) -> dict[str, Any]:
+    """One stream chunk: the assistant role (chat, delta None), a text delta, or the finish."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if kind is Kind.CHAT:
+        choice["delta"] = {"role": "assistant", "content": ""} if delta is None else {"content": delta}
+        if finish_reason is not None:
+            choice["delta"] = {}
+    else:
+        choice["text"] = delta or ""
+    body = _envelope(kind, job, kind.chunk_obj) | {"choices": [choice]}
+    return body | {"usage": None} if include_usage else body
+
+
+def usage_chunk(kind: Kind, job: dict[str, Any]) -> dict[str, Any]:
+    """The last chunk when stream_options.include_usage: no choices, the usage."""
+    return _envelope(kind, job, kind.chunk_obj) | {"choices": [], "usage": _usage(job)}
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+_TYPE_OF_STATUS = {401: "invalid_request_error", 429: "rate_limit_error"}
+_CODE_OF_STATUS = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
+
+
+def openai_error(
+    status: int, message: str, param: str | None, code: str | None, headers: dict[str, str] | None = None
+) -> Response:
+    kind = _TYPE_OF_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return json_response(body, status, headers)
+
+
+def _from_genq(response: Response) -> Response:
+    """genq's error response for the same failure, in OpenAI's shape and statuses."""
+    detail = orjson.loads(bytes(response.body))["error"]
+    status, param = response.status_code, detail.get("param")
+    code = _CODE_OF_STATUS.get(status, detail["type"])
+    if status == 422 and param == "model":
+        status, code = 404, "model_not_found"
+    headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+    return openai_error(400 if status == 422 else status, detail["message"], param, code, headers)
+
+
+def translate(exc: Exception) -> Response | None:
+    """The OpenAI-shaped response for an exception raised in an OpenAI route; None: not ours."""
+    if isinstance(exc, errors.GenqError):
+        return _from_genq(genq_error_response(exc))
+    if isinstance(exc, RequestValidationError):
+        return _from_genq(validation_error_response(exc))
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
+        return _from_genq(
+            genq_error_response(errors.Unavailable("the job store is unreachable; retry shortly"))
+        )
+    if isinstance(exc, HTTPException):
+        status = 400 if exc.status_code == 422 else exc.status_code
+        return openai_error(status, str(exc.detail), None, None, dict(exc.headers or {}))
+    return None
+
+
+class OpenAIRoute(APIRoute):
+    """An APIRoute whose errors leave in OpenAI's shape (this router's routes only)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def translated(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                response = translate(exc)
+                if response is None:
+                    raise
+                return response
+
+        return translated

@@ -1,0 +1,128 @@
+"""Per-key token buckets in Redis, shared by every API replica: one atomic Lua script per check.
+
+Submissions and reads have separate buckets, so polling never starves submitting. The bucket's
+clock is the Redis server's (TIME), so replicas with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from fastapi import Depends, Request
+
+from api.deps import OwnerDep, RedisDep, SettingsDep
+from shared import keys, metrics
+from shared.config import Settings
+from shared.errors import RateLimited, Unavailable, rate_limit_headers
+
+log = logging.getLogger("genq.api")
+Kind = Literal["submit", "read"]
+
+# KEYS: bucket. ARGV: capacity, refill per second, cost.
+# Returns {allowed 0/1, tokens left (x1000), ms until full, ms until `cost` tokens are there}.
+TOKEN_BUCKET_LUA = """
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local allowed = 0
+if tokens >= cost then
+  tokens = tokens - cost
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil((capacity / rate) * 1000) + 1000)
+local wait = 0
+if tokens < cost then wait = (cost - tokens) / rate end
+return {allowed, math.floor(tokens * 1000), math.ceil((capacity - tokens) / rate * 1000), math.ceil(wait * 1000)}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    capacity: int
+    per_second: float
+
+    @classmethod
+    def parse(cls, spec: str) -> Bucket | None:
+        """ "60/10" -> 60 tokens, 10 per second; "" -> no limit."""
+        if not spec.strip():
+            return None
+        capacity, _, rate = spec.partition("/")
+        return cls(int(capacity), float(rate))
+
+
+def bucket_for(settings: Settings, owner: str, kind: Kind) -> Bucket | None:
+    override = settings.rate_limit_overrides.get(owner, {}).get(kind)
+    if override is not None:
+        return Bucket.parse(override)
+    return Bucket.parse(settings.rate_limit_submit if kind == "submit" else settings.rate_limit_read)
+
+
+class RateLimiter:
+    def __init__(self, client: aioredis.Redis, settings: Settings) -> None:
+        self._settings = settings
+        self._script = client.register_script(TOKEN_BUCKET_LUA)
+
+    async def check(self, owner: str, kind: Kind) -> dict[str, str]:
+        """The X-RateLimit headers for an allowed request; raises RateLimited when over."""
+        bucket = bucket_for(self._settings, owner, kind)
+        if bucket is None:
+            return {}
+        try:
+            allowed, left_milli, full_ms, wait_ms = await self._script(
+                keys=[keys.rate_limit(owner, kind)], args=[bucket.capacity, bucket.per_second, 1]
+            )
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            return self._redis_down(kind, exc)
+        remaining = int(left_milli) // 1000
+        if not allowed:
+            metrics.RATE_LIMITED.labels(kind).inc()
+            raise RateLimited(
+                f"rate limit for {'submissions' if kind == 'submit' else 'reads'} exceeded "
+                f"({bucket.capacity} burst, {bucket.per_second:g}/s)",
+                limit=bucket.capacity, remaining=remaining, reset_s=full_ms / 1000, retry_after_s=wait_ms / 1000,
+            )  # fmt: skip
+        return rate_limit_headers(bucket.capacity, remaining, full_ms / 1000)
+
+    def _redis_down(self, kind: Kind, exc: Exception) -> dict[str, str]:
+        fail_open = (
+            self._settings.rate_limit_fail_open_reads
+            if kind == "read"
+            else self._settings.rate_limit_fail_open_submits
+        )
+        log.warning(json.dumps({"event": "rate_limit_unavailable", "kind": kind, "fail_open": fail_open}))
+        if fail_open:
+            return {}
+        raise Unavailable("rate limiting is unavailable (Redis unreachable); retry shortly") from exc
+
+
+def _limiter(client: RedisDep, settings: SettingsDep) -> RateLimiter:
+    return RateLimiter(client, settings)
+
+
+async def limit_submissions(
+    owner: OwnerDep, limiter: Annotated[RateLimiter, Depends(_limiter)], request: Request
+) -> None:
+    # Routes return ready-made responses; api/observability.py adds these headers to them.
+    request.state.response_headers = await limiter.check(owner, "submit")
+
+
+async def limit_reads(
+    owner: OwnerDep, limiter: Annotated[RateLimiter, Depends(_limiter)], request: Request
+) -> None:
+    request.state.response_headers = await limiter.check(owner, "read")
+
+
+SubmitLimit = Depends(limit_submissions)
+ReadLimit = Depends(limit_reads)

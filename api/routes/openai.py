@@ -1,0 +1,154 @@
+"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions and /v1/models.
+
+Each completion is an ordinary genq job: it goes through JobQueue.submit (interactive priority,
+the caller's key, and whatever the submit path applies), and the response waits for it. Errors
+leave these routes in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), with
+422 answered as 400 like OpenAI does; the rest of the API keeps genq's shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import orjson
+import redis.exceptions
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.follow import Done, Failure, Output, Ping, follow
+from api.openai_compat import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Kind,
+    OpenAIRoute,
+    chunk,
+    completion,
+    job_create,
+    openai_error,
+    usage_chunk,
+    wait_for_job,
+)
+from api.queue import JobQueue
+from api.ratelimit import ReadLimit, SubmitLimit
+from api.responses import json_response
+from api.routes.stream import SSE_HEADERS
+from shared.config import Settings
+from shared.errors import GenqError
+from shared.schemas import JobStatus
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+
+#: `created` of every model in /v1/models: when this API process started.
+STARTED_AT = int(time.time())
+
+
+def _model_object(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": STARTED_AT, "owned_by": "genq"}
+
+
+@router.get("/models", dependencies=[ReadLimit])
+async def list_models(settings: SettingsDep, _: OwnerDep) -> Response:
+    """The models this deployment serves."""
+    return json_response({"object": "list", "data": [_model_object(m) for m in settings.served_models]})
+
+
+@router.get("/models/{model}", dependencies=[ReadLimit])
+async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
+    """One served model."""
+    if model not in settings.served_models:
+        return openai_error(404, f"the model {model!r} does not exist", "model", "model_not_found")
+    return json_response(_model_object(model))
+
+
+@router.post("/chat/completions", dependencies=[SubmitLimit])
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
+) -> Response:
+    """Create a chat completion (a genq job on `messages`); `stream: true` answers with SSE chunks."""
+    return await _complete(Kind.CHAT, body, request, queue, owner, settings)
+
+
+@router.post("/completions", dependencies=[SubmitLimit])
+async def completions(
+    body: CompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
+) -> Response:
+    """Create a text completion (a genq job on `prompt`); `stream: true` answers with SSE chunks."""
+    return await _complete(Kind.TEXT, body, request, queue, owner, settings)
+
+
+async def _complete(
+    kind: Kind,
+    body: ChatCompletionRequest | CompletionRequest,
+    request: Request,
+    queue: JobQueue,
+    owner: str,
+    settings: Settings,
+) -> Response:
+    accepted = await queue.submit(job_create(body), owner, idempotency_key=None)
+    job = accepted.job
+    headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = _stream(kind, job, queue, owner, include_usage)
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS | headers)
+    job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
+    return json_response(completion(kind, job), headers=headers)
+
+
+async def _stream(
+    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it)."""
+    ended = False
+    try:
+        if kind is Kind.CHAT:
+            yield _data(chunk(kind, job, None, None, include_usage))
+        async for event in follow(queue, job["id"], owner):
+            match event:
+                case Output(delta=delta):
+                    yield _data(chunk(kind, job, delta, None, include_usage))
+                case Ping():
+                    yield b": ping\n\n"
+                case Done(job=final):
+                    ended = True
+                    for frame in _closing(kind, final, include_usage):
+                        yield frame
+                case Failure(type=failure, message=message):
+                    ended = True
+                    yield _data(_error_payload(message, failure))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not ended:
+            await _cancel_quietly(queue, job["id"], owner)
+
+
+async def _cancel_quietly(queue: JobQueue, job_id: str, owner: str) -> None:
+    """Cancel from a stream being closed (shielded: the request's scope is already cancelled)."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(GenqError, redis.exceptions.RedisError):
+        await queue.cancel(job_id, owner)
+
+
+def _closing(kind: Kind, job: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """The chunk with finish_reason (and the usage chunk), or an error for a job that did not
+    succeed."""
+    if job["status"] != JobStatus.SUCCEEDED:
+        error = job.get("error") or {}
+        message = str(error.get("message") or f"the job ended {job['status']}")
+        return [_data(_error_payload(message, str(error.get("type") or job["status"])))]
+    frames = [_data(chunk(kind, job, None, job["output"]["finish_reason"], include_usage))]
+    if include_usage:
+        frames.append(_data(usage_chunk(kind, job)))
+    return frames
+
+
+def _error_payload(message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"

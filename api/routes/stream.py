@@ -1,0 +1,80 @@
+"""GET /v1/jobs/{id}/stream: one job's output as Server-Sent Events.
+
+`output` events (`id`: the stream entry id, `data`: `{"delta", "tokens"}`) carry new text;
+exactly one `done` event (`data`: the job, as GET returns it) or one `error` event
+(`data`: `{"error": {"type", "message", "param"}}`) ends the stream. `: ping` comments keep
+idle connections open. Reconnect with `Last-Event-ID` to resume after the last event seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Header
+from fastapi.responses import StreamingResponse
+
+from api.deps import OwnerDep, QueueDep
+from api.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
+from api.ratelimit import ReadLimit
+from api.routes.jobs import ERRORS, JobId
+from shared.errors import InvalidRequest
+from shared.schemas import error_body
+from shared.streams import START_ID, is_entry_id
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+#: Headers that keep proxies (nginx) and caches from buffering or storing the stream.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+_SSE_DOC: dict[int | str, dict[str, object]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "`output` events, then `done` or `error`."}
+}
+
+
+def _resume_after(last_event_id: str | None) -> str:
+    if not last_event_id:
+        return START_ID
+    if last_event_id != FINAL_ID and not is_entry_id(last_event_id):
+        raise InvalidRequest("Last-Event-ID is not an event id this stream sent", param="Last-Event-ID")
+    return last_event_id
+
+
+def sse_frame(event: StreamEvent) -> bytes:
+    """One event in the text/event-stream format."""
+    match event:
+        case Output(id=entry_id, delta=delta, tokens=tokens):
+            data = orjson.dumps({"delta": delta, "tokens": tokens})
+            return b"id: " + entry_id.encode() + b"\nevent: output\ndata: " + data + b"\n\n"
+        case Done(job=job):
+            return b"event: done\ndata: " + orjson.dumps(job) + b"\n\n"
+        case Failure(type=kind, message=message):
+            return b"event: error\ndata: " + orjson.dumps(error_body(kind, message)) + b"\n\n"
+        case Ping():
+            return b": ping\n\n"
+
+
+async def _frames(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield sse_frame(event)
+
+
+@router.get(
+    "/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses=ERRORS | _SSE_DOC,
+    dependencies=[ReadLimit],
+)
+async def stream_job(
+    job_id: JobId,
+    queue: QueueDep,
+    owner: OwnerDep,
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+) -> StreamingResponse:
+    """The job's output as Server-Sent Events: what was generated so far, then live deltas, then
+    `done` with the final job. `Last-Event-ID` resumes after that event."""
+    after_id = _resume_after(last_event_id)
+    await queue.get(job_id, owner)  # unknown or someone else's: a 404 before the stream starts
+    frames = _frames(follow(queue, job_id, owner, after_id))
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)

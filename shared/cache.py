@@ -1,0 +1,105 @@
+"""Response-cache keys: which requests may be answered from the cache, and the key of one.
+
+The key is the SHA-256 of a canonical encoding of everything that determines a generation's
+output: the model id and fingerprint (a digest of its weights and chat template), the prompt or
+the chat messages, and the sampling parameters. The API (lookups, coalescing) and the workers
+(writing results) both compute it here, from the job's input as accepted (defaults filled in), so
+they always agree. Nothing here imports FastAPI or torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+import redis.exceptions
+
+from shared import keys
+
+log = logging.getLogger("genq.cache")
+
+#: Part of every key: bump it when the encoding changes, and every old entry becomes unreachable.
+KEY_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One cached response: the job's `output` field (JSON text) and what produced it."""
+
+    output: str
+    model_label: str
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.output.encode()) + len(self.model_label.encode())
+
+
+def is_cacheable(job_input: Mapping[str, Any]) -> bool:
+    """Deterministic requests only (greedy, or sampled with a fixed seed), and not opted out."""
+    if not job_input.get("cache", True):
+        return False
+    return float(job_input["temperature"]) == 0.0 or job_input.get("seed") is not None
+
+
+def canonical_request(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> bytes:
+    """The bytes that are hashed: sorted keys, no whitespace, numbers in one form.
+
+    Stop strings keep their order and repeats: an engine may apply them in order, so a different
+    list is conservatively a different request. Text is hashed exactly as given (no trimming or
+    Unicode normalisation: either can change the tokens, hence the output).
+    """
+    messages = job_input.get("messages")
+    seed = job_input.get("seed")
+    document = {
+        "v": KEY_VERSION,
+        "model": model_id,
+        "fingerprint": fingerprint,
+        "prompt": job_input.get("prompt"),
+        "messages": None if messages is None else [[m["role"], m["content"]] for m in messages],
+        "max_tokens": int(job_input["max_tokens"]),
+        "temperature": _number(job_input["temperature"]),
+        "top_p": _number(job_input["top_p"]),
+        "seed": None if seed is None else int(seed),
+        "stop": [str(stop) for stop in job_input.get("stop") or ()],
+    }
+    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+
+
+def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> str | None:
+    """The request's cache key, or None when it may not be cached (or the model is unknown)."""
+    if not fingerprint or not is_cacheable(job_input):
+        return None
+    return hashlib.sha256(canonical_request(model_id, fingerprint, job_input)).hexdigest()
+
+
+def cache_client(url: str | None) -> redis.Redis | None:
+    """A blocking client of a dedicated cache Redis (None when the cache shares the job store's).
+    Short timeouts and no retries: the cache is an optimisation, never worth waiting on."""
+    if url is None:
+        return None
+    return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=0.5, socket_timeout=0.5)
+
+
+def write_entry(client: redis.Redis, key: str, entry: CacheEntry, ttl_s: int) -> None:
+    """Store a response in a dedicated cache Redis; a failure is logged, never raised (the job
+    succeeded either way: the next identical request just misses)."""
+    try:
+        with client.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                keys.cache_entry(key), mapping={"output": entry.output, "model_label": entry.model_label}
+            )
+            pipe.expire(keys.cache_entry(key), ttl_s)
+            pipe.execute()
+    except redis.exceptions.RedisError as exc:
+        log.warning(json.dumps({"event": "cache_write_failed", "error": type(exc).__name__}))
+
+
+def _number(value: float) -> float:
+    # 0, 0.0 and -0.0 are one temperature; a float always encodes the same way in JSON.
+    return float(value) + 0.0

@@ -1,0 +1,53 @@
+"""The real app under a real uvicorn server on a free loopback port, in a thread: for clients that
+speak real HTTP (the official openai client, a headless browser)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import httpx
+import uvicorn
+
+from shared.config import Settings
+
+
+@contextmanager
+def live_server(settings: Settings) -> Iterator[str]:
+    """Serves create_app(settings) until the block ends; yields its base URL."""
+    from api.app import create_app
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@asynccontextmanager
+async def live_client(settings: Settings, api_key: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client over real TCP to a live server (httpx's ASGI transport buffers whole
+    responses, so it cannot show a stream arriving piece by piece)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with live_server(settings) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60) as client:
+            yield client

@@ -1,0 +1,113 @@
+"""Rate limits: exact 429 boundary with headers, refill, separate read and submit buckets,
+per-key overrides, and one bucket shared by two API processes (real uvicorn servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from cli.redis_server import free_port
+from tests.conftest import ROOT, api_client, settings_env
+
+pytestmark = pytest.mark.anyio
+
+
+def owner_id(key: str) -> str:
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+async def test_the_fifth_submission_of_a_four_token_bucket_is_refused(make_settings, redis_client) -> None:
+    settings = make_settings(api_keys=["k1"], rate_limit_submit="4/0.5", rate_limit_read="1000/1000")
+    async with api_client(settings, "k1") as api:
+        answers = [await api.post("/v1/jobs", json={"prompt": "x"}) for _ in range(5)]
+        assert [a.status_code for a in answers] == [202, 202, 202, 202, 429]
+        assert [a.headers["x-ratelimit-remaining"] for a in answers[:4]] == ["3", "2", "1", "0"]
+        refused = answers[4]
+        assert refused.json()["error"]["type"] == "rate_limited"
+        assert refused.headers["x-ratelimit-limit"] == "4"
+        assert refused.headers["x-ratelimit-remaining"] == "0"
+        assert refused.headers["retry-after"] == "2"  # one token at 0.5/s
+        assert 0 < int(refused.headers["x-ratelimit-reset"]) <= 8
+        assert len(redis_client.keys("genq:job:*")) == 4  # the refused one changed nothing
+        # Reads have their own bucket: polling still works while submissions are limited.
+        assert (await api.get("/v1/jobs")).status_code == 200
+        await asyncio.sleep(2.1)
+        assert (await api.post("/v1/jobs", json={"prompt": "x"})).status_code == 202  # refilled
+
+
+async def test_per_key_overrides(make_settings, redis_client) -> None:
+    settings = make_settings(
+        api_keys=["small", "big"],
+        rate_limit_submit="1/0.01",
+        rate_limit_overrides={owner_id("big"): {"submit": "3/0.01"}},
+    )
+    async with api_client(settings, "small") as small, api_client(settings, "big") as big:
+        assert [(await small.post("/v1/jobs", json={"prompt": "x"})).status_code for _ in range(2)] == [
+            202,
+            429,
+        ]
+        assert [(await big.post("/v1/jobs", json={"prompt": "x"})).status_code for _ in range(4)] == [
+            202
+        ] * 3 + [429]
+
+
+def test_two_api_processes_share_one_bucket(make_settings, redis_client, tmp_path) -> None:
+    settings = make_settings(api_keys=["shared"], rate_limit_submit="6/0.01")
+    env = settings_env(settings)
+    ports = [free_port(), free_port()]
+    servers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / f"api{port}.log").open("w"),
+        )  # fmt: skip
+        for port in ports
+    ]
+    try:
+        clients = [
+            httpx.Client(base_url=f"http://127.0.0.1:{p}", headers={"Authorization": "Bearer shared"})
+            for p in ports
+        ]
+        for client in clients:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "API did not start"
+                    time.sleep(0.1)
+        statuses = [clients[i % 2].post("/v1/jobs", json={"prompt": "x"}).status_code for i in range(8)]
+        assert statuses == [202] * 6 + [429, 429]
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(10)
+
+
+async def test_redis_down_fails_reads_open_and_submissions_closed(make_settings, tmp_path) -> None:
+    from api.ratelimit import RateLimiter
+    from cli.redis_server import EmbeddedRedis
+    from shared.errors import Unavailable
+
+    server = EmbeddedRedis(tmp_path / "down")
+    server.start()
+    settings = make_settings(redis_url=server.url, rate_limit_submit="5/1", rate_limit_read="5/1")
+    from api.app import redis_client as make_client
+
+    client = make_client(settings)
+    limiter = RateLimiter(client, settings)
+    assert (await limiter.check("someone", "read"))["X-RateLimit-Remaining"] == "4"
+    server.stop()
+    assert await limiter.check("someone", "read") == {}
+    with pytest.raises(Unavailable):
+        await limiter.check("someone", "submit")
+    await client.aclose()

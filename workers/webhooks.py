@@ -1,0 +1,473 @@
+"""Webhook deliveries: the `genq.webhook.deliver(job_id, event)` task and the `output` notifier.
+
+A delivery is one event of one job (`start`, `completed`, or one `output` notice). Its state
+lives in Redis (DELIVERY below): the body, frozen at the first attempt so every retry sends the
+same bytes under the same webhook-id; the attempt count; the outcome; and a claim.
+
+Durability. A failed attempt is retried with Celery's `self.retry(countdown=...)`, which
+publishes a new message with an eta and then acknowledges this one; the new message is
+published before this attempt is recorded, so a crash in between repeats an attempt rather than
+losing the delivery. On the Redis broker a worker holds eta'd messages in memory, unacknowledged,
+until they are due: a worker that dies gives them back after visibility_timeout_s. A message
+held longer than visibility_timeout_s (the later retry delays are hours) is also given back
+while its first holder still waits on it, so several copies of one retry can come due.
+
+The claim makes that harmless: each message carries its generation (Celery's retry count), and
+a message may act only for a generation newer than the delivery's, or take over its own
+generation when the worker that claimed it stopped before ending it (its lease, one attempt
+timeout plus a margin, ran out). Every other copy is dropped. So each attempt runs once, and an
+attempt cut off by a crash is run again by the redelivered message.
+
+Ordering: `completed` waits (re-queued, not counted as an attempt) while the job's `start`
+delivery is still pending, until start was delivered or given up.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import math
+import queue
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+import redis.exceptions
+from celery import Task, shared_task, signals
+
+from shared import keys, signing
+from shared.config import Settings
+from shared.messages import task_message
+from shared.schemas import JobStatus, WebhookEvent
+from shared.store import public_job, rfc3339
+from workers import webhook_http
+
+log = logging.getLogger("genq.webhooks")
+
+#: Hash of one delivery's state (fields: url, body, webhook_id, attempts, outcome, next_at,
+#: generation, lease, waiting_since). TTL: the job record's remaining TTL, set at the first claim.
+DELIVERY = keys.PREFIX + ":job:{job_id}:webhook:{delivery}"
+
+EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
+FINAL_OUTCOMES = frozenset({"delivered", "failed", "gone", "refused", "skipped"})
+#: How soon `completed` looks again at a pending `start` with no retry scheduled yet.
+ORDER_RECHECK_S = 1.0
+#: A claim outlives the attempt timeout by this much before another copy may take it over.
+LEASE_MARGIN_S = 30.0
+#: Retry delays get up to this fraction added at random, so receivers that failed together are
+#: not all retried in the same second.
+JITTER_FRACTION = 0.1
+#: Least seconds between two `output` deliveries of one job.
+OUTPUT_INTERVAL_S = 1.0
+
+# KEYS: delivery state. ARGV: generation, now, lease until, ttl.
+# 'claimed': act for this generation; 'over': the delivery has its outcome; 'stale': a copy.
+CLAIM_LUA = """
+local state = redis.call('HMGET', KEYS[1], 'outcome', 'generation', 'lease')
+if state[1] and state[1] ~= 'pending' then return 'over' end
+local generation = tonumber(ARGV[1])
+local held = tonumber(state[2] or '-1')
+local lease = tonumber(state[3] or '0')
+local abandoned = generation == held and lease > 0 and lease < tonumber(ARGV[2])
+if generation > held or abandoned then
+  redis.call('HSET', KEYS[1], 'outcome', 'pending', 'generation', ARGV[1], 'lease', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  return 'claimed'
+end
+return 'stale'
+"""
+
+# Ends a generation: releases its claim, sets fields, appends to the delivery log. KEYS: delivery
+# state, delivery log. ARGV: generation, ttl, log entry ('' for none), drop body ('1'/'0'), fields...
+RECORD_LUA = """
+if redis.call('HGET', KEYS[1], 'generation') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'lease', '0', unpack(ARGV, 5))
+  if ARGV[4] == '1' then redis.call('HDEL', KEYS[1], 'body') end
+end
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    job_id: str
+    event: str
+    #: "start", "completed", or "output:<task id>" (a job has many output deliveries).
+    name: str
+
+    @classmethod
+    def of(cls, job_id: str, event: str, task_id: str) -> Delivery:
+        return cls(job_id, event, f"output:{task_id}" if event == WebhookEvent.OUTPUT else event)
+
+    @property
+    def key(self) -> str:
+        return DELIVERY.format(job_id=self.job_id, delivery=self.name)
+
+    @property
+    def webhook_id(self) -> str:
+        # Stable across retries and redeliveries; receivers deduplicate on it.
+        return f"msg_{self.job_id}_{self.name.replace(':', '_')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    url: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    outcome: str
+    #: Seconds until the next attempt; None when the delivery is over.
+    retry_in: float | None
+
+
+def retry_delays(settings: Settings) -> list[float]:
+    return [float(delay) for delay in settings.webhook_retry_delays_s]
+
+
+def verdict(result: webhook_http.AttemptResult, attempt: int, delays: list[float]) -> Verdict:
+    """What one attempt's result means for the delivery."""
+    if result.refused:
+        return Verdict("refused", None)
+    if result.status_code is not None and 200 <= result.status_code < 300:
+        return Verdict("delivered", None)
+    if result.status_code == 410:
+        return Verdict("gone", None)
+    if attempt <= len(delays):
+        delay = delays[attempt - 1]
+        return Verdict("retrying", delay + random.uniform(0, delay * JITTER_FRACTION))
+    return Verdict("failed", None)
+
+
+class Deliveries:
+    """Delivery state and attempts (blocking; called from Celery task threads)."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._redis = client
+        self._settings = settings
+        secret = settings.webhook_secret
+        self._secrets = signing.parse_secrets(secret.get_secret_value()) if secret else ()
+        self._delays = retry_delays(settings)
+        self._claim = client.register_script(CLAIM_LUA)
+        self._record = client.register_script(RECORD_LUA)
+
+    # --- claims and records -------------------------------------------------------------------
+    def claim(self, delivery: Delivery, generation: int) -> str:
+        now = time.time()
+        lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
+        answer = self._claim(
+            keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery.job_id)]
+        )
+        return str(answer)
+
+    def record(
+        self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
+    ) -> None:
+        """End this generation: release the claim, set fields, append the attempt to the log."""
+        flat = [item for pair in fields.items() for item in pair]
+        drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
+        log_entry = orjson.dumps(entry) if entry is not None else ""
+        self._record(
+            keys=[delivery.key, keys.webhook_log(delivery.job_id)],
+            args=[generation, self._ttl(delivery.job_id), log_entry, drop_body, *flat],
+        )
+
+    def _ttl(self, job_id: str) -> int:
+        """The job record's remaining TTL (delivery state and log live as long as the job)."""
+        remaining_ms = int(self._redis.pttl(keys.job(job_id)))
+        return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
+
+    # --- ordering -------------------------------------------------------------------------------
+    def order_wait(self, delivery: Delivery) -> float | None:
+        """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
+        if delivery.event != WebhookEvent.COMPLETED:
+            return None
+        start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(keys.job(delivery.job_id), "input")
+        pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
+        pipe.hmget(start.key, "outcome", "next_at")
+        job_input, start_never_sent, (outcome, next_at) = pipe.execute()
+        wanted = WebhookEvent.START in (orjson.loads(job_input or "{}").get("webhook_events_filter") or [])
+        # The start message is still in the job record: the job ended without running, so no
+        # start will ever be sent.
+        if not wanted or start_never_sent or outcome in FINAL_OUTCOMES or self._waited_too_long(delivery):
+            return None
+        return max(ORDER_RECHECK_S, float(next_at or 0) - time.time() + ORDER_RECHECK_S)
+
+    def _waited_too_long(self, delivery: Delivery) -> bool:
+        """A start delivery runs its whole schedule in a bounded time; past that (its state was
+        lost), `completed` stops waiting rather than wait forever."""
+        self._redis.hsetnx(delivery.key, "waiting_since", repr(time.time()))
+        since = float(self._redis.hget(delivery.key, "waiting_since") or time.time())
+        per_attempt = self._settings.webhook_timeout_s + LEASE_MARGIN_S
+        bound = sum(self._delays) * (1 + JITTER_FRACTION) + per_attempt * (len(self._delays) + 1) + 60
+        return time.time() - since > bound
+
+    # --- one attempt ----------------------------------------------------------------------------
+    def freeze(self, delivery: Delivery) -> Frozen | None:
+        """The delivery's URL and body, built at its first attempt and kept for every retry.
+        None when there is nothing to send (the job record expired, or an `output` notice found
+        the job already over: its `completed` delivery carries the final state)."""
+        url, body = self._redis.hmget(delivery.key, "url", "body")
+        if url is not None and body is not None:
+            return Frozen(str(url), str(body).encode())
+        record: dict[str, str] = self._redis.hgetall(keys.job(delivery.job_id))  # type: ignore[assignment]
+        if not record:
+            return None
+        if delivery.event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
+            return None
+        job = public_job(record)
+        payload = {"type": EVENT_TYPES[delivery.event], "timestamp": rfc3339(time.time()), "data": job}
+        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hsetnx(delivery.key, "url", str(job["input"]["webhook"]))
+        pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
+        pipe.hmget(delivery.key, "url", "body")
+        url, body = pipe.execute()[-1]
+        return Frozen(str(url), str(body).encode())
+
+    def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
+        """Send the frozen body once; the attempt's number and result."""
+        attempt = int(self._redis.hincrby(delivery.key, "attempts", 1))
+        headers = signing.headers(self._secrets, delivery.webhook_id, int(time.time()), frozen.body)
+        result = webhook_http.post(
+            frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s
+        )
+        return attempt, result
+
+    def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
+        return verdict(result, attempt, self._delays)
+
+
+def log_entry(
+    delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict
+) -> dict[str, Any]:
+    """One attempt as the delivery log (GET /v1/jobs/{id}/webhooks) shows it."""
+    entry: dict[str, Any] = {
+        "event": delivery.event,
+        "webhook_id": delivery.webhook_id,
+        "attempt": attempt,
+        "at": rfc3339(time.time()),
+        "duration_ms": result.duration_ms,
+        "outcome": outcome.outcome,
+    }
+    if result.status_code is not None:
+        entry["status_code"] = result.status_code
+    else:
+        entry["error"] = result.error
+    if outcome.retry_in is not None:
+        entry["next_attempt_at"] = rfc3339(time.time() + outcome.retry_in)
+    return entry
+
+
+def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict) -> None:
+    # Never the body (it holds the prompt and output) and never the secret.
+    line = {
+        "event": "webhook_attempt",
+        "job_id": delivery.job_id,
+        "webhook_event": delivery.event,
+        "webhook_id": delivery.webhook_id,
+        "attempt": attempt,
+        "outcome": outcome.outcome,
+        "status_code": result.status_code,
+        "error": result.error,
+        "duration_ms": result.duration_ms,
+    }
+    level = logging.INFO if outcome.outcome in ("delivered", "retrying") else logging.WARNING
+    log.log(level, json.dumps(line))
+
+
+@functools.cache
+def _deliveries() -> Deliveries:
+    # Imported here: workers.worker imports the runtime, which may import this module (for
+    # OutputWebhooks), so a module-level import would be circular.
+    from workers import worker
+
+    runtime = worker.runtime()
+    return Deliveries(runtime.redis, runtime.settings)
+
+
+def _deliver(task: Task, job_id: str, event: str) -> None:
+    """Deliver one event of job `job_id`: one attempt per message, retried per the schedule."""
+    deliveries = _deliveries()
+    delivery = Delivery.of(job_id, event, task.request.id)
+    generation = int(task.request.retries)
+    claim = deliveries.claim(delivery, generation)
+    if claim != "claimed":
+        # A copy of a message the broker handed out again (see the module docstring), or a
+        # message for a delivery that already has its outcome: nothing to do.
+        log.info(json.dumps({"event": "webhook_copy_dropped", "job_id": job_id, "webhook_event": event,
+                             "generation": generation, "claim": claim}))  # fmt: skip
+        return
+    wait = deliveries.order_wait(delivery)
+    if wait is not None:
+        _retry_then_record(task, deliveries, delivery, generation, wait, {})
+        return
+    frozen = deliveries.freeze(delivery)
+    if frozen is None:
+        log.info(json.dumps({"event": "webhook_skipped", "job_id": job_id, "webhook_event": event}))
+        deliveries.record(delivery, generation, {"outcome": "skipped"}, None)
+        return
+    attempt, result = deliveries.attempt(delivery, frozen)
+    outcome = deliveries.conclude(delivery, attempt, result)
+    _log(delivery, attempt, result, outcome)
+    fields = {"outcome": "pending" if outcome.retry_in is not None else outcome.outcome}
+    entry = log_entry(delivery, attempt, result, outcome)
+    if outcome.retry_in is None:
+        deliveries.record(delivery, generation, fields, entry)
+        return
+    fields["next_at"] = repr(time.time() + outcome.retry_in)
+    _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, fields, entry)
+
+
+def _retry_then_record(
+    task: Task,
+    deliveries: Deliveries,
+    delivery: Delivery,
+    generation: int,
+    countdown: float,
+    fields: dict[str, str],
+    entry: dict[str, Any] | None = None,
+) -> None:
+    # Publish the next generation first: a crash before the record below repeats this attempt
+    # (its claim's lease runs out) instead of losing the delivery.
+    retry = task.retry(countdown=countdown, throw=False)
+    deliveries.record(delivery, generation, fields, entry)
+    raise retry
+
+
+#: The Celery task (registered when this module is imported; see workers/worker.py).
+deliver = shared_task(
+    bind=True,
+    name=keys.WEBHOOK_TASK,
+    queue=keys.WEBHOOK_QUEUE,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,
+    ignore_result=True,
+)(_deliver)
+
+
+def _warn_at_start(sender: Any = None, **_: Any) -> None:
+    """A worker consuming the webhooks queue says when its deliveries are less safe than usual."""
+    from workers import worker
+
+    consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+    if consumed is not None and keys.WEBHOOK_QUEUE not in consumed.consume_from:
+        return
+    settings = worker.runtime().settings
+    if settings.webhook_allow_private:
+        message = (
+            "GENQ_WEBHOOK_ALLOW_PRIVATE is on: webhooks may reach loopback, private and link-local "
+            "addresses on any port"
+        )
+        log.warning(json.dumps({"event": "webhook_ssrf_guard_lifted", "message": message}))
+    if settings.webhook_secret is None:
+        message = "GENQ_WEBHOOK_SECRET is unset: webhook deliveries are sent without signatures"
+        log.warning(json.dumps({"event": "webhook_unsigned", "message": message}))
+    else:
+        signing.parse_secrets(settings.webhook_secret.get_secret_value())  # fail at start, not per delivery
+
+
+signals.worker_ready.connect(_warn_at_start, weak=False)
+
+
+class OutputWebhooks:
+    """Turns "new text for job X" into at most one `output` delivery per second per job.
+
+    `on_output(job_id)` only puts the id on an in-memory queue (it never blocks on Redis and
+    never raises); a daemon thread reads each job's filter once (cached), and sends a delivery
+    message at most every OUTPUT_INTERVAL_S per job: a call inside the interval is not dropped but
+    sent when the interval ends, so the receiver always sees the latest state within a second.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._redis = client
+        self._settings = settings
+        self._inbox: queue.Queue[str] = queue.Queue(maxsize=10_000)
+        self._wants: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        self._due: dict[str, float] = {}
+        self._last_sent: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def on_output(self, job_id: str) -> None:
+        try:
+            self._ensure_thread()
+            self._inbox.put_nowait(job_id)
+        except Exception:  # the engine's hook must never fail because of a webhook
+            log.warning(json.dumps({"event": "webhook_output_dropped", "job_id": job_id}), exc_info=True)
+
+    def close(self) -> None:
+        self._stopped.set()
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="genq-output-webhooks", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                job_id: str | None = self._inbox.get(timeout=self._next_due_in())
+            except queue.Empty:
+                job_id = None
+            try:
+                if job_id is not None:
+                    self._note(job_id)
+                self._send_due()
+            except Exception:  # a Redis outage must not end the thread
+                log.warning(json.dumps({"event": "webhook_output_failed", "job_id": job_id}), exc_info=True)
+                time.sleep(0.5)
+
+    def _next_due_in(self) -> float:
+        if not self._due:
+            return 1.0
+        return min(1.0, max(0.0, min(self._due.values()) - time.monotonic()))
+
+    def _note(self, job_id: str) -> None:
+        if job_id in self._due or not self._wants_output(job_id):
+            return
+        self._due[job_id] = max(time.monotonic(), self._last_sent.get(job_id, -math.inf) + OUTPUT_INTERVAL_S)
+
+    def _send_due(self) -> None:
+        now = time.monotonic()
+        for job_id in [j for j, due in self._due.items() if due <= now]:
+            del self._due[job_id]
+            message = task_message(keys.WEBHOOK_TASK, str(uuid.uuid4()), [job_id, WebhookEvent.OUTPUT.value],
+                                   keys.WEBHOOK_QUEUE, 0)  # fmt: skip
+            self._redis.lpush(keys.queue_key(keys.WEBHOOK_QUEUE, 0), message)
+            self._last_sent[job_id] = now
+        # Only sends within the last interval still hold a job back; forget the others.
+        for job_id in [j for j, sent in self._last_sent.items() if now - sent > OUTPUT_INTERVAL_S]:
+            del self._last_sent[job_id]
+
+    def _wants_output(self, job_id: str) -> bool:
+        """Whether the job has a webhook whose filter holds `output` (read once per job)."""
+        if job_id in self._wants:
+            self._wants.move_to_end(job_id)
+            return self._wants[job_id]
+        raw = self._redis.hget(keys.job(job_id), "input")
+        job_input = orjson.loads(raw) if raw else {}
+        wants = bool(job_input.get("webhook")) and WebhookEvent.OUTPUT in (
+            job_input.get("webhook_events_filter") or []
+        )
+        self._wants[job_id] = wants
+        if len(self._wants) > 4096:
+            self._wants.popitem(last=False)
+        return wants
