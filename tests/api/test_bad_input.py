@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from tests.conftest import assert_nothing_written
+
 pytestmark = pytest.mark.anyio
 
 CASES = [
@@ -37,7 +39,7 @@ async def test_schema_violations_name_the_field_and_create_nothing(
     assert error["type"] == "invalid_request"
     assert error["param"] == param
     assert phrase in error["message"]
-    assert redis_client.dbsize() == 0
+    assert_nothing_written(redis_client)
 
 
 async def test_malformed_json_is_400(api, redis_client: redis.Redis) -> None:
@@ -46,7 +48,7 @@ async def test_malformed_json_is_400(api, redis_client: redis.Redis) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "malformed_request"
-    assert redis_client.dbsize() == 0
+    assert_nothing_written(redis_client)
 
 
 async def test_body_over_one_mib_is_413(api, redis_client: redis.Redis) -> None:
@@ -61,4 +63,4 @@ async def test_body_over_one_mib_is_413(api, redis_client: redis.Redis) -> None:
 
     streamed = await api.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert streamed.status_code == 413
-    assert redis_client.dbsize() == 0
+    assert_nothing_written(redis_client)

@@ -68,7 +68,7 @@ def test_two_api_processes_share_one_bucket(make_settings, redis_client, tmp_pat
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / f"api{port}.log").open("w"),
-        )  # fmt: skip
+        )
         for port in ports
     ]
     try:

@@ -1,0 +1,72 @@
+"""Flower, run by `genq flower` against the suite's broker, sees the real worker and the tasks it
+ran (through Flower's own HTTP API, with basic auth), and refuses to run unauthenticated off
+loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from cli.redis_server import free_port
+from tests.conftest import ROOT, api_client, settings_env
+
+pytestmark = pytest.mark.anyio
+
+
+def _wait_for(check, timeout_s: float = 40.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.25)
+
+
+async def test_flower_lists_the_worker_and_a_finished_task(
+    make_settings, redis_client, start_worker, tmp_path
+):
+    settings = make_settings(flower_basic_auth="ops:s3cret")
+    port = free_port()
+    log = (tmp_path / "flower.log").open("w")
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "flower", "--port", str(port)],
+        env=settings_env(settings), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert _wait_for(lambda: httpx.get(f"{base}/healthcheck").status_code == 200)
+        assert httpx.get(f"{base}/api/workers").status_code == 401
+        auth = ("ops", "s3cret")
+        start_worker(settings)
+        workers = _wait_for(
+            lambda: httpx.get(f"{base}/api/workers", auth=auth, params={"refresh": "1"}).json()
+        )
+        assert any(name.startswith("celery@genq-") for name in workers)
+        async with api_client(settings) as api:
+            job = (await api.post("/v1/jobs", json={"prompt": "for flower", "max_tokens": 2},
+                                  headers={"Prefer": "wait=30"})).json()  # fmt: skip
+        assert job["status"] == "succeeded"
+        tasks = _wait_for(lambda: httpx.get(f"{base}/api/tasks", auth=auth).json().get(job["id"]))
+        assert tasks["state"] == "SUCCESS" and tasks["name"] == "genq.generate"
+        assert "flower_events_total" in httpx.get(f"{base}/metrics", auth=auth).text
+    finally:
+        flower.terminate()
+        flower.wait(10)
+        log.close()
+
+
+def test_flower_refuses_to_run_without_auth_off_loopback(make_settings) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "flower", "--address", "0.0.0.0"],
+        env=settings_env(make_settings()), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "without GENQ_FLOWER_BASIC_AUTH" in result.stderr

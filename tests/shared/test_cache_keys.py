@@ -1,0 +1,140 @@
+"""Cache-key properties: equivalent requests share a key, any determining change makes a new one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.cache import cache_key, is_cacheable
+from shared.schemas import JobCreate
+
+MODEL, FINGERPRINT = "placeholder-echo", "abc123"
+DEFAULT_MAX_TOKENS = 256
+
+texts = st.text(min_size=1, max_size=40)
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": texts}),
+    min_size=1,
+    max_size=4,
+)
+bodies = st.fixed_dictionaries(
+    {
+        "max_tokens": st.integers(1, 1024),
+        "temperature": st.sampled_from([0.0, 0.5, 1.0]),
+        "top_p": st.sampled_from([1.0, 0.9]),
+        "seed": st.none() | st.integers(0, 2**63 - 1),
+        "stop": st.lists(st.text(min_size=1, max_size=8), max_size=4),
+    },
+    optional={"priority": st.sampled_from(["interactive", "batch"]), "metadata": st.just({"a": "b"})},
+).flatmap(lambda b: st.one_of(st.builds(lambda p: {**b, "prompt": p}, texts),
+                              st.builds(lambda m: {**b, "messages": m}, messages)))  # fmt: skip
+
+
+def _key(body: dict[str, Any], model: str = MODEL, fingerprint: str = FINGERPRINT) -> str | None:
+    """The key the API computes: from the body as accepted (defaults filled, like JobQueue)."""
+    create = JobCreate.model_validate_json(orjson.dumps(body))
+    job_input = create.model_dump(mode="json", exclude={"model", "metadata"}) | {
+        "max_tokens": create.max_tokens or DEFAULT_MAX_TOKENS
+    }
+    return cache_key(model, fingerprint, job_input)
+
+
+def _deterministic(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "seed": 1} if body["temperature"] and body["seed"] is None else body
+
+
+@settings(max_examples=200)
+@given(bodies)
+def test_field_order_whitespace_and_non_determining_fields_do_not_change_the_key(
+    body: dict[str, Any],
+) -> None:
+    body = _deterministic(body)
+    reordered = dict(reversed(list(body.items())))
+    spaced = orjson.loads(orjson.dumps(reordered, option=orjson.OPT_INDENT_2))
+    others = {**body, "priority": "batch", "metadata": {"x": "y"}, "webhook_events_filter": ["start"]}
+    assert _key(body) is not None
+    assert _key(body) == _key(spaced) == _key(others)
+
+
+@given(bodies)
+def test_default_filled_and_omitted_fields_share_a_key(body: dict[str, Any]) -> None:
+    body = {k: v for k, v in body.items() if k not in ("temperature", "top_p", "seed", "stop", "max_tokens")}
+    filled = {
+        **body,
+        "temperature": 0,
+        "top_p": 1.0,
+        "seed": None,
+        "stop": [],
+        "max_tokens": DEFAULT_MAX_TOKENS,
+    }
+    assert _key(body) == _key(filled) == _key({**filled, "temperature": -0.0})
+
+
+changes = st.sampled_from(
+    ["max_tokens", "temperature", "top_p", "seed", "stop", "input", "model", "fingerprint"]
+)
+
+
+@settings(max_examples=300)
+@given(bodies, changes, st.data())
+def test_any_determining_change_changes_the_key(
+    body: dict[str, Any], change: str, data: st.DataObject
+) -> None:
+    body = {**_deterministic(body), "seed": 5}  # a fixed seed keeps every variant cacheable
+    model, fingerprint = MODEL, FINGERPRINT
+    changed = dict(body)
+    if change == "max_tokens":
+        changed["max_tokens"] = body["max_tokens"] % 1024 + 1
+    elif change == "temperature":
+        changed["temperature"] = data.draw(
+            st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0]).filter(lambda t: t != body["temperature"])
+        )
+    elif change == "top_p":
+        changed["top_p"] = 0.5 if body["top_p"] != 0.5 else 0.75
+    elif change == "seed":
+        changed["seed"] = 6
+    elif change == "stop":
+        changed["stop"] = (
+            [*body["stop"][:3], "\u2603"] if body["stop"] != [*body["stop"][:3], "\u2603"] else []
+        )
+    elif change == "input":
+        if "prompt" in changed:
+            changed["prompt"] = body["prompt"] + " "
+        else:
+            changed["messages"] = [
+                *body["messages"][:-1],
+                {**body["messages"][-1], "role": _other_role(body)},
+            ]
+    elif change == "model":
+        model = MODEL + "-2"
+    else:
+        fingerprint = FINGERPRINT + "0"
+    assert _key(body) != _key(changed, model, fingerprint)
+
+
+def _other_role(body: dict[str, Any]) -> str:
+    return "user" if body["messages"][-1]["role"] != "user" else "assistant"
+
+
+@given(bodies)
+def test_prompt_and_the_same_text_as_a_message_are_different_requests(body: dict[str, Any]) -> None:
+    body = _deterministic({k: v for k, v in body.items() if k not in ("prompt", "messages")})
+    assert _key({**body, "prompt": "hi"}) != _key({**body, "messages": [{"role": "user", "content": "hi"}]})
+
+
+@given(bodies)
+def test_non_deterministic_or_opted_out_requests_have_no_key(body: dict[str, Any]) -> None:
+    sampled = {**body, "temperature": 0.7, "seed": None}
+    assert _key(sampled) is None
+    assert _key({**body, "cache": False}) is None
+    assert _key(_deterministic(body), fingerprint="") is None  # model revision unknown
+
+
+def test_cacheable_means_greedy_or_seeded() -> None:
+    assert is_cacheable({"temperature": 0, "seed": None})
+    assert is_cacheable({"temperature": 1.3, "seed": 0})
+    assert not is_cacheable({"temperature": 1.3, "seed": None})
+    assert not is_cacheable({"temperature": 0, "seed": 1, "cache": False})
