@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.genq-installed
 
-.PHONY: install run test lint format faults bench clean
+.PHONY: install browser run test lint format bench clean
 
 install: $(STAMP)
 
@@ -35,7 +35,14 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: install lint
+# The playground test drives a real headless Chromium: Debian's package, installed when we can
+# (root with apt); elsewhere that one test skips and says why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "no chromium: the playground browser test will skip"
+
+test: install browser lint
 	$(BIN)/python -m pytest
 
 clean:

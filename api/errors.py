@@ -8,12 +8,15 @@ import logging
 import redis.exceptions
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.responses import json_response
 from shared import errors
 from shared.schemas import error_body
 
 log = logging.getLogger("genq.api")
+
+HTTP_ERROR_TYPES = {400: "malformed_request", 404: "not_found", 405: "method_not_allowed"}
 
 STATUS_OF: dict[type[errors.GenqError], int] = {
     errors.MalformedRequest: 400,
@@ -69,6 +72,13 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
         return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
 
+    async def on_http_error(_: Request, exc: Exception) -> Response:
+        # Starlette's own refusals (unknown route, wrong method, unreadable body) in our shape.
+        assert isinstance(exc, StarletteHTTPException)
+        type_ = HTTP_ERROR_TYPES.get(exc.status_code, "http_error")
+        return json_response(error_body(type_, str(exc.detail)), exc.status_code, exc.headers)
+
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(errors.GenqError, on_genq_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(redis.exceptions.ConnectionError, on_redis_down)

@@ -17,6 +17,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[str, Path(max_length=64)]
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
+ACCEPTED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": JobPublic,
+        "description": "An idempotent replay, or a job that ended within `Prefer: wait`.",
+    }
+}
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
@@ -29,7 +35,9 @@ def _prefer_wait(prefer: str | None) -> float | None:
     return float(match.group(1))
 
 
-@router.post("", status_code=202, response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
+@router.post(
+    "", status_code=202, response_model=JobPublic, responses=ACCEPTED | ERRORS, dependencies=[SubmitLimit]
+)
 async def submit_job(
     body: JobCreate,
     queue: QueueDep,

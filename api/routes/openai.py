@@ -18,6 +18,7 @@ import orjson
 import redis.exceptions
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from api.deps import OwnerDep, QueueDep, SettingsDep
 from api.follow import Done, Failure, Output, Ping, follow
@@ -43,6 +44,22 @@ from shared.schemas import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIErrorDetail
+
+
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 429, 500, 503)
+}
+
 #: `created` of every model in /v1/models: when this API process started.
 STARTED_AT = int(time.time())
 
@@ -51,13 +68,13 @@ def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": STARTED_AT, "owned_by": "genq"}
 
 
-@router.get("/models", dependencies=[ReadLimit])
+@router.get("/models", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
 async def list_models(settings: SettingsDep, _: OwnerDep) -> Response:
     """The models this deployment serves."""
     return json_response({"object": "list", "data": [_model_object(m) for m in settings.served_models]})
 
 
-@router.get("/models/{model}", dependencies=[ReadLimit])
+@router.get("/models/{model}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
 async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
     """One served model."""
     if model not in settings.served_models:
@@ -65,7 +82,7 @@ async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
     return json_response(_model_object(model))
 
 
-@router.post("/chat/completions", dependencies=[SubmitLimit])
+@router.post("/chat/completions", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
 ) -> Response:
@@ -73,7 +90,7 @@ async def chat_completions(
     return await _complete(Kind.CHAT, body, request, queue, owner, settings)
 
 
-@router.post("/completions", dependencies=[SubmitLimit])
+@router.post("/completions", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
 async def completions(
     body: CompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
 ) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis.exceptions
 from fastapi import APIRouter, Response
+from pydantic import BaseModel
 
 from api.deps import RedisDep, SettingsDep
 from api.responses import json_response
@@ -18,7 +19,13 @@ async def healthz() -> Response:
     return json_response({"status": "ok"})
 
 
-@router.get("/readyz")
+class Readiness(BaseModel):
+    status: str
+    workers: int | None = None
+    reason: str | None = None
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(client: RedisDep, settings: SettingsDep) -> Response:
     """Redis is reachable and at least one worker is consuming; 503 says which is not."""
     try:

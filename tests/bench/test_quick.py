@@ -1,0 +1,88 @@
+"""Each service benchmark runs with --quick, as a user would run it, and writes a sane report:
+a smoke test so the benchmarks cannot rot. The numbers themselves are not judged here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def run_quick(name: str, out: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
+    completed = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert (out / f"{name}.png").stat().st_size > 0
+    report: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    assert report["quick"] is True
+    return report
+
+
+def assert_latencies(values: dict[str, Any], prefix: str = "") -> None:
+    p50, p99 = values[f"{prefix}p50_ms"], values[f"{prefix}p99_ms"]
+    assert 0 < p50 <= p99, values
+
+
+def test_gateway_quick(tmp_path: Path) -> None:
+    report = run_quick("gateway", tmp_path)
+    (config,) = report["configs"]
+    endpoints = config["endpoints"]
+    assert set(endpoints) == {"bare_get", "bare_post", "enqueue", "cache_hit", "get_job"}
+    for name, result in endpoints.items():
+        if "n/a" in result:  # the cache hit, when the cache answers nothing
+            assert name == "cache_hit"
+            continue
+        assert result["max"]["rate"] > 0
+        assert_latencies(result["max"])
+        for point in result["sweep"]:
+            assert point["achieved_rate"] > 0 and point["errors"] == 0
+            assert_latencies(point)
+    assert endpoints["enqueue"]["ratio_to_ceiling"] > 0
+    assert endpoints["get_job"]["ratio_to_ceiling"] > 0
+    assert set(config["targets"]) >= {"enqueue_2350_with_p99_under_50ms", "get_at_least_half_of_ceiling"}
+
+
+def test_end_to_end_quick(tmp_path: Path) -> None:
+    report = run_quick("end_to_end", tmp_path)
+    assert [run["concurrency"] for run in report["runs"]] == [1, 4]
+    for run in report["runs"]:
+        genq, celery = run["genq"], run["celery"]
+        assert genq["succeeded"] == genq["jobs"] and genq["failed_or_unfinished"] == 0
+        assert genq["jobs_per_s"] > 0 and celery["tasks_per_s"] > 0
+        assert_latencies(genq, "latency_")
+        assert_latencies(celery, "round_trip_")
+        assert genq["inference_p50_ms"] > 0
+        assert genq["latency_p50_ms"] >= genq["inference_p50_ms"]
+        assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
+        assert run["rate_ratio"] > 0
+    assert set(report["targets"]) >= {"genq_rate_at_least_celery", "overhead_p50_under_2x_celery_round_trip"}
+
+
+def test_scale_quick(tmp_path: Path) -> None:
+    report = run_quick("scale", tmp_path)
+    levels = report["levels"]
+    assert [level["level"] for level in levels] == [100, 1000]
+    for level in levels:
+        assert level["queued"] >= level["level"]
+        assert level["bytes_per_queued_job"] > 0 and level["job_record_bytes"] > 0
+        assert level["post_errors"] == 0 and level["get_errors"] == 0
+        assert_latencies(level, "post_")
+        assert_latencies(level, "get_")
+    polling = report["polling"]
+    assert polling["pollers"] == 50
+    assert polling["answered_before_their_wait"] == 0  # every long-poll was still held
+    for phase in ("idle", "load", "idle_with_pollers", "load_with_pollers"):
+        assert polling["phases"][phase]["api_rss_mb"] > 0
+    assert polling["phases"]["load_with_pollers"]["post_rate"] > 0
