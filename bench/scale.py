@@ -65,8 +65,8 @@ class Sizes:
     window_s: float
 
 
-FULL = Sizes((1000, 10_000, 100_000), 1000, 250.0, 1000, 5.0)
-QUICK = Sizes((100, 1000), 100, 200.0, 50, 1.0)
+FULL = Sizes((1000, 10_000, 100_000), 500, 100.0, 1000, 5.0)
+QUICK = Sizes((100, 1000), 100, 100.0, 50, 1.0)
 FILL_CONCURRENCY = 128
 
 

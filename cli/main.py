@@ -166,6 +166,15 @@ def drain(
     raise typer.Exit(1)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context, name: str) -> None:
+    """Run a benchmark: `genq bench gateway|end_to_end|engine|scale|cache [--quick]` (see bench/README.md)."""
+    import runpy
+
+    sys.argv = [f"bench.{name}", *ctx.args]
+    runpy.run_module(f"bench.{name.replace('-', '_')}", run_name="__main__")
+
+
 @app.command("settings")
 def settings_table(
     readme: Annotated[Path | None, typer.Option(help="Rewrite this README's settings table instead.")] = None,

@@ -175,3 +175,49 @@ def assert_nothing_written(client: redis.Redis) -> None:
     and other bookkeeping may)."""
     written = [k for k in client.keys("genq*") if not k.startswith("genq:ratelimit:")]
     assert written == [], written
+
+
+class ApiProcess:
+    """A real `genq api` process on a free loopback port."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        from cli.redis_server import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "api", "--port", str(self.port)],
+            env=settings_env(settings), cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.log_path = log_path
+
+    def wait_ready(self, timeout_s: float = 30.0) -> ApiProcess:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                httpx.get(f"{self.url}/healthz")
+                return self
+            except httpx.TransportError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"API did not start:\n{self.log_path.read_text()[-3000:]}") from None
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_api(tmp_path: Path) -> Iterator[Callable[[Settings], ApiProcess]]:
+    started: list[ApiProcess] = []
+
+    def start(settings: Settings) -> ApiProcess:
+        api = ApiProcess(settings, tmp_path / f"api-{len(started)}.log")
+        started.append(api)
+        return api.wait_ready()
+
+    yield start
+    for api in started:
+        api.close()

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
-from cli.redis_server import free_port
-from tests.conftest import ROOT, api_client, settings_env
+from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio
 
@@ -57,40 +53,12 @@ async def test_per_key_overrides(make_settings, redis_client) -> None:
         ] * 3 + [429]
 
 
-def test_two_api_processes_share_one_bucket(make_settings, redis_client, tmp_path) -> None:
+def test_two_api_processes_share_one_bucket(make_settings, redis_client, start_api) -> None:
     settings = make_settings(api_keys=["shared"], rate_limit_submit="6/0.01")
-    env = settings_env(settings)
-    ports = [free_port(), free_port()]
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / f"api{port}.log").open("w"),
-        )
-        for port in ports
-    ]
-    try:
-        clients = [
-            httpx.Client(base_url=f"http://127.0.0.1:{p}", headers={"Authorization": "Bearer shared"})
-            for p in ports
-        ]
-        for client in clients:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline, "API did not start"
-                    time.sleep(0.1)
-        statuses = [clients[i % 2].post("/v1/jobs", json={"prompt": "x"}).status_code for i in range(8)]
-        assert statuses == [202] * 6 + [429, 429]
-    finally:
-        for server in servers:
-            server.terminate()
-            server.wait(10)
+    apis = [start_api(settings), start_api(settings)]
+    clients = [httpx.Client(base_url=api.url, headers={"Authorization": "Bearer shared"}) for api in apis]
+    statuses = [clients[i % 2].post("/v1/jobs", json={"prompt": f"x{i}"}).status_code for i in range(8)]
+    assert statuses == [202] * 6 + [429, 429]
 
 
 async def test_redis_down_fails_reads_open_and_submissions_closed(make_settings, tmp_path) -> None:

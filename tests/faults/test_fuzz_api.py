@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from cli.redis_server import EmbeddedRedis, free_port
+from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
-from tests.conftest import ROOT, WorkerProcess, settings_env
+from tests.conftest import ROOT, ApiProcess, WorkerProcess
 
 CHECKS = [
     "not_a_server_error",
@@ -29,7 +27,6 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("fuzz")
     redis_server = EmbeddedRedis(data / "redis", appendonly=False)
     redis_server.start()
-    port = free_port()
     settings = Settings(
         _env_file=None,
         redis_url=redis_server.url,
@@ -41,24 +38,10 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         placeholder_step_s=0,
         worker_metrics_port=0,
     )
-    env = settings_env(settings)
     worker = WorkerProcess(settings, data / "worker.log").wait_ready()  # jobs end; OpenAI calls answer
-    server = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(data / "api.log").open("w"),
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/healthz")
-            break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, (data / "api.log").read_text()
-            time.sleep(0.1)
-    yield url
-    server.terminate()
-    server.wait(10)
+    api = ApiProcess(settings, data / "api.log").wait_ready()
+    yield api.url
+    api.close()
     worker.close()
     redis_server.stop()
 
