@@ -18,6 +18,7 @@ from api.events import JobEvents
 from api.limits import BodySizeLimit
 from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
+from api.ratelimit import RateLimiter
 from api.routes import jobs, openai, ops, playground, stream, webhooks
 from shared import keys
 from shared.config import Settings
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = JobStore(client, settings.job_ttl_s, settings.idempotency_ttl_s)
         app.state.settings = settings
         app.state.redis = client
+        app.state.rate_limiter = RateLimiter(client, settings)
         queue_stats = QueueStatsReader(client, [keys.queue_for_model(m) for m in settings.served_models])
         app.state.queue_stats = queue_stats
         cache = ResponseCache(settings, client)

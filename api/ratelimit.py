@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, Request
 
-from api.deps import OwnerDep, RedisDep, SettingsDep
+from api.deps import OwnerDep
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers
@@ -111,8 +111,9 @@ class RateLimiter:
         raise Unavailable("rate limiting is unavailable (Redis unreachable); retry shortly") from exc
 
 
-def _limiter(client: RedisDep, settings: SettingsDep) -> RateLimiter:
-    return RateLimiter(client, settings)
+async def _limiter(request: Request) -> RateLimiter:
+    limiter: RateLimiter = request.app.state.rate_limiter
+    return limiter
 
 
 async def limit_submissions(
