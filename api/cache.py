@@ -37,8 +37,13 @@ MISSES = Counter(
     "Cacheable submissions that found no response in any level (coalesced ones included).",
 )
 COALESCED = Counter("genq_cache_coalesced_total", "Submissions that followed an identical job in flight.")
-L1_ENTRIES = Gauge("genq_cache_l1_entries", "Responses held in this API process's memory.")
-L1_BYTES = Gauge("genq_cache_l1_bytes", "Bytes of responses held in this API process's memory.")
+# livesum: with several API processes, /metrics reports the sum over the live ones.
+L1_ENTRIES = Gauge(
+    "genq_cache_l1_entries", "Responses held in API processes' memory.", multiprocess_mode="livesum"
+)
+L1_BYTES = Gauge(
+    "genq_cache_l1_bytes", "Bytes of responses held in API processes' memory.", multiprocess_mode="livesum"
+)
 
 #: While a model's fingerprint is unknown, re-read the published ones at least this often.
 UNKNOWN_MODEL_REFRESH_S = 0.5

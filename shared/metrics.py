@@ -36,6 +36,18 @@ JOBS = Counter("genq_jobs_total", "Jobs by how they ended (or were accepted).", 
 RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
 SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
 
+# --- Webhooks (the webhook worker) ------------------------------------------------------------------
+WEBHOOK_ATTEMPTS = Counter(
+    "genq_webhook_attempts_total",
+    "Webhook delivery attempts by event and outcome (delivered, retrying, failed, gone, refused).",
+    ["event", "outcome"],
+)
+WEBHOOK_DURATION = Histogram(
+    "genq_webhook_attempt_duration_seconds",
+    "Time one webhook delivery attempt took.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
 # --- Worker ---------------------------------------------------------------------------------------
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 INFERENCE_DURATION = Histogram(

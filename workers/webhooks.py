@@ -42,7 +42,7 @@ import redis
 import redis.exceptions
 from celery import Task, shared_task, signals
 
-from shared import keys, signing
+from shared import keys, metrics, signing
 from shared.config import Settings
 from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
@@ -322,6 +322,8 @@ def _deliver(task: Task, job_id: str, event: str) -> None:
     attempt, result = deliveries.attempt(delivery, frozen)
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
+    metrics.WEBHOOK_ATTEMPTS.labels(delivery.event, outcome.outcome).inc()
+    metrics.WEBHOOK_DURATION.observe(result.duration_ms / 1000)
     fields = {"outcome": "pending" if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
