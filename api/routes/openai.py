@@ -60,6 +60,14 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 429, 500, 503)
 }
 
+#: A completion answers JSON, or with `stream: true` Server-Sent Events.
+COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion (JSON), or its chunks as Server-Sent Events with `stream: true`.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+} | OPENAI_ERRORS
+
 #: `created` of every model in /v1/models: when this API process started.
 STARTED_AT = int(time.time())
 
@@ -82,7 +90,7 @@ async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
     return json_response(_model_object(model))
 
 
-@router.post("/chat/completions", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
+@router.post("/chat/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
 ) -> Response:
@@ -90,7 +98,7 @@ async def chat_completions(
     return await _complete(Kind.CHAT, body, request, queue, owner, settings)
 
 
-@router.post("/completions", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
+@router.post("/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def completions(
     body: CompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
 ) -> Response:
