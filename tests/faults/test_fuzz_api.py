@@ -12,7 +12,7 @@ import pytest
 
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
-from tests.conftest import ROOT, ApiProcess, WorkerProcess
+from tests.conftest import ApiProcess, WorkerProcess
 
 CHECKS = [
     "not_a_server_error",
@@ -55,6 +55,6 @@ def test_api_conforms_to_its_openapi_document(api_url: str, tmp_path) -> None:
          "--suppress-health-check", "all", "--report-dir", str(tmp_path),
          # Its 503 is the designed answer while no worker is ready (tests/api/test_ops.py).
          "--exclude-path", "/readyz"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
