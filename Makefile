@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.genq-installed
 
-.PHONY: install browser run test lint format bench clean
+.PHONY: install system-tools run test lint format clean
 
 install: $(STAMP)
 
@@ -35,14 +35,16 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The playground test drives a real headless Chromium: Debian's package, installed when we can
-# (root with apt); elsewhere that one test skips and says why.
-browser:
-	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
-		echo "no chromium: the playground browser test will skip"
+# Debian tools the tests use: chromium (the playground test drives a real headless browser) and wrk
+# (the gateway benchmark's load tool). Installed when we can (root with apt); elsewhere the browser
+# test skips and says why, and the benchmark falls back to its own load generator.
+system-tools:
+	@{ command -v chromium >/dev/null && command -v wrk >/dev/null; } || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk >/dev/null; } || \
+		echo "chromium or wrk missing: the browser test skips, the gateway benchmark uses its own load"
 
-test: install browser lint
+test: install system-tools lint
 	$(BIN)/python -m pytest
 
 clean:

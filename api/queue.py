@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -185,7 +186,10 @@ class JobQueue:
                     return public_job(record)
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
+                    # Jittered, so pollers that arrived together do not re-read together.
+                    await asyncio.wait_for(
+                        changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0))
+                    )
 
     async def stream_entries(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
         """The job's output deltas after entry `after_id`: all of them at once (block_ms 0), or one
