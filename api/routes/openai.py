@@ -61,12 +61,13 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 #: A completion answers JSON, or with `stream: true` Server-Sent Events.
-COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
+_COMPLETION_OK: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The completion (JSON), or its chunks as Server-Sent Events with `stream: true`.",
         "content": {"application/json": {}, "text/event-stream": {}},
     }
-} | OPENAI_ERRORS
+}
+COMPLETION_RESPONSES = _COMPLETION_OK | OPENAI_ERRORS
 
 #: `created` of every model in /v1/models: when this API process started.
 STARTED_AT = int(time.time())
