@@ -29,6 +29,9 @@ from shared.ssrf import check_url
 from shared.store import JobStore, NewJob, is_terminal, public_job
 from shared.streams import OutputEntry, OutputStreams
 
+#: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
+WEBHOOK_LOG_SHOWN = 1000
+
 #: Long-pollers re-read the record at least this often, whatever pub/sub says. Pub/sub wakes them
 #: when their job ends and the hub wakes everyone after a reconnect, so this only bounds the delay
 #: of a lost message; 1,000 pollers cost 1,000 / RECHECK_S reads a second (bench/scale.py).
@@ -201,6 +204,11 @@ class JobQueue:
     def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set when the job may have ended (re-read it to know)."""
         return self._events.watch(job_id)
+
+    async def webhook_log(self, job_id: str, owner: str) -> list[dict[str, Any]]:
+        """The job's webhook delivery attempts, oldest first (the newest WEBHOOK_LOG_SHOWN)."""
+        await self.get(job_id, owner)  # 404 unless the job exists and is the caller's
+        return await self._store.webhook_log(job_id, WEBHOOK_LOG_SHOWN)
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
         record = await self._store.cancel(job_id, owner)

@@ -458,6 +458,10 @@ class JobStore:
             return None
         return record
 
+    async def webhook_log(self, job_id: str, newest: int) -> list[dict[str, Any]]:
+        rows = await self._redis.lrange(keys.webhook_log(job_id), -newest, -1)
+        return [orjson.loads(row) for row in rows]
+
     async def get_many(self, job_ids: list[str]) -> list[dict[str, str]]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
