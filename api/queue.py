@@ -26,7 +26,7 @@ from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, is_terminal, public_job
+from shared.store import JobStore, NewJob, as_text, is_terminal, public_job
 from shared.streams import OutputEntry, OutputStreams
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
@@ -262,8 +262,4 @@ def _parse_cursor(cursor: str) -> int:
 
 def _record_of(job: NewJob) -> dict[str, str]:
     fields = job.fields()
-    return {str(fields[i]): _text(fields[i + 1]) for i in range(0, len(fields), 2)}
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return {str(fields[i]): as_text(fields[i + 1]) for i in range(0, len(fields), 2)}

@@ -9,10 +9,7 @@ import redis.asyncio as aioredis
 
 from shared import keys
 from shared.metrics import UNACKED_BY_QUEUE_LUA, QueueStats, queue_list_keys
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from shared.store import as_text
 
 
 class QueueStatsReader:
@@ -44,7 +41,7 @@ class QueueStatsReader:
             await self._unacked_script(keys=[keys.KOMBU_UNACKED], client=pipe)  # queued, not run yet
             replies = await pipe.execute()
         total, flat = replies[-1]
-        unacked = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        unacked = {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         stats = []
         per_queue = len(queue_list_keys("")) + 1
         for index, queue in enumerate(self._queues):

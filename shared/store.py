@@ -389,12 +389,13 @@ class Submitted:
 SUBMIT_REPLAY, SUBMIT_QUEUED, SUBMIT_HIT, SUBMIT_FOLLOWS = 0, 1, 2, 3
 
 
-def _str(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
+    """A Redis reply item as text (clients may be built with or without decode_responses)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
 def _record(flat: list[bytes | str]) -> dict[str, str]:
-    return {_str(flat[i]): _str(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return {as_text(flat[i]): as_text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _submit_cache_keys(cache: CacheLookup | None) -> list[str]:
@@ -446,10 +447,10 @@ class JobStore:
         if outcome == SUBMIT_HIT:
             return Submitted(job.job_id, created=True, hit_record=_record(reply[1:]))
         if outcome == SUBMIT_FOLLOWS:
-            return Submitted(job.job_id, created=True, follows=_str(reply[1]))
+            return Submitted(job.job_id, created=True, follows=as_text(reply[1]))
         if outcome == SUBMIT_QUEUED:
             return Submitted(job.job_id, created=True)
-        existing_id, existing_digest = _str(reply[1]).split(" ", 1)
+        existing_id, existing_digest = as_text(reply[1]).split(" ", 1)
         return Submitted(existing_id, created=False, request_digest=existing_digest)
 
     async def get(self, job_id: str, owner: str) -> dict[str, str] | None:
@@ -508,7 +509,7 @@ class WorkerJobs:
             args=[worker_id, repr(time.time()), self._heartbeat_ttl_s, TIMEOUT_ERROR, job_id,
                   keys.JOB_EVENTS_CHANNEL],
         )  # fmt: skip
-        return Claim(_str(outcome), _str(status))
+        return Claim(as_text(outcome), as_text(status))
 
     def read(self, job_id: str) -> dict[str, str]:
         return self._redis.hgetall(keys.job(job_id))  # type: ignore[return-value]

@@ -29,7 +29,7 @@ from redis.retry import Retry
 from shared import keys, metrics
 from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
-from shared.store import WorkerJobs
+from shared.store import WorkerJobs, as_text
 from workers import scalein
 from workers.engine import (
     Engine,
@@ -168,7 +168,7 @@ class WorkerRuntime:
         in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
         done = self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script))
         if done and key and self.cache_redis is not None:
-            entry = CacheEntry(_text(fields["output"]), _text(fields.get("model_label", "")))
+            entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
 
     def _cache_key(self, record: dict[str, str]) -> str | None:
@@ -298,7 +298,3 @@ def ready_file_fresh(path: Path, max_age_s: float) -> bool:
         return time.time() - path.stat().st_mtime < max_age_s
     except FileNotFoundError:
         return False
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
