@@ -221,3 +221,13 @@ def start_api(tmp_path: Path) -> Iterator[Callable[[Settings], ApiProcess]]:
     yield start
     for api in started:
         api.close()
+
+
+async def wait_until_running(client: redis.Redis, job_ids: list[str], timeout_s: float = 30.0) -> None:
+    """Poll the job records until every one of job_ids is running (a worker has claimed it)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while any(client.hget(f"genq:job:{job_id}", "status") != "running" for job_id in job_ids):
+        assert time.monotonic() < deadline, f"jobs never started: {job_ids}"
+        await asyncio.sleep(0.02)

@@ -5,14 +5,13 @@ worker drains the queue; batch histograms count engine steps; route labels are t
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import api_client
+from tests.conftest import api_client, wait_until_running
 
 pytestmark = pytest.mark.anyio
 QUEUE = "genq.placeholder-echo"
@@ -45,10 +44,7 @@ async def test_queue_length_counts_waiting_and_reserved_jobs(
         ]
         assert await queue_length(api) == 8
         start_worker(settings, "--concurrency=1")
-        deadline = time.monotonic() + 20
-        while redis_client.hget(f"genq:job:{ids[0]}", "status") != "running":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await wait_until_running(redis_client, ids[:1])
         await asyncio.sleep(0.3)
         waiting = sum(
             redis_client.llen(k)

@@ -9,16 +9,9 @@ import time
 import pytest
 import redis
 
-from tests.conftest import api_client
+from tests.conftest import api_client, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-
-
-async def _wait_running(redis_client: redis.Redis, job_ids: list[str]) -> None:
-    deadline = time.monotonic() + 30
-    while any(redis_client.hget(f"genq:job:{j}", "status") != "running" for j in job_ids):
-        assert time.monotonic() < deadline, "jobs never started"
-        await asyncio.sleep(0.02)
 
 
 async def test_sigterm_finishes_jobs_in_flight(
@@ -31,7 +24,7 @@ async def test_sigterm_finishes_jobs_in_flight(
             (await api.post("/v1/jobs", json={"prompt": f"a{i}", "max_tokens": 30})).json()["id"]
             for i in range(2)
         ]
-        await _wait_running(redis_client, held)
+        await wait_until_running(redis_client, held)
         waiting = (await api.post("/v1/jobs", json={"prompt": "later", "max_tokens": 2})).json()["id"]
         assert await asyncio.to_thread(worker.terminate) == 0
         assert not worker.ready_file.exists()
@@ -54,7 +47,7 @@ async def test_drain_timeout_hands_unfinished_jobs_back(
             (await api.post("/v1/jobs", json={"prompt": f"a{i}", "max_tokens": 400})).json()["id"]
             for i in range(2)
         ]
-        await _wait_running(redis_client, long)
+        await wait_until_running(redis_client, long)
         started = time.monotonic()
         await asyncio.to_thread(worker.terminate)
         assert time.monotonic() - started < 15  # far less than the 20 s the jobs need

@@ -3,13 +3,10 @@ each exactly once (real processes, real broker; the visibility timeout is shorte
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 import redis
 
-from tests.conftest import api_client
+from tests.conftest import api_client, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -24,10 +21,7 @@ async def test_sigkill_mid_batch_loses_nothing(
             (await api.post("/v1/jobs", json={"prompt": f"job {i}", "max_tokens": 30})).json()["id"]
             for i in range(4)
         ]
-        deadline = time.monotonic() + 20
-        while redis_client.hget(f"genq:job:{ids[-1]}", "status") != "running":
-            assert time.monotonic() < deadline, "the jobs never started"
-            await asyncio.sleep(0.02)
+        await wait_until_running(redis_client, ids)
         doomed.kill()
         assert {redis_client.hget(f"genq:job:{i}", "status") for i in ids} == {"running"}
         start_worker(settings, "--concurrency=4")
