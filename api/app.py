@@ -5,22 +5,26 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import observability
 from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
+from api.hotpath import HotPaths
 from api.limits import BodySizeLimit
 from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
 from api.ratelimit import RateLimiter
 from api.routes import jobs, openai, ops, playground, stream, webhooks
 from shared import keys
+from shared.autopipeline import AutoPipeline
 from shared.config import Settings
 from shared.logging import configure_logging
 from shared.store import JobStore
@@ -40,6 +44,20 @@ def redis_client(settings: Settings) -> aioredis.Redis:
     )
 
 
+class GenqAPI(FastAPI):
+    """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py)."""
+
+    def __init__(self, *, hot_paths: bool, max_body_bytes: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._entry: ASGIApp = HotPaths(self, self._serve, max_body_bytes) if hot_paths else self._serve
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._entry(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
@@ -48,10 +66,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = redis_client(settings)
         events = JobEvents(client)
-        store = JobStore(client, settings.job_ttl_s, settings.idempotency_ttl_s)
+        commands = AutoPipeline(client)
+        store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s)
         app.state.settings = settings
         app.state.redis = client
-        app.state.rate_limiter = RateLimiter(client, settings)
+        app.state.rate_limiter = RateLimiter(client, commands, settings)
         queue_stats = QueueStatsReader(client, [keys.queue_for_model(m) for m in settings.served_models])
         app.state.queue_stats = queue_stats
         cache = ResponseCache(settings, client)
@@ -63,13 +82,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await events.stop()
             await cache.close()
+            await commands.aclose()
             await client.aclose()
 
-    app = FastAPI(
+    app = GenqAPI(
+        hot_paths=settings.api_hot_paths,
+        max_body_bytes=settings.max_body_bytes,
         title="genq",
         version="0.1.0",
         summary="LLM inference jobs: submit, poll, stream, cancel.",
         lifespan=lifespan,
+        # Metrics are Prometheus (api/observability.py). FastAPI's native OpenTelemetry hook would
+        # otherwise check for a configured provider on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     app.include_router(jobs.router)

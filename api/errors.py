@@ -43,6 +43,11 @@ def genq_error_response(exc: errors.GenqError) -> Response:
     return json_response(error_body(exc.type, exc.message, exc.param), _status(exc), headers)
 
 
+def redis_down_response(exc: Exception) -> Response:
+    log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
+    return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
     return ".".join(parts) or "body"
@@ -69,8 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return validation_error_response(exc)
 
     async def on_redis_down(_: Request, exc: Exception) -> Response:
-        log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
-        return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
+        return redis_down_response(exc)
 
     async def on_http_error(_: Request, exc: Exception) -> Response:
         # Starlette's own refusals (unknown route, wrong method, unreadable body) in our shape.

@@ -3,8 +3,9 @@ parsed, whether or not the client sent Content-Length."""
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.asgi import read_body, replay
 from api.errors import genq_error_response
 from shared.errors import PayloadTooLarge
 
@@ -27,33 +28,11 @@ class BodySizeLimit:
             return
         # Chunked: read it here (bounded), then replay it. Raising from inside `receive` would
         # not do: FastAPI reports any error while reading a body as malformed JSON.
-        body = await self._read_bounded(receive)
+        body = await read_body(receive, self.max_bytes)
         if body is None:
             await self._reject(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _read_bounded(self, receive: Receive) -> bytes | None:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        await self.app(scope, replay(body, receive), send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
@@ -27,18 +27,14 @@ class HttpMetrics:
             await self.app(scope, receive, send)
             return
         status = 500
-        request_id = _request_id(scope)
+        request_id = request_id_of(_header(scope, b"x-request-id"))
 
         async def send_with_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extra = scope.get("state", {}).get("response_headers", {})
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-request-id", request_id.encode()),
-                    *((name.lower().encode(), value.encode()) for name, value in extra.items()),
-                ]
+                message["headers"] = [*message.get("headers", []), *extra_headers(request_id, extra)]
             await send(message)
 
         started = time.perf_counter()
@@ -48,16 +44,47 @@ class HttpMetrics:
         finally:
             REQUESTS_INFLIGHT.dec()
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            HTTP_REQUESTS.labels(template, scope["method"], str(status)).inc()
-            HTTP_DURATION.labels(template).observe(time.perf_counter() - started)
+            observe(getattr(route, "path", None) or "unmatched", scope["method"], status, started)
 
 
-def _request_id(scope: Scope) -> str:
-    for name, value in scope["headers"]:
-        if name == b"x-request-id" and 0 < len(value) <= 128:
-            return bytes(value).decode("latin-1")
-    return uuid.uuid4().hex
+def observe(template: str, method: str, status: int, started: float) -> None:
+    """Count one answered request under its route template (never the raw path)."""
+    key = (template, method, status)
+    children = _children.get(key)
+    if children is None:  # labels() takes a lock and validates: once per combination, not per request
+        children = _children[key] = (
+            HTTP_REQUESTS.labels(template, method, str(status)),
+            HTTP_DURATION.labels(template),
+        )
+    requests, duration = children
+    requests.inc()
+    duration.observe(time.perf_counter() - started)
+
+
+_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def request_id_of(sent: bytes | None) -> str:
+    """The client's X-Request-ID when it is a sensible length, else a new one."""
+    if sent is not None and 0 < len(sent) <= 128:
+        return sent.decode("latin-1")
+    return os.urandom(16).hex()
+
+
+def extra_headers(request_id: str, more: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """What every response carries besides its own headers: its request id, and the headers that
+    dependencies left for it (rate-limit state)."""
+    return [
+        (b"x-request-id", request_id.encode("latin-1")),
+        *((name.lower().encode(), value.encode()) for name, value in more.items()),
+    ]
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
 
 
 def _registry() -> CollectorRegistry:

@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 
 from api.deps import OwnerDep
 from shared import keys, metrics
+from shared.autopipeline import AutoPipeline
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers
 
@@ -71,8 +72,9 @@ def bucket_for(settings: Settings, owner: str, kind: Kind) -> Bucket | None:
 
 
 class RateLimiter:
-    def __init__(self, client: aioredis.Redis, settings: Settings) -> None:
+    def __init__(self, client: aioredis.Redis, commands: AutoPipeline, settings: Settings) -> None:
         self._settings = settings
+        self._commands = commands
         self._script = client.register_script(TOKEN_BUCKET_LUA)
 
     async def check(self, owner: str, kind: Kind) -> dict[str, str]:
@@ -81,8 +83,8 @@ class RateLimiter:
         if bucket is None:
             return {}
         try:
-            allowed, left_milli, full_ms, wait_ms = await self._script(
-                keys=[keys.rate_limit(owner, kind)], args=[bucket.capacity, bucket.per_second, 1]
+            allowed, left_milli, full_ms, wait_ms = await self._commands.run_script(
+                self._script, [keys.rate_limit(owner, kind)], [bucket.capacity, bucket.per_second, 1]
             )
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             return self._redis_down(kind, exc)

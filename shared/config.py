@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     allow_anonymous: bool = False
     """Serve without API keys even on a non-loopback address (trusted networks only)."""
 
+    api_hot_paths: bool = True
+    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` of the common shape through a raw-ASGI path
+    that skips FastAPI's per-request machinery (api/hotpath.py); the answers are the same. Turn it
+    off only to compare the two."""
+
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413."""
 
@@ -294,10 +299,10 @@ class Settings(BaseSettings):
     def webhook_policy(self) -> TargetPolicy:
         return TargetPolicy(self.webhook_allow_private, parse_ports(self.webhook_allowed_ports))
 
-    @property
-    def served_models(self) -> list[str]:
+    @cached_property
+    def served_models(self) -> tuple[str, ...]:
         fallback = [self.fallback_model] if self.fallback_model else []
-        return list(dict.fromkeys([self.model, *self.models, *fallback]))
+        return tuple(dict.fromkeys([self.model, *self.models, *fallback]))
 
     @property
     def concurrency(self) -> int:

@@ -26,6 +26,11 @@ REQUESTS_INFLIGHT = Gauge(
     "genq_gateway_requests_inflight", "HTTP requests being served.", multiprocess_mode="livesum"
 )
 HTTP_REQUESTS = Counter("genq_http_requests_total", "HTTP requests answered.", ["route", "method", "status"])
+REDIS_BATCH = Histogram(
+    "genq_api_redis_batch_commands",
+    "Commands the API sent to Redis per round trip (automatic pipelining, shared/autopipeline.py).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 HTTP_DURATION = Histogram(
     "genq_http_request_duration_seconds",
     "Time to answer an HTTP request (long-polls included).",

@@ -73,16 +73,21 @@ class JobCreate(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: Annotated[list[StopString], Field(max_length=4)] = []
+    # Mutable defaults as factories: a literal [] or {} default is deep-copied for every request.
+    stop: Annotated[list[StopString], Field(max_length=4)] = Field(
+        default_factory=list, json_schema_extra={"default": []}
+    )
     priority: Priority = Priority.INTERACTIVE
     webhook: AnyHttpUrl | None = None
-    webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = [
-        WebhookEvent.COMPLETED
-    ]
+    webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: [WebhookEvent.COMPLETED], json_schema_extra={"default": ["completed"]}
+    )
     cache: bool = True
     #: When the model's queue is full, run on the configured fallback model instead of a 503.
     allow_fallback: bool = False
-    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] = {}
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] = Field(
+        default_factory=dict, json_schema_extra={"default": {}}
+    )
 
     @field_validator("webhook")
     @classmethod

@@ -8,14 +8,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.queue import JobQueue
 from api.ratelimit import ReadLimit, SubmitLimit
 from api.responses import json_response
+from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-JobId = Annotated[str, Path(max_length=64)]
+#: Longest job id in a path, and longest Idempotency-Key or Prefer header (longer ones get 422).
+JOB_ID_MAX = 64
+HEADER_MAX = 255
+JobId = Annotated[str, Path(max_length=JOB_ID_MAX)]
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     200: {
@@ -43,16 +48,29 @@ async def submit_job(
     queue: QueueDep,
     owner: OwnerDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-    prefer: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
+    prefer: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
 ) -> Response:
     """Accept a generation job. 202 with the queued job; 200 for an idempotent replay or when
     `Prefer: wait=N` saw it finish."""
-    accepted = await queue.submit(body, owner, idempotency_key)
-    job = accepted.job
+    return await accept_job(queue, settings, body, owner, idempotency_key, prefer)
+
+
+async def accept_job(
+    queue: JobQueue,
+    settings: Settings,
+    body: JobCreate,
+    owner: str,
+    idempotency_key: str | None,
+    prefer: str | None,
+) -> Response:
+    """What `POST /v1/jobs` does once its inputs are parsed: the route above and the raw-ASGI
+    hot path (api/hotpath.py) both end here."""
     wait_s = _prefer_wait(prefer)
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
+    accepted = await queue.submit(body, owner, idempotency_key)
+    job = accepted.job
     if wait_s:
         job = await queue.wait(job["id"], owner, wait_s)
     finished = JobStatus(job["status"]).is_terminal()

@@ -1,0 +1,170 @@
+"""Raw-ASGI dispatch of the two requests a busy API serves most: `POST /v1/jobs` and
+`GET /v1/jobs/{id}`, ahead of FastAPI's middleware stack and router.
+
+Why: FastAPI and Starlette spend more CPU on these requests than the work itself. Measured under
+wrk in the real server (bench/README.md, "Where a request's time goes"): uvicorn with a bare ASGI
+app costs ~105 us a request; the same server answering our trivial /healthz through FastAPI costs
+~360 us; an enqueue through FastAPI's dependency solving and body validation cost ~1,050 us of
+which the real work (validation, one pipelined Redis round trip, the reply) is ~350 us. The
+gateway targets (issue 2) cannot be met through that machinery on two cores.
+
+What it does: a request of exactly the common shape is answered here through the same code the
+FastAPI routes run (`accept_job`, `JobQueue.get`, the same auth, rate limiter, error mapping and
+metrics). Anything else goes on, untouched, to FastAPI: another path or method, a query string, a
+chunked or over-long body, a body that is not plain JSON or does not validate, an over-long
+header. So every error response that depends on parsing, every other edge of the HTTP contract,
+and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks that both ways answer alike.
+`GENQ_API_HOT_PATHS=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+import redis.exceptions
+from fastapi import Response
+from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.asgi import read_body, replay
+from api.auth import owner_of
+from api.errors import genq_error_response, redis_down_response
+from api.observability import extra_headers, observe, request_id_of
+from api.ratelimit import Kind
+from api.responses import json_response
+from api.routes import jobs
+from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, submit_job
+from shared.errors import GenqError
+from shared.metrics import REQUESTS_INFLIGHT
+from shared.schemas import JobCreate
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
+
+#: What a hot request does once its caller is known: its response.
+Work = Callable[[str], Awaitable[Response]]
+
+
+class HotPaths:
+    """The API's ASGI entry point when hot paths are on: these requests here, the rest to
+    `fallback` (FastAPI's own middleware stack and router)."""
+
+    def __init__(self, app: FastAPI, fallback: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.fallback = fallback
+        self.max_body_bytes = max_body_bytes
+        self.jobs_path = _route_of(submit_job).path
+        self.job_template = _route_of(get_job).path
+        self.job_prefix = self.job_template.split("{", 1)[0]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope["query_string"]:
+            path: str = scope["path"]
+            method: str = scope["method"]
+            if method == "POST" and path == self.jobs_path:
+                await self._submit(scope, receive, send)
+                return
+            if method == "GET" and path.startswith(self.job_prefix):
+                job_id = path[len(self.job_prefix) :]
+                if 0 < len(job_id) <= JOB_ID_MAX and "/" not in job_id:
+                    await self._get(scope, send, job_id)
+                    return
+        await self.fallback(scope, receive, send)
+
+    async def _submit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope)
+        length = headers.get(b"content-length")
+        if length is None or not length.isdigit() or int(length) > self.max_body_bytes:
+            await self.fallback(scope, receive, send)  # chunked or too large: BodySizeLimit's
+            return
+        body = await read_body(receive) or b""
+        create = _parse(headers, body)
+        idempotency_key = headers.get(b"idempotency-key")
+        prefer = headers.get(b"prefer")
+        if create is None or _too_long(idempotency_key) or _too_long(prefer):
+            await self.fallback(scope, replay(body, receive), send)
+            return
+        state = self.app.state
+
+        async def work(owner: str) -> Response:
+            return await accept_job(
+                state.queue, state.settings, create, owner, _text(idempotency_key), _text(prefer)
+            )
+
+        await self._answer(scope, send, headers, self.jobs_path, "submit", work)
+
+    async def _get(self, scope: Scope, send: Send, job_id: str) -> None:
+        queue = self.app.state.queue
+
+        async def work(owner: str) -> Response:
+            return json_response(await queue.get(job_id, owner))
+
+        await self._answer(scope, send, _headers(scope), self.job_template, "read", work)
+
+    async def _answer(
+        self, scope: Scope, send: Send, headers: dict[bytes, bytes], template: str, kind: Kind, work: Work
+    ) -> None:
+        """Authenticate, rate-limit, run `work`, answer; map errors and count the request as the
+        FastAPI stack does (api/errors.py, api/observability.py)."""
+        started = time.perf_counter()
+        status = 500
+        REQUESTS_INFLIGHT.inc()
+        try:
+            rate_headers: dict[str, str] = {}
+            try:
+                owner = owner_of(_text(headers.get(b"authorization")), self.app.state.settings)
+                rate_headers = await self.app.state.rate_limiter.check(owner, kind)
+                response = await work(owner)
+            except GenqError as exc:
+                response = genq_error_response(exc)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                response = redis_down_response(exc)
+            status = response.status_code
+            request_id = request_id_of(headers.get(b"x-request-id"))
+            response_headers = [*response.raw_headers, *extra_headers(request_id, rate_headers)]
+            await send({"type": "http.response.start", "status": status, "headers": response_headers})
+            await send({"type": "http.response.body", "body": response.body})
+        finally:
+            REQUESTS_INFLIGHT.dec()
+            observe(template, scope["method"], status, started)
+
+
+def _route_of(endpoint: Callable[..., Any]) -> APIRoute:
+    for route in jobs.router.routes:
+        if isinstance(route, APIRoute) and route.endpoint is endpoint:
+            return route
+    raise LookupError(f"no route serves {endpoint.__name__}")
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    # The first value of a repeated header wins, as in Starlette's Headers.get.
+    found: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        found.setdefault(name, value)
+    return found
+
+
+def _parse(headers: dict[bytes, bytes], body: bytes) -> JobCreate | None:
+    """The body as a JobCreate, or None when it is not plain valid JSON of one (FastAPI then
+    decides what to answer: 400, 422, and which field the message names)."""
+    content_type = headers.get(b"content-type")
+    if content_type is not None and content_type.lower() not in JSON_TYPES:
+        return None
+    try:
+        return JobCreate.model_validate_json(body)
+    except pydantic.ValidationError:
+        return None
+
+
+def _too_long(value: bytes | None) -> bool:
+    return value is not None and len(value) > HEADER_MAX
+
+
+def _text(value: bytes | None) -> str | None:
+    # ASGI header values are bytes in latin-1, as Starlette decodes them.
+    return None if value is None else value.decode("latin-1")

@@ -1,0 +1,115 @@
+"""Automatic pipelining (shared/autopipeline.py) against the suite's real Redis: concurrent commands
+share round trips, each keeps its own reply or error, scripts survive a SCRIPT FLUSH, a server
+that goes away fails the batch with redis-py's errors and the next batch reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from cli.redis_server import EmbeddedRedis
+from shared.autopipeline import AutoPipeline, pack
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def aclient(redis_server: EmbeddedRedis, redis_client) -> AsyncIterator[aioredis.Redis]:
+    async_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield async_client
+    await async_client.aclose()
+
+
+def batches() -> tuple[float, float]:
+    """(round trips, commands) sent so far by every AutoPipeline of this process."""
+    count = REGISTRY.get_sample_value("genq_api_redis_batch_commands_count") or 0.0
+    total = REGISTRY.get_sample_value("genq_api_redis_batch_commands_sum") or 0.0
+    return count, total
+
+
+async def test_concurrent_commands_share_round_trips(aclient: aioredis.Redis) -> None:
+    commands = AutoPipeline(aclient)
+    await aclient.hset("h", mapping={"a": "1", "b": "2"})
+    trips_before, sent_before = batches()
+    replies = await asyncio.gather(
+        *(commands.execute("INCRBY", f"n{i % 10}", i) for i in range(200)),
+        *(commands.execute("HGETALL", "h") for _ in range(50)),
+    )
+    trips, sent = batches()
+    assert sent - sent_before == 250
+    assert trips - trips_before <= 3  # all issued in one loop turn: one round trip (or a few)
+    assert replies[200:] == [{"a": "1", "b": "2"}] * 50  # redis-py's response callbacks applied
+    assert sum([int(await aclient.get(f"n{k}")) for k in range(10)]) == sum(range(200))
+
+
+async def test_an_error_reply_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
+    commands = AutoPipeline(aclient)
+    await aclient.set("text", "not a hash")
+    ok, wrong, also_ok = await asyncio.gather(
+        commands.execute("SET", "a", "1"),
+        commands.execute("HGETALL", "text"),
+        commands.execute("GET", "a"),
+        return_exceptions=True,
+    )
+    assert ok is True and also_ok == "1"
+    assert isinstance(wrong, redis.exceptions.ResponseError) and "WRONGTYPE" in str(wrong)
+
+
+async def test_scripts_are_reloaded_after_a_flush(aclient: aioredis.Redis) -> None:
+    commands = AutoPipeline(aclient)
+    script = aclient.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+    assert await commands.run_script(script, ["counter"], [5]) == 5
+    await aclient.script_flush()
+    again = await asyncio.gather(*(commands.run_script(script, ["counter"], [1]) for _ in range(3)))
+    assert sorted(again) == [6, 7, 8]
+    assert int(await aclient.get("counter")) == 8
+
+
+async def test_a_lost_server_fails_the_batch_and_the_next_one_reconnects(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=False)
+    server.start()
+    client = aioredis.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=1)
+    commands = AutoPipeline(client)
+    try:
+        assert await commands.execute("SET", "k", "v") is True
+        server.stop()
+        gets = (commands.execute("GET", "k") for _ in range(5))
+        failures = await asyncio.gather(*gets, return_exceptions=True)
+        assert all(isinstance(f, redis.exceptions.ConnectionError) for f in failures), failures
+        server.start()
+        assert await commands.execute("PING") is True
+    finally:
+        await commands.aclose()
+        await client.aclose()
+        server.stop()
+
+
+ARG = st.one_of(
+    st.text(max_size=50),
+    st.binary(max_size=50),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+)
+
+
+COMMAND = st.lists(ARG, min_size=1, max_size=8).map(lambda args: ["CMD", *args])
+
+
+@given(st.lists(COMMAND, min_size=1, max_size=4))
+def test_packing_matches_redis_py(commands: list[list[object]]) -> None:
+    connection = aioredis.Redis().connection_pool.make_connection()
+    assert pack(commands) == b"".join(connection.pack_commands(commands))
+
+
+def test_packing_refuses_what_redis_py_refuses() -> None:
+    for bad in (True, None, object()):
+        with pytest.raises(redis.exceptions.DataError):
+            pack([["SET", "k", bad]])
