@@ -76,10 +76,15 @@ class RateLimiter:
         self._settings = settings
         self._commands = commands
         self._script = client.register_script(TOKEN_BUCKET_LUA)
+        #: Parsed once per owner and kind (settings do not change while the process runs).
+        self._buckets: dict[tuple[str, Kind], Bucket | None] = {}
 
     async def check(self, owner: str, kind: Kind) -> dict[str, str]:
         """The X-RateLimit headers for an allowed request; raises RateLimited when over."""
-        bucket = bucket_for(self._settings, owner, kind)
+        try:
+            bucket = self._buckets[owner, kind]
+        except KeyError:
+            bucket = self._buckets[owner, kind] = bucket_for(self._settings, owner, kind)
         if bucket is None:
             return {}
         try:
