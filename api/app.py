@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -77,9 +78,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.cache = cache
         app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache)
         events.start()
+        # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
+        # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
+        # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
+        gc.freeze()
         try:
             yield
         finally:
+            gc.unfreeze()
             await events.stop()
             await cache.close()
             await commands.aclose()

@@ -7,6 +7,7 @@ once Celery is consuming.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -99,6 +100,10 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
 
 @signals.worker_ready.connect
 def _on_ready(**_: Any) -> None:
+    # The model, torch, transformers and Celery are loaded for good (~410k objects with the default
+    # model). Freezing them keeps the cyclic GC from traversing them: a full collection took
+    # ~330 ms on this 2-core VM otherwise, a pause in the middle of every batch it hit.
+    gc.freeze()
     if _runtime is not None:
         _runtime.mark_ready()
 
