@@ -10,8 +10,9 @@ deterministic prompt whose response one placeholder-echo job put in the cache be
 (wrk, closed loop, 64 connections: the throughput ceiling), then an open-loop sweep at fractions
 of that rate (bench/loadgen.py: latency from each request's due time), plus the issue's target
 rate for the enqueue. Reports rates as ratios to the bare endpoint of the same method, measured in
-the same run, and checks the targets: enqueue sustains 2,350 jobs/s with p99 < 50 ms, and the GET
-reaches half the bare ceiling. Writes <out>/gateway.json and <out>/gateway.png.
+the same run, and checks the targets: enqueue sustains 2,350 jobs/s with p99 < 50 ms (the step at
+that rate runs five times; the median run decides, and all are reported), and the GET reaches half
+the bare ceiling. Writes <out>/gateway.json and <out>/gateway.png.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ class Sizes:
     step_s: float
     wrk_s: int
     connections: int
-    #: Add a step at the issue's target rate to the enqueue sweep.
+    #: Add a step at the issue's target rate to the enqueue sweep...
     target_step: bool
+    #: ...and run it this many times in all: one step on a shared VM is one sample of its noise.
+    target_runs: int = 1
 
 
-FULL = Sizes((1, 2), (0.25, 0.5, 0.75, 0.9), 4.0, 4, 64, True)
+FULL = Sizes((1, 2), (0.25, 0.5, 0.75, 0.9), 4.0, 4, 64, True, 5)
 QUICK = Sizes((1,), (0.5,), 1.0, 1, 16, False)
 
 
@@ -188,8 +191,15 @@ def measure_endpoint(endpoint: Endpoint, sizes: Sizes, scratch: Path) -> dict[st
     sweep = [sweep_point(endpoint, rate, sizes) for rate in rates]
     print(f"  {endpoint.name}: max {top['rate']:,.0f}/s (p99 {top['p99_ms']} ms); sweep "
           + ", ".join(f"{p['offered_rate']:,.0f}/s p99 {p['p99_ms']} ms" for p in sweep))  # fmt: skip
-    return {"path": f"{endpoint.method} {endpoint.path}", "max": top, "sweep": sweep,
-            "sustained_rate": sustained_rate(sweep)}  # fmt: skip
+    result: dict[str, Any] = {"path": f"{endpoint.method} {endpoint.path}", "max": top, "sweep": sweep,
+                              "sustained_rate": sustained_rate(sweep)}  # fmt: skip
+    if endpoint.name == "enqueue" and sizes.target_step:
+        first = next(p for p in sweep if p["offered_rate"] == TARGET_ENQUEUE_RATE)
+        more = [sweep_point(endpoint, TARGET_ENQUEUE_RATE, sizes) for _ in range(sizes.target_runs - 1)]
+        runs = [first, *more]
+        result["target_runs"] = runs
+        print("  enqueue at the target rate, every run: p99 " + ", ".join(f"{p['p99_ms']} ms" for p in runs))
+    return result
 
 
 # --- Setting up ---------------------------------------------------------------------------------
@@ -261,14 +271,16 @@ def run_config(workers: int, settings: dict[str, str], sizes: Sizes, scratch: Pa
 
 
 def check_targets(results: dict[str, Any]) -> dict[str, Any]:
-    sweep = results["enqueue"]["sweep"]
-    at_target = next((p for p in sweep if p["offered_rate"] == TARGET_ENQUEUE_RATE), None)
+    """The enqueue target counts as met when the median of its runs at the target rate meets it
+    (p99 < 50 ms with the rate served); every run is reported."""
+    runs = results["enqueue"].get("target_runs", [])
+    by_p99 = sorted(runs, key=lambda p: float("inf") if p["p99_ms"] is None else p["p99_ms"])
+    median = by_p99[len(by_p99) // 2] if by_p99 else None
     get_ratio = results["get_job"]["ratio_to_ceiling"]
     return {
-        "enqueue_at_2350": at_target,
-        "enqueue_2350_with_p99_under_50ms": None
-        if at_target is None
-        else _meets(at_target, TARGET_ENQUEUE_RATE),
+        "enqueue_at_2350": median,
+        "enqueue_2350_runs_meeting": f"{sum(_meets(p, TARGET_ENQUEUE_RATE) for p in runs)} of {len(runs)}",
+        "enqueue_2350_with_p99_under_50ms": None if median is None else _meets(median, TARGET_ENQUEUE_RATE),
         "get_ratio_to_ceiling": get_ratio,
         "get_at_least_half_of_ceiling": get_ratio is not None and get_ratio >= TARGET_GET_RATIO,
     }
@@ -296,7 +308,8 @@ def print_tables(report: dict[str, Any]) -> None:
     for config in report["configs"]:
         targets = config["targets"]
         print(f"--workers {config['api_workers']}: enqueue 2,350/s with p99 < 50 ms: "
-              f"{targets['enqueue_2350_with_p99_under_50ms']}; GET >= 0.5 x ceiling: "
+              f"{targets['enqueue_2350_with_p99_under_50ms']} (median run; runs meeting it: "
+              f"{targets['enqueue_2350_runs_meeting']}); GET >= 0.5 x ceiling: "
               f"{targets['get_at_least_half_of_ceiling']} ({targets['get_ratio_to_ceiling']})")  # fmt: skip
 
 
