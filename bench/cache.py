@@ -16,8 +16,8 @@ the last body byte). Writes <out>/cache.json and <out>/cache.png.
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -35,6 +35,7 @@ import anyio
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bench.common import parse_args, percentile, write_report
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 
@@ -62,13 +63,6 @@ def zipf_trace(sizes: Sizes, seed: int = 7) -> list[int]:
 def ideal_hit_ratio(trace: Sequence[int]) -> float:
     """An unbounded cache misses each prompt's first occurrence only."""
     return 1 - len(set(trace)) / len(trace)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 class Timed:
@@ -222,14 +216,11 @@ def summarise(sizes: Sizes, trace: Sequence[int], latencies: dict[str, list[floa
     }
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)  # NaN: nothing measured (JSON null)
 
 
 def plot(report: dict[str, Any], latencies: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (ratios, spread) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -253,12 +244,7 @@ def plot(report: dict[str, Any], latencies: dict[str, list[float]], path: Path) 
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a small trace: a smoke test")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for cache.json/png")
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__, "cache", argv)
     sizes = QUICK if args.quick else FULL
     trace = zipf_trace(sizes)
     with tempfile.TemporaryDirectory(prefix="genq-bench-cache-") as tmp:
@@ -279,9 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             server.stop()
     report = summarise(sizes, trace, latencies) | {"quick": args.quick, "replay_s": round(elapsed, 1)}
     print(json.dumps(report, indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cache.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, latencies, args.out / "cache.png")
+    write_report(args.out, "cache", report, lambda report, path: plot(report, latencies, path))
     return report
 
 

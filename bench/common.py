@@ -45,11 +45,18 @@ BENCH_SETTINGS = {
 }
 
 
-def parse_args(doc: str | None, name: str, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The options every service benchmark takes: --quick and --out."""
+def parse_args(
+    doc: str | None,
+    name: str,
+    argv: Sequence[str] | None,
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The options every benchmark takes, --quick and --out, and any `more` of its own."""
     parser = argparse.ArgumentParser(
         prog=f"python -m bench.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    if more is not None:
+        more(parser)
     parser.add_argument("--quick", action="store_true", help="a smoke test of a few seconds")
     parser.add_argument(
         "--out", type=Path, default=None, help=f"folder for {name}.json/png (default: bench/results, "
@@ -71,7 +78,7 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (as bench/engine.py); NaN for no values."""
+    """Nearest-rank percentile; NaN for no values."""
     if not values:
         return float("nan")
     ordered = sorted(values)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from bench.common import parse_args, percentile, write_report
 from workers.engine import GenerationRequest, SamplingParams
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
@@ -71,12 +72,6 @@ QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3)
 
 def prompts(count: int) -> list[str]:
     return [STYLES[i % len(STYLES)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def peak_rss_mb() -> float:
@@ -242,9 +237,6 @@ def run_short_amid_long(engine: TransformersEngine, sizes: Sizes) -> dict[str, A
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = report["engine"]
@@ -274,15 +266,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="random-tiny and a few tokens: a smoke test")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for engine.json/png")
+def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-cache", type=Path, default=Path(".genq/models"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(__doc__, "engine", argv, _engine_options)
     sizes = QUICK if args.quick else FULL
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -325,12 +315,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         engine.shutdown(60)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, args.out / "engine.png")
-    print(
-        f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}; peak RSS {report['peak_rss_mb']} MB"
-    )
+    write_report(args.out, "engine", report, plot)
+    print(f"peak RSS {report['peak_rss_mb']} MB")
     return report
 
 
