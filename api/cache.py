@@ -190,20 +190,23 @@ class ResponseCache:
         self.local.put(key, entry)
         return Lookup(CacheLookup(key, known=entry), "l2")
 
-    def settle(self, lookup: Lookup, submitted: Submitted) -> None:
-        """Count the outcome of a cacheable submission and fill level 1 from a level-2 hit."""
+    def settle(self, lookup: Lookup, submitted: Submitted) -> Literal["l1", "l2"] | None:
+        """Count the outcome of a cacheable submission, fill level 1 from a level-2 hit, and
+        return the level that answered it (None: it went to the queue, or was a replay)."""
         if not submitted.created:
-            return
-        if submitted.hit_record is not None:
-            HITS.labels(lookup.level or "l2").inc()
-            if lookup.level is None:  # found by the submit script: level 2 in the job store's Redis
-                record = submitted.hit_record
-                entry = CacheEntry(record["output"], record.get("model_label", ""))
-                self.local.put(lookup.request.cache_key, entry)
-            return
-        MISSES.inc()
-        if submitted.follows is not None:
-            COALESCED.inc()
+            return None
+        if submitted.hit_record is None:
+            MISSES.inc()
+            if submitted.follows is not None:
+                COALESCED.inc()
+            return None
+        level = lookup.level or "l2"  # no level yet: the submit script found it in level 2
+        HITS.labels(level).inc()
+        if lookup.level is None:
+            record = submitted.hit_record
+            entry = CacheEntry(record["output"], record.get("model_label", ""))
+            self.local.put(lookup.request.cache_key, entry)
+        return level
 
     async def _fetch(self, key: str) -> CacheEntry | None:
         assert self._dedicated is not None

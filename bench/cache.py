@@ -68,7 +68,7 @@ def ideal_hit_ratio(trace: Sequence[int]) -> float:
 class Timed:
     """An ASGI wrapper recording the server-side time of the last request: the whole app
     (`last_ms`) and its submit path alone (`submit_ms`: JobQueue.submit, where the cache works),
-    and what answered it (`level`: "l1", "l2" or "miss", as genq_cache_hits_total counts it).
+    and what answered it (`level`: "l1", "l2" or "miss", as ResponseCache.settle() reports it).
 
     The level is read from the cache's own bookkeeping of that request, not by scanning the
     Prometheus registry between requests: that scan, in the same process, slowed the next request
@@ -83,10 +83,10 @@ class Timed:
     def watch_cache(self, cache: Any) -> None:
         settle = cache.settle
 
-        def watched_settle(lookup: Any, submitted: Any) -> None:
-            settle(lookup, submitted)
-            hit = submitted.created and submitted.hit_record is not None
-            self.level = (lookup.level or "l2") if hit else "miss"  # api/cache.py's HITS labels
+        def watched_settle(lookup: Any, submitted: Any) -> Any:
+            level = settle(lookup, submitted)
+            self.level = level or "miss"
+            return level
 
         cache.settle = watched_settle
 
