@@ -20,23 +20,21 @@ class QueueStatsReader:
         self._max_age_s = max_age_s
         self._unacked_script = client.register_script(UNACKED_BY_QUEUE_LUA)
         self._cached: tuple[float, list[QueueStats], int] | None = None
-        #: The read in progress: requests that find the cache stale together share it.
-        self._refresh: asyncio.Future[tuple[list[QueueStats], int]] | None = None
+        #: One read in flight per process, however many requests find the cache stale together
+        #: (as ModelFingerprints in api/cache.py).
+        self._refreshing: asyncio.Task[None] | None = None
 
     async def read(self) -> tuple[list[QueueStats], int]:
-        now = time.monotonic()
-        if self._cached is not None and now - self._cached[0] < self._max_age_s:
-            return self._cached[1], self._cached[2]
-        if self._refresh is None:
-            self._refresh = asyncio.ensure_future(self._fetch())
-            self._refresh.add_done_callback(self._store)
-        return await asyncio.shield(self._refresh)
+        if self._cached is None or time.monotonic() - self._cached[0] >= self._max_age_s:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.create_task(self._refresh())
+            await asyncio.shield(self._refreshing)
+        assert self._cached is not None
+        return self._cached[1], self._cached[2]
 
-    def _store(self, done: asyncio.Future[tuple[list[QueueStats], int]]) -> None:
-        self._refresh = None
-        if not done.cancelled() and done.exception() is None:
-            stats, total = done.result()
-            self._cached = (time.monotonic(), stats, total)
+    async def _refresh(self) -> None:
+        stats, total = await self._fetch()
+        self._cached = (time.monotonic(), stats, total)
 
     async def length(self, queue: str) -> int:
         stats, _ = await self.read()
