@@ -1,37 +1,51 @@
 """Automatic pipelining for redis-py's asyncio client: the commands that concurrent requests issue
-in the same event-loop turn go to Redis together, one write and then the replies in order.
+in the same event-loop turn go to Redis together, in one write on one long-lived connection, and
+each reply goes back to its caller as it arrives.
 
-Why: redis-py spends ~220 us of CPU per command sent alone (pool checkout, retry, timeout and
-observability wrappers), as much as uvicorn's whole request. Under load the API has dozens of
-requests in flight, each waiting on one command, so sending them together is the largest saving
-on the hot paths: measured in a bare ASGI app under wrk (bench/README.md), one HGETALL per request
-costs ~220 us through `client.hgetall` and ~90 us here (batches of ~10). This is what ioredis's
-`enableAutoPipelining` and Lettuce do; redis-py has no such option. It is built on redis-py's own
-parts: its connection pool, connections, hiredis parser, response callbacks and error types.
+Why: redis-py spends ~100-200 us of CPU per command sent alone (pool checkout, connect check,
+timeout contexts and health wrappers around each write and each read), as much as uvicorn's
+whole request. The API has dozens of requests in flight, each waiting on one command, so this is
+the largest saving on the hot paths (bench/README.md, "Where a request's time goes"). It is what
+ioredis's `enableAutoPipelining` and Lettuce do; redis-py has no such option.
 
-Latency: a command waits only for the end of the current loop turn, never for a timer, so a lone
-request goes out as soon as it would have alone. Each command keeps its own reply or its own error
-(this is not a transaction: one command failing does not fail the others). A connection failure
-fails every command of that batch with redis-py's ConnectionError or TimeoutError, as it would
-have failed each of them sent alone, and the connection is dropped, not reused.
+How: one connection per AutoPipeline, opened by redis-py itself (`connection_pool.make_connection`
+and `connect()`: the same address, TLS, AUTH, SELECT and timeouts as the pool's connections),
+then read by an asyncio Protocol of ours: a batch is one `transport.write`, and replies are
+parsed by hiredis (the parser redis-py uses) straight from `data_received`, in order, into the
+callers' futures. No task, lock or timeout object per command or per batch. redis-py's own error
+classes (its `parse_error`: NoScriptError, ...) and response callbacks (HGETALL -> dict, ...)
+apply, so callers see exactly what `client.execute_command` would give them.
+
+Latency: a command waits only for the end of the current loop turn, never for a timer. Each
+command keeps its own reply or error (this is not a transaction). The connection is lost ->
+every command waiting on it fails with redis-py's ConnectionError; no reply within the client's
+`socket_timeout` -> they fail with its TimeoutError and the connection is dropped. The next
+command opens a new one. Never send blocking commands (BLPOP, XREAD BLOCK, SUBSCRIBE) here: they
+would hold up everyone's replies on the shared connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
+import redis.exceptions
+from redis._parsers import BaseParser
 from redis.commands.core import AsyncScript
-from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.exceptions import DataError, InvalidResponse, NoScriptError, ResponseError
 
 from shared.metrics import REDIS_BATCH
 
-#: The most commands one batch carries; more in one turn go out as several batches at once.
+#: The most commands one write carries; more in one turn go out as several writes at once.
 MAX_BATCH = 256
 
 _Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
+_Callback = Callable[[Any], Any] | None
 
 
 class AutoPipeline:
@@ -40,7 +54,10 @@ class AutoPipeline:
         self._max_batch = max_batch
         self._pending: list[_Pending] = []
         self._flush_scheduled = False
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._link: _Link | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        #: redis-py's response callback per command name, looked up once per name.
+        self._callbacks: dict[str, _Callback] = {}
 
     async def execute(self, *args: Any) -> Any:
         """Run one command (its name, then its arguments) and return its parsed reply, as
@@ -63,80 +80,189 @@ class AutoPipeline:
             return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def aclose(self) -> None:
-        """Wait for the batches already sent (their callers are waiting for them)."""
-        if self._in_flight:
-            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        """Close the connection once the commands already sent have their replies (their callers
+        are waiting for them)."""
+        if self._connecting is not None:
+            await asyncio.gather(self._connecting, return_exceptions=True)
+        link, self._link = self._link, None
+        if link is not None:
+            await link.drain()
+            link.close()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        link = self._link
+        if link is None or link.lost:
+            if self._connecting is None:
+                self._connecting = asyncio.create_task(self._connect())
+            return  # the pending commands go out once connected
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), self._max_batch):
-            task = asyncio.create_task(self._send(pending[start : start + self._max_batch]))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            self._send(link, pending[start : start + self._max_batch])
 
-    async def _send(self, batch: list[_Pending]) -> None:
-        live = [(args, future) for args, future in batch if not future.done()]  # callers gone: skip
-        if not live:
-            return
-        REDIS_BATCH.observe(len(live))
+    def _send(self, link: _Link, batch: list[_Pending]) -> None:
+        chunks: list[bytes] = []
+        waiting: list[tuple[asyncio.Future[Any], _Callback]] = []
+        for args, future in batch:
+            if future.done():  # its caller is gone
+                continue
+            try:
+                chunks.append(pack_command(args))
+            except DataError as exc:  # an argument redis-py would refuse fails its own command
+                future.set_exception(exc)
+                continue
+            waiting.append((future, self._callback(args[0])))
+        if waiting:
+            REDIS_BATCH.observe(len(waiting))
+            link.send(b"".join(chunks), waiting)
+
+    def _callback(self, name: Any) -> _Callback:
         try:
-            replies = await self._send_now([args for args, _ in live])
-        except BaseException as exc:
-            for _, future in live:
+            return self._callbacks[name]
+        except KeyError:
+            callback = self._callbacks[name] = self._client.response_callbacks.get(name)
+            return callback
+
+    async def _connect(self) -> None:
+        """Open the connection (redis-py's handshake), then send what waited for it. A failure
+        fails the waiting commands with redis-py's error, as a pool checkout would have."""
+        try:
+            connection = self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            await connection.connect()
+            self._link = _Link.take_over(connection)
+        except Exception as exc:
+            pending, self._pending = self._pending, []
+            for _, future in pending:
                 if not future.done():
                     future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
             return
-        for (_, future), reply in zip(live, replies, strict=True):
+        finally:
+            self._connecting = None
+        self._flush()
+
+
+class _Link(asyncio.Protocol):
+    """One connection's replies, in order, into the futures of the commands that were sent."""
+
+    def __init__(self, connection: Any, transport: asyncio.Transport, reader: hiredis.Reader) -> None:
+        #: Held so that redis-py's finalizer, which closes what it still thinks it owns, runs only
+        #: once we are done with the transport.
+        self._connection = connection
+        self._transport = transport
+        self._reader = reader
+        self._timeout_s: float | None = connection.socket_timeout
+        #: What was sent and not yet answered, oldest first: (future, callback, sent at).
+        self._waiting: deque[tuple[asyncio.Future[Any], _Callback, float]] = deque()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.lost = False
+
+    @classmethod
+    def take_over(cls, connection: Any) -> _Link:
+        """Read a connected redis-py connection ourselves from now on. redis-py keeps its stream
+        writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned): the two private
+        names this module uses, both here and in `_fail`."""
+        encoder = connection.encoder
+        options: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
+        if encoder.decode_responses:
+            options |= {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
+        transport = connection._writer.transport
+        link = cls(connection, transport, hiredis.Reader(**options))
+        transport.set_protocol(link)
+        return link
+
+    def send(self, data: bytes, waiting: list[tuple[asyncio.Future[Any], _Callback]]) -> None:
+        if self.lost:
+            error = redis.exceptions.ConnectionError("Connection closed by server.")
+            for future, _ in waiting:
+                future.set_exception(error)
+            return
+        now = time.monotonic()
+        self._waiting.extend((future, callback, now) for future, callback in waiting)
+        self._transport.write(data)
+        if self._watchdog is None and self._timeout_s:
+            self._watchdog = asyncio.get_running_loop().call_later(self._timeout_s, self._check_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except InvalidResponse as exc:
+                self._fail(exc)
+                return
+            if reply is False:
+                return
+            future, callback, _ = self._waiting.popleft()
             if future.done():
                 continue
-            if isinstance(reply, Exception):
+            if isinstance(reply, ResponseError):
                 future.set_exception(reply)
-            else:
+            elif callback is None:
                 future.set_result(reply)
-
-    async def _send_now(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Send the batch on one pooled connection; each command's reply, or its error reply."""
-        pool = self._client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            await conn.send_packed_command(pack(commands), check_health=False)
-            replies: list[Any] = []
-            for args in commands:
+            else:
                 try:
-                    reply = await conn.read_response()
-                except ResponseError as exc:
-                    reply = exc
-                else:
-                    callback = self._client.response_callbacks.get(args[0])
-                    if callback is not None:
-                        reply = callback(reply)
-                replies.append(reply)
-            return replies
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
+                    future.set_result(callback(reply))
+                except Exception as exc:  # a reply its callback cannot parse fails its command only
+                    future.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f" ({exc})" if exc else ""
+        error = redis.exceptions.ConnectionError(f"Connection closed by server.{reason}")
+        self._fail(error)
+
+    async def drain(self) -> None:
+        if self._waiting:
+            await asyncio.gather(*(future for future, _, _ in self._waiting), return_exceptions=True)
+
+    def close(self) -> None:
+        self._fail(redis.exceptions.ConnectionError("Connection closed by the client."))
+
+    def _check_timeout(self) -> None:
+        self._watchdog = None
+        if not self._waiting:
+            return
+        overdue_at = self._waiting[0][2] + (self._timeout_s or 0.0)
+        now = time.monotonic()
+        if now >= overdue_at:
+            self._fail(
+                redis.exceptions.TimeoutError(
+                    f"Timeout reading from Redis: no reply in {self._timeout_s:g} s"
+                )
+            )
+        else:
+            self._watchdog = asyncio.get_running_loop().call_later(overdue_at - now, self._check_timeout)
+
+    def _fail(self, error: Exception) -> None:
+        """Drop the connection; every command still waiting on it fails with `error`."""
+        self.lost = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._connection._close()  # closes the transport, and leaves redis-py nothing to close later
+        waiting, self._waiting = self._waiting, deque()
+        for future, _, _ in waiting:
+            if not future.done():
+                future.set_exception(error)
 
 
 def pack(commands: Sequence[Sequence[Any]]) -> bytes:
-    """The commands in the Redis protocol (RESP), encoding arguments as redis-py's Encoder does
-    (str as UTF-8, int and float as their repr, bytes as they are; a bool is refused).
+    """The commands in the Redis protocol (RESP), as redis-py's `pack_commands` writes them."""
+    return b"".join(pack_command(args) for args in commands)
+
+
+def pack_command(args: Sequence[Any]) -> bytes:
+    """One command in RESP, encoding arguments as redis-py's Encoder does (str as UTF-8, int and
+    float as their repr, bytes as they are; a bool is refused).
 
     redis-py's own packer re-joins its growing buffer for every argument: ~40 us for a job
     submission's 21 arguments, ~11 us here."""
-    out: list[bytes] = []
+    out = [b"*%d\r\n" % len(args)]
     push = out.append
-    for args in commands:
-        push(b"*%d\r\n" % len(args))
-        for arg in args:
-            data = _encode(arg)
-            push(b"$%d\r\n" % len(data))
-            push(data)
-            push(b"\r\n")
+    for arg in args:
+        data = _encode(arg)
+        push(b"$%d\r\n" % len(data))
+        push(data)
+        push(b"\r\n")
     return b"".join(out)
 
 

@@ -1,10 +1,13 @@
 """Automatic pipelining (shared/autopipeline.py) against the suite's real Redis: concurrent commands
-share round trips, each keeps its own reply or error, scripts survive a SCRIPT FLUSH, a server
-that goes away fails the batch with redis-py's errors and the next batch reconnects."""
+share round trips on one connection, each keeps its own reply or error, scripts survive a SCRIPT
+FLUSH, a server that goes away or stops answering fails what waits on it with redis-py's errors,
+and the next command reconnects."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -63,6 +66,24 @@ async def test_an_error_reply_fails_only_its_own_command(aclient: aioredis.Redis
     assert isinstance(wrong, redis.exceptions.ResponseError) and "WRONGTYPE" in str(wrong)
 
 
+async def test_a_bad_argument_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
+    commands = AutoPipeline(aclient)
+    ok, refused = await asyncio.gather(
+        commands.execute("SET", "a", "1"), commands.execute("SET", "b", True), return_exceptions=True
+    )
+    assert ok is True
+    assert isinstance(refused, redis.exceptions.DataError)
+    assert await aclient.exists("b") == 0
+
+
+async def test_concurrent_commands_share_one_connection(aclient: aioredis.Redis) -> None:
+    commands = AutoPipeline(aclient)
+    ids = await asyncio.gather(*(commands.execute("CLIENT", "ID") for _ in range(100)))
+    later = await commands.execute("CLIENT", "ID")
+    assert len({*ids, later}) == 1
+    await commands.aclose()
+
+
 async def test_scripts_are_reloaded_after_a_flush(aclient: aioredis.Redis) -> None:
     commands = AutoPipeline(aclient)
     script = aclient.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -86,6 +107,30 @@ async def test_a_lost_server_fails_the_batch_and_the_next_one_reconnects(tmp_pat
         assert all(isinstance(f, redis.exceptions.ConnectionError) for f in failures), failures
         server.start()
         assert await commands.execute("PING") is True
+    finally:
+        await commands.aclose()
+        await client.aclose()
+        server.stop()
+
+
+async def test_a_server_that_stops_answering_times_out_and_the_next_command_reconnects(
+    tmp_path: Path,
+) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=False)
+    server.start()
+    assert server.process is not None
+    client = aioredis.Redis.from_url(server.url, decode_responses=True, socket_timeout=0.5)
+    commands = AutoPipeline(client)
+    try:
+        assert await commands.execute("SET", "k", "v") is True
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            gets = (commands.execute("GET", "k") for _ in range(3))
+            failures = await asyncio.wait_for(asyncio.gather(*gets, return_exceptions=True), 5)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert all(isinstance(f, redis.exceptions.TimeoutError) for f in failures), failures
+        assert await commands.execute("GET", "k") == "v"
     finally:
         await commands.aclose()
         await client.aclose()
