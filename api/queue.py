@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import random
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +22,11 @@ from api.queue_stats import QueueStatsReader
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
+from shared.ids import new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, as_text, is_terminal, public_job
+from shared.store import JobStore, NewJob, is_terminal, public_job
 from shared.streams import OutputEntry, OutputStreams
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
@@ -89,7 +89,7 @@ class JobQueue:
         }
         model, lookup = await self._route(create, model, job_input)
         now = time.time()
-        job_id = str(uuid.uuid4())
+        job_id = new_id()
         job = NewJob(
             job_id=job_id,
             owner=owner,
@@ -116,7 +116,7 @@ class JobQueue:
             self._cache.settle(lookup, submitted)
         if submitted.created:
             # A follower stays queued until its leader ends; a cache hit is already succeeded.
-            return Accepted(public_job(submitted.hit_record or _record_of(job)), created=True)
+            return Accepted(public_job(submitted.hit_record or job.record()), created=True)
         if submitted.request_digest != digest:
             raise Conflict(
                 "this Idempotency-Key was used with a different request body", param="Idempotency-Key"
@@ -248,7 +248,7 @@ def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes]
     return tuple(
         (
             event.value,
-            task_message(keys.WEBHOOK_TASK, str(uuid.uuid4()), [job_id, event.value], keys.WEBHOOK_QUEUE, 0),
+            task_message(keys.WEBHOOK_TASK, new_id(), [job_id, event.value], keys.WEBHOOK_QUEUE, 0),
         )
         for event in wanted
     )
@@ -258,8 +258,3 @@ def _parse_cursor(cursor: str) -> int:
     if not cursor.isdigit():
         raise InvalidRequest("cursor is not one this API returned", param="cursor")
     return int(cursor)
-
-
-def _record_of(job: NewJob) -> dict[str, str]:
-    fields = job.fields()
-    return {str(fields[i]): as_text(fields[i + 1]) for i in range(0, len(fields), 2)}

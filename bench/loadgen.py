@@ -8,7 +8,8 @@ Content-Length, which uvicorn always sends for these endpoints).
 Open loop (`open_loop`): request i is due at t0 + i / rate whatever the server does; a due request
 waits for a free connection if all are busy, and its latency counts from when it was due, not when
 it was sent, so a slow server cannot hide its stalls (no coordinated omission; what wrk2 does).
-Times come from time.perf_counter(): uvloop's loop.time() has millisecond resolution.
+Times come from time.perf_counter(): uvloop's loop.time() has millisecond resolution. Python's
+cyclic GC is paused for a run (see `collector_paused`).
 Closed loop (`closed_loop`): each connection sends its next request when the last one returns, and
 latency counts from the send.
 """
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -186,6 +188,21 @@ class Pool:
         self._changed.set()
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic-GC pass in the middle of a run. A full pass in the benchmark's process took
+    ~50 ms here: nothing is sent meanwhile, and every request due then counts the pause as the
+    server's latency (wrk, written in C, has no such pause). Collected before, not during."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 async def open_loop(
     host: str,
     port: int,
@@ -195,6 +212,13 @@ async def open_loop(
     drain_s: float = 10.0,
 ) -> LoadResult:
     """Send `requests` at `rate` per second on a fixed schedule; see the module docstring."""
+    with collector_paused():
+        return await _open_loop(host, port, requests, rate, connections, drain_s)
+
+
+async def _open_loop(
+    host: str, port: int, requests: Sequence[bytes], rate: float, connections: int, drain_s: float
+) -> LoadResult:
     async with Pool(host, port, connections) as pool:
         start = time.perf_counter() + 0.005
         index = 0
@@ -222,10 +246,11 @@ async def closed_loop(
     keep_bodies: bool = False,
 ) -> LoadResult:
     """`connections` clients, each sending its next request when its last one returns."""
-    async with Pool(host, port, connections, keep_bodies) as pool:
-        start = time.perf_counter()
-        for request in requests:
-            pool.submit(request)
-        await pool.wait(timeout_s)
-        pool.result.duration_s = pool.last_reply_at - start if pool.result.replies else 0.0
-        return pool.result
+    with collector_paused():
+        async with Pool(host, port, connections, keep_bodies) as pool:
+            start = time.perf_counter()
+            for request in requests:
+                pool.submit(request)
+            await pool.wait(timeout_s)
+            pool.result.duration_s = pool.last_reply_at - start if pool.result.replies else 0.0
+            return pool.result

@@ -351,20 +351,24 @@ class NewJob:
     #: The response-cache key of a cacheable job ("" for none): coalescing and lookups use it.
     cache_key: str = ""
 
-    def fields(self) -> list[str | bytes]:
-        webhook_fields = [item for event, message in self.webhook_messages
-                          for item in (keys.webhook_message_field(event), message)]  # fmt: skip
-        cache_fields = ["cache_key", self.cache_key] if self.cache_key else []
-        return [
-            *webhook_fields, *cache_fields, "id", self.job_id, "owner", self.owner,
-            "status", JobStatus.QUEUED.value, "model", self.model, "queue", self.queue,
-            "input", self.input_json,
-            "metadata", self.metadata_json, "created_at", repr(self.created_at),
-            "deadline", repr(self.deadline), "cached", "0", "attempts", "0",
-        ]  # fmt: skip
+    def record(self) -> dict[str, str]:
+        """The job's Redis hash as the submit script first writes it."""
+        record = {
+            keys.webhook_message_field(event): message.decode() for event, message in self.webhook_messages
+        }
+        if self.cache_key:
+            record["cache_key"] = self.cache_key
+        record |= {
+            "id": self.job_id, "owner": self.owner, "status": JobStatus.QUEUED.value, "model": self.model,
+            "queue": self.queue, "input": self.input_json.decode(), "metadata": self.metadata_json.decode(),
+            "created_at": repr(self.created_at), "deadline": repr(self.deadline), "cached": "0",
+            "attempts": "0",
+        }  # fmt: skip
+        return record
 
     def fields_json(self) -> bytes:
-        return orjson.dumps([as_text(value) for value in self.fields()])
+        """The record as the submit script takes it: [field, value, field, value, ...]."""
+        return orjson.dumps([item for pair in self.record().items() for item in pair])
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,6 @@ import queue
 import random
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ from celery import Task, shared_task, signals
 
 from shared import keys, metrics, signing
 from shared.config import Settings
+from shared.ids import new_id
 from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
@@ -449,7 +449,7 @@ class OutputWebhooks:
         now = time.monotonic()
         for job_id in [j for j, due in self._due.items() if due <= now]:
             del self._due[job_id]
-            message = task_message(keys.WEBHOOK_TASK, str(uuid.uuid4()), [job_id, WebhookEvent.OUTPUT.value],
+            message = task_message(keys.WEBHOOK_TASK, new_id(), [job_id, WebhookEvent.OUTPUT.value],
                                    keys.WEBHOOK_QUEUE, 0)  # fmt: skip
             self._redis.lpush(keys.queue_key(keys.WEBHOOK_QUEUE, 0), message)
             self._last_sent[job_id] = now
