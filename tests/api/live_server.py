@@ -1,5 +1,6 @@
 """The real app under a real uvicorn server on a free loopback port, in a thread: for clients that
-speak real HTTP (the official openai client, a headless browser)."""
+speak real HTTP (the official openai client, a headless browser). It runs the HTTP protocol that
+`genq api` runs (api/server.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import uvicorn
 
+from api.server import OneWriteHttpProtocol
 from shared.config import Settings
 
 
@@ -25,8 +27,9 @@ def live_server(settings: Settings) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(settings), log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
-    )
+        create_app(settings), log_level="warning", timeout_graceful_shutdown=2, lifespan="on",
+        http=OneWriteHttpProtocol,
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

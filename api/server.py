@@ -1,0 +1,77 @@
+"""uvicorn's httptools protocol, with each response written to the socket in one `send()`.
+
+Why: uvicorn writes a response's status line and headers when the app sends
+`http.response.start`, then the body in a second write. On loopback and in-cluster TCP each
+write is a syscall that runs the whole TCP stack and wakes the client, and under load these two
+were most of the ~30% of an API process's time spent in `write` (py-spy under the gateway
+benchmark, bench/README.md). The ASGI app cannot merge them; the server can: writes issued in
+one event-loop turn (a response's start and body always are) go out together at the end of
+that turn. Streaming responses keep their timing: each chunk is written in the turn it is sent.
+
+`genq api` runs uvicorn with `http="api.server:OneWriteHttpProtocol"`; everything else in the
+protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class OneWriteTransport:
+    """A transport whose writes within one loop turn reach the socket as one write."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def writelines(self, lines: list[bytes]) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def close(self) -> None:
+        self.flush()  # a response written just before closing (Connection: close) still goes out
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._transport.abort()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.flush()  # what this protocol wrote goes before what the next one writes
+        self._transport.set_protocol(protocol)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (is_closing, get_extra_info, pause_reading, ...) is the transport's.
+        return getattr(self._transport, name)
+
+
+class OneWriteHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing through a OneWriteTransport."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # Reads and flow control (pause/resume reading) stay on the real transport.
+        self.transport = OneWriteTransport(transport, self.loop)  # type: ignore[assignment]

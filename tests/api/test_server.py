@@ -1,0 +1,93 @@
+"""The HTTP protocol `genq api` runs (api/server.py): uvicorn's, with the writes of one event-loop
+turn sent together. Real sockets throughout: responses must arrive whole and in order, on
+keep-alive connections and on ones the server closes. (Streams, which write in many turns, run
+through the same protocol in tests/api/test_stream.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from api.server import OneWriteTransport
+from shared.config import Settings
+from tests.api.live_server import live_server
+
+pytestmark = pytest.mark.anyio
+
+
+def read_response(stream: socket.socket, buffered: bytearray) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One HTTP/1.1 response with a Content-Length: (status line, headers, body)."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = stream.recv(65536)
+        assert chunk, f"connection closed before a whole response: {bytes(buffered)!r}"
+        buffered += chunk
+    head, _, _ = bytes(buffered).partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
+    total = len(head) + 4 + int(headers[b"content-length"])
+    while len(buffered) < total:
+        chunk = stream.recv(65536)
+        assert chunk, "connection closed in the middle of a body"
+        buffered += chunk
+    body = bytes(buffered[len(head) + 4 : total])
+    del buffered[:total]
+    return status, headers, body
+
+
+def test_responses_arrive_whole_on_keep_alive_and_the_last_before_close(settings: Settings) -> None:
+    with live_server(settings) as base_url:
+        host, port = base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as stream:
+            buffered = bytearray()
+            for _ in range(3):
+                stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                status, headers, body = read_response(stream, buffered)
+                assert status == b"HTTP/1.1 200 OK"
+                assert body == b'{"status":"ok"}'
+            # Two requests in one packet: both answered, in order.
+            stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert read_response(stream, buffered)[0] == b"HTTP/1.1 200 OK"
+            assert read_response(stream, buffered)[0] == b"HTTP/1.1 404 Not Found"
+            # Connection: close -> the response is written, then the server closes.
+            stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            status, headers, body = read_response(stream, buffered)
+            assert (status, body) == (b"HTTP/1.1 200 OK", b'{"status":"ok"}')
+            assert headers[b"connection"] == b"close"
+            assert stream.recv(1) == b""  # closed after the whole response
+
+
+async def test_writes_of_one_turn_and_of_later_turns_arrive_in_order_and_close_flushes() -> None:
+    loop = asyncio.get_running_loop()
+    received: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.out = OneWriteTransport(transport, loop)  # type: ignore[arg-type]
+            self.out.write(b"status ")
+            self.out.writelines([b"headers ", b"body "])
+            loop.call_later(0.01, self.later)
+
+        def later(self) -> None:
+            self.out.write(b"chunk ")
+            self.out.write(b"last")
+            self.out.close()  # in the same turn as the writes: they still go out first
+
+    class Client(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            received.put_nowait(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            received.put_nowait(None)
+
+    server = await loop.create_server(Server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport, _ = await loop.create_connection(Client, "127.0.0.1", port)
+    data = b""
+    while (chunk := await asyncio.wait_for(received.get(), 5)) is not None:
+        data += chunk
+    assert data == b"status headers body chunk last"
+    transport.close()
+    server.close()
+    await server.wait_closed()
