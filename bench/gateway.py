@@ -1,7 +1,7 @@
 """Gateway benchmark: the API tier alone (real `genq api`, its own Redis, no worker) against a bare
 uvicorn + FastAPI endpoint answering a constant JSON body (bench/bare_app.py), in the same run.
 
-    python -m bench.gateway            # --workers 1 and 2, a rate sweep per endpoint (~3 minutes)
+    python -m bench.gateway            # --workers 1 and 2, a rate sweep per endpoint (~7 minutes)
     python -m bench.gateway --quick    # --workers 1, one short step per endpoint: a smoke test
 
 Endpoints: `POST /v1/jobs` (enqueue: a new job each time, "cache": false), a cache hit (POST of a
@@ -12,11 +12,15 @@ of that rate (bench/loadgen.py: latency from each request's due time), plus the 
 rate for the enqueue. Reports rates as ratios to the bare endpoint of the same method, measured in
 the same run, and checks the targets: enqueue sustains 2,350 jobs/s with p99 < 50 ms (the step at
 that rate runs five times; the median run decides, and all are reported), and the GET reaches half
-the bare ceiling. Writes <out>/gateway.json and <out>/gateway.png.
+the bare ceiling. Each open-loop step also reports the CPU the server, Redis and the load
+generator spent per request (from /proc), since on a shared 2-core machine that is what the
+latency comes down to. Writes <out>/gateway.json and <out>/gateway.png.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 import shutil
 import subprocess
@@ -33,10 +37,12 @@ import orjson
 from bench.common import (
     BENCH_SETTINGS,
     bench_stack,
+    cpu_seconds,
     latency_summary,
     machine,
     parse_args,
     print_table,
+    process_tree,
     ratio,
     run_async,
     service_env,
@@ -75,11 +81,31 @@ QUICK = Sizes((1,), (0.5,), 1.0, 1, 16, False)
 
 
 @dataclass(frozen=True)
+class Processes:
+    """Whose CPU an open-loop step counts, besides this process (the load generator)."""
+
+    #: The pid leading the server's processes (uvicorn's supervisor and its workers).
+    server: int
+    #: Redis, for genq's endpoints (None for the bare app, which uses none).
+    redis: int | None = None
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by the server, Redis and the load generator."""
+        own = os.times()
+        return {
+            "server": cpu_seconds(process_tree(self.server)),
+            "redis": cpu_seconds([self.redis]) if self.redis is not None else 0.0,
+            "load_generator": own.user + own.system,
+        }
+
+
+@dataclass(frozen=True)
 class Endpoint:
     name: str
     port: int
     method: str
     path: str
+    processes: Processes
     body: bytes = b""
     #: The bare endpoint whose rate is this one's ceiling (None: this is a ceiling).
     ceiling: str | None = None
@@ -151,10 +177,14 @@ def parse_wrk(output: str) -> dict[str, Any]:
 
 
 def sweep_point(endpoint: Endpoint, rate: float, sizes: Sizes) -> dict[str, Any]:
+    """One open-loop step: rate and latency, and the CPU each process spent per request sent."""
     count = max(1, round(rate * sizes.step_s))
+    gc.collect()  # now, so the load generator's own collection before the step is not counted in it
+    before = endpoint.processes.cpu_s()
     result = run_async(
         open_loop("127.0.0.1", endpoint.port, [endpoint.request()] * count, rate, sizes.connections)
     )
+    after = endpoint.processes.cpu_s()
     latencies = result.latencies_ms()
     return {
         "offered_rate": round(rate, 1),
@@ -164,6 +194,7 @@ def sweep_point(endpoint: Endpoint, rate: float, sizes: Sizes) -> dict[str, Any]
         "errors": result.completed - len(latencies),
         "unfinished": result.unfinished,
         **latency_summary(latencies),
+        "cpu_us_per_request": {name: round((after[name] - before[name]) * 1e6 / count) for name in after},
     }
 
 
@@ -199,6 +230,7 @@ def measure_endpoint(endpoint: Endpoint, sizes: Sizes, scratch: Path) -> dict[st
         runs = [first, *more]
         result["target_runs"] = runs
         print("  enqueue at the target rate, every run: p99 " + ", ".join(f"{p['p99_ms']} ms" for p in runs))
+        print("  µs CPU per request (server / Redis / load generator): " + ", ".join(map(_cpu_text, runs)))
     return result
 
 
@@ -240,19 +272,24 @@ def queued_job_id(port: int) -> str:
     return str(response.json()["id"])
 
 
-def run_config(workers: int, settings: dict[str, str], sizes: Sizes, scratch: Path) -> dict[str, Any]:
+def run_config(
+    workers: int, settings: dict[str, str], sizes: Sizes, scratch: Path, redis_pid: int
+) -> dict[str, Any]:
     """Every endpoint against `genq api --workers N` and the bare app with N workers."""
     print(f"\n--workers {workers}")
     with ExitStack() as stack:
         bare_argv = [sys.executable, "-m", "bench.bare_app", "--workers", str(workers)]
-        _, bare_port = start_http(stack, f"bare-{workers}", bare_argv, service_env({}), scratch, "/")
-        _, api_port = start_api(stack, f"api-{workers}", settings, scratch, workers)
+        bare, bare_port = start_http(stack, f"bare-{workers}", bare_argv, service_env({}), scratch, "/")
+        api, api_port = start_api(stack, f"api-{workers}", settings, scratch, workers)
+        bare_cpu = Processes(bare.process.pid)
+        api_cpu = Processes(api.process.pid, redis_pid)
+        job_path = f"/v1/jobs/{queued_job_id(api_port)}"
         endpoints = [
-            Endpoint("bare_get", bare_port, "GET", "/"),
-            Endpoint("bare_post", bare_port, "POST", "/", ENQUEUE_BODY),
-            Endpoint("enqueue", api_port, "POST", "/v1/jobs", ENQUEUE_BODY, "bare_post"),
-            Endpoint("cache_hit", api_port, "POST", "/v1/jobs", CACHED_BODY, "bare_post"),
-            Endpoint("get_job", api_port, "GET", f"/v1/jobs/{queued_job_id(api_port)}", ceiling="bare_get"),
+            Endpoint("bare_get", bare_port, "GET", "/", bare_cpu),
+            Endpoint("bare_post", bare_port, "POST", "/", bare_cpu, ENQUEUE_BODY),
+            Endpoint("enqueue", api_port, "POST", "/v1/jobs", api_cpu, ENQUEUE_BODY, "bare_post"),
+            Endpoint("cache_hit", api_port, "POST", "/v1/jobs", api_cpu, CACHED_BODY, "bare_post"),
+            Endpoint("get_job", api_port, "GET", job_path, api_cpu, ceiling="bare_get"),
         ]
         cache_problem = probe_cache(api_port)
         results: dict[str, Any] = {}
@@ -300,17 +337,22 @@ def print_tables(report: dict[str, Any]) -> None:
             rows.append([config["api_workers"], name, top["rate"], result.get("ratio_to_ceiling"),
                          top["p50_ms"], top["p99_ms"], result["sustained_rate"]])  # fmt: skip
             sweep_rows += [[config["api_workers"], name, p["offered_rate"], p["achieved_rate"], p["p50_ms"],
-                            p["p99_ms"], p["errors"] + p["unfinished"]] for p in result["sweep"]]  # fmt: skip
+                            p["p99_ms"], p["errors"] + p["unfinished"], _cpu_text(p)]
+                           for p in result["sweep"]]  # fmt: skip
     print_table("Most served (wrk, closed loop)", ["api workers", "endpoint", "req/s", "x ceiling",
                 "p50 ms", "p99 ms", "sustained/s (p99<50ms)"], rows)  # fmt: skip
     print_table("Open-loop sweep", ["api workers", "endpoint", "offered/s", "achieved/s", "p50 ms", "p99 ms",
-                "errors"], sweep_rows)  # fmt: skip
+                "errors", "µs CPU/request: server/Redis/load gen"], sweep_rows)  # fmt: skip
     for config in report["configs"]:
         targets = config["targets"]
         print(f"--workers {config['api_workers']}: enqueue 2,350/s with p99 < 50 ms: "
               f"{targets['enqueue_2350_with_p99_under_50ms']} (median run; runs meeting it: "
               f"{targets['enqueue_2350_runs_meeting']}); GET >= 0.5 x ceiling: "
               f"{targets['get_at_least_half_of_ceiling']} ({targets['get_ratio_to_ceiling']})")  # fmt: skip
+
+
+def _cpu_text(point: dict[str, Any]) -> str:
+    return "{server} / {redis} / {load_generator}".format(**point["cpu_us_per_request"])
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -355,7 +397,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         settings = api_settings(redis.url, scratch / "genq")
         filled = fill_cache(settings, scratch)
         report["cache_fill_job"] = {"status": filled.get("status"), "cached": filled.get("cached")}
-        report["configs"] = [run_config(workers, settings, sizes, scratch) for workers in sizes.api_workers]
+        assert redis.process is not None
+        report["configs"] = [
+            run_config(workers, settings, sizes, scratch, redis.process.pid) for workers in sizes.api_workers
+        ]
     print_tables(report)
     write_report(args.out, "gateway", report, plot)
     return report

@@ -192,6 +192,9 @@ class _Link(asyncio.Protocol):
                 return
             if reply is False:
                 return
+            if not self._waiting:  # out of step with what we sent: nothing on it can be trusted
+                self._fail(InvalidResponse("Redis sent a reply that no command was waiting for"))
+                return
             future, callback, _ = self._waiting.popleft()
             if future.done():
                 continue

@@ -49,6 +49,9 @@ def test_gateway_quick(tmp_path: Path) -> None:
         for point in result["sweep"]:
             assert point["achieved_rate"] > 0 and point["errors"] == 0
             assert_latencies(point)
+            cpu = point["cpu_us_per_request"]
+            assert cpu["server"] > 0 and cpu["load_generator"] > 0, cpu
+            assert (cpu["redis"] > 0) == name.startswith(("enqueue", "cache_hit", "get_job")), cpu
     assert endpoints["enqueue"]["ratio_to_ceiling"] > 0
     assert endpoints["get_job"]["ratio_to_ceiling"] > 0
     assert set(config["targets"]) >= {"enqueue_2350_with_p99_under_50ms", "get_at_least_half_of_ceiling"}
