@@ -2,6 +2,7 @@
 
     python -m bench.engine            # the default model, fp32, CPU (~3-4 minutes on 2 cores)
     python -m bench.engine --quick    # random-tiny, a few tokens: a smoke test that takes seconds
+    python -m bench.engine --device cuda --model PATH   # on a GPU (dtype: bf16 where supported)
 
 Same prompts (chat-templated), same machine, same process, same torch threads, one run. Every job
 generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate), so both sides do the
@@ -84,12 +85,12 @@ def run_baseline(loaded: LoadedModel, texts: list[str], tokens: int) -> dict[str
     tokenizer: Any = loaded.tokenizer
     latencies, ttfts, generated = [], [], 0
     with torch.inference_mode():  # warm-up, as the engine's start() does
-        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)
+        model.generate(torch.tensor([[1, 2, 3]], device=model.device), max_new_tokens=2, do_sample=False)
     started = time.perf_counter()
     for text in texts:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
-        )["input_ids"]
+        )["input_ids"].to(model.device)
         begin = time.perf_counter()
         with torch.inference_mode():
             first = model.generate(ids, max_new_tokens=1, do_sample=False)
@@ -267,8 +268,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model id, folder or .gguf (default: the size's model)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16/fp16 on CUDA), float32, ...")
     parser.add_argument("--model-cache", type=Path, default=Path(".genq/models"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def machine_label(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))}, {platform.machine()} host"
+    return f"{platform.machine()} {torch.get_num_threads()}-thread CPU"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -278,20 +288,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     biggest = max(sizes.concurrency)
     config = EngineConfig(
-        model=sizes.model,
+        model=args.model or sizes.model,
         model_cache=args.model_cache,
+        device=args.device,
+        dtype=args.dtype,
         max_batch_size=max(biggest, sizes.long_jobs + 1),
         max_batch_tokens=32768,
     )
     loaded = load_model(config)
     texts = prompts(max(biggest, 2 * sizes.concurrency[0]))
     report: dict[str, Any] = {
-        "model": sizes.model,
+        "model": config.model,
         "label": loaded.label,
         "quick": args.quick,
         "tokens_per_job": sizes.tokens,
         "torch_threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()} {torch.get_num_threads()}-thread CPU",
+        "machine": machine_label(args.device),
         "config": {k: str(v) for k, v in asdict(config).items() if k not in ("on_step", "on_fatal")},
         "baseline": on_own_thread(run_baseline, loaded, texts[: sizes.baseline_jobs], sizes.tokens),
     }

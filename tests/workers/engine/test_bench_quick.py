@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from tests.workers.engine.conftest import MODEL_CACHE, ROOT
 
 
@@ -36,3 +39,15 @@ def test_bench_engine_quick(tmp_path: Path) -> None:
     assert all(run["output_tokens"] == run["jobs"] * report["tokens_per_job"] for run in report["engine"])
     assert report["short_amid_long"]["long_jobs_unfinished_when_short_done"] > 0
     assert (tmp_path / "engine.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_bench_engine_on_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--quick", "--device", "cuda", "--out", str(tmp_path),
+         "--model-cache", str(MODEL_CACHE)],
+        cwd=ROOT, check=False, timeout=120, capture_output=True, text=True,
+    )  # fmt: skip
+    assert completed.returncode != 0
+    assert "torch sees no CUDA device" in completed.stderr
+    assert not (tmp_path / "engine.json").exists()
