@@ -4,10 +4,14 @@ The local stack and the test suite both use it."""
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
@@ -31,13 +35,37 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class EmbeddedRedis:
-    """A private server process. `appendonly` keeps accepted jobs across a restart."""
+def start_supervised(
+    args: Sequence[str], env: Mapping[str, str] | None = None, quiet: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start a child that its supervisor alone stops: in a process group of its own, so a
+    terminal's Ctrl-C (SIGINT to the whole foreground group) reaches only the supervisor, which
+    then stops its children in order; and, on Linux, sent SIGTERM when the supervisor dies, so a
+    supervisor that is killed outright leaves nothing running."""
+    output = subprocess.DEVNULL if quiet else None
+    # preexec_fn is unsafe only in a process with other threads; `genq up` has none, and prctl is
+    # a single system call.
+    return subprocess.Popen(
+        list(args), env=env, stdout=output, stderr=output, process_group=0,
+        preexec_fn=_terminate_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+    )  # fmt: skip
 
-    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
+
+def _terminate_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class EmbeddedRedis:
+    """A private server process. `appendonly` keeps accepted jobs across a restart; `supervised`
+    starts it with start_supervised() (`genq up` must stop it last, after the worker drained)."""
+
+    def __init__(
+        self, data_dir: Path, port: int | None = None, appendonly: bool = True, supervised: bool = False
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.supervised = supervised
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -52,7 +80,10 @@ class EmbeddedRedis:
             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--protected-mode", "yes", "--logfile", "server.log", "--maxclients", "10000",
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.supervised:
+            self.process = start_supervised(args, quiet=True)
+        else:
+            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout_s
         while True:

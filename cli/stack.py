@@ -1,5 +1,12 @@
 """`genq up`: the whole local stack in the foreground — embedded Redis (unless GENQ_REDIS_URL is
-set), the API, one worker and Flower, each its own process. Ctrl-C stops all of it."""
+set), the API, one worker and Flower, each its own process. Ctrl-C stops all of it, in order:
+the API, worker and Flower get one SIGTERM each (the worker finishes the jobs it runs, within
+GENQ_DRAIN_TIMEOUT_S), and Redis stops last, so what they write on the way out is kept.
+
+The children run in process groups of their own (cli.redis_server.start_supervised): a terminal's
+Ctrl-C goes to the whole foreground group, and would otherwise stop Redis at once, under a
+worker still finishing its jobs, and give Celery a second signal (SIGINT, then our SIGTERM),
+which it takes as a cold shutdown."""
 
 from __future__ import annotations
 
@@ -9,19 +16,19 @@ import subprocess
 import sys
 import time
 
-from cli.redis_server import EmbeddedRedis
+from cli.redis_server import EmbeddedRedis, start_supervised
 from shared.config import Settings
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env)
+    return start_supervised([sys.executable, "-m", "cli.main", *args], env)
 
 
 def run_stack(settings: Settings) -> int:
     embedded = None
     env = dict(os.environ)
     if not settings.redis_url:
-        embedded = EmbeddedRedis(settings.data_dir / "redis", appendonly=True)
+        embedded = EmbeddedRedis(settings.data_dir / "redis", appendonly=True, supervised=True)
         embedded.start()
         env["GENQ_REDIS_URL"] = embedded.url
         print(f"genq: embedded Redis on {embedded.url} (data in {embedded.data_dir})", flush=True)
