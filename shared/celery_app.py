@@ -19,6 +19,11 @@ from celery import Celery
 from shared import keys
 from shared.config import Settings
 
+#: Seconds a synchronous broker command (publish, ack, restore) may wait for its reply.
+BROKER_SOCKET_TIMEOUT_S = 10.0
+#: Seconds to connect to the broker before the attempt counts as failed (and is retried).
+BROKER_CONNECT_TIMEOUT_S = 5.0
+
 
 def create_celery_app(settings: Settings) -> Celery:
     app = Celery("genq", broker=settings.require_redis_url(), set_as_current=True)
@@ -46,6 +51,14 @@ def create_celery_app(settings: Settings) -> Celery:
             "queue_order_strategy": "priority",
             "socket_keepalive": True,
             "health_check_interval": 10,
+            # Without these, a synchronous broker command waits forever on a connection that
+            # went away without closing (kombu's docs). After a Redis restart, a worker's
+            # consumer was seen to stop after its first reconnect attempt and never log again
+            # (tests/faults/test_redis_restart.py, 2 runs in ~16 under load); a wait without a
+            # timeout is the documented way to get there. BRPOP is not affected: the worker's
+            # event loop reads it only once its socket is readable.
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
         },
         task_default_queue=keys.queue_for_model(settings.model),
         worker_soft_shutdown_timeout=settings.drain_timeout_s,
