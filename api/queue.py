@@ -116,7 +116,7 @@ class JobQueue:
             self._cache.settle(lookup, submitted)
         if submitted.created:
             # A follower stays queued until its leader ends; a cache hit is already succeeded.
-            return Accepted(public_job(submitted.hit_record or job.record()), created=True)
+            return Accepted(public_job(submitted.hit_record or job.record), created=True)
         if submitted.request_digest != digest:
             raise Conflict(
                 "this Idempotency-Key was used with a different request body", param="Idempotency-Key"

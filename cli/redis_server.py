@@ -4,17 +4,15 @@ The local stack and the test suite both use it."""
 
 from __future__ import annotations
 
-import ctypes
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
+
+from cli.processes import start_supervised
 
 
 def server_binary() -> str:
@@ -33,26 +31,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def start_supervised(
-    args: Sequence[str], env: Mapping[str, str] | None = None, quiet: bool = False
-) -> subprocess.Popen[bytes]:
-    """Start a child that its supervisor alone stops: in a process group of its own, so a
-    terminal's Ctrl-C (SIGINT to the whole foreground group) reaches only the supervisor, which
-    then stops its children in order; and, on Linux, sent SIGTERM when the supervisor dies, so a
-    supervisor that is killed outright leaves nothing running."""
-    output = subprocess.DEVNULL if quiet else None
-    # preexec_fn is unsafe only in a process with other threads; `genq up` has none, and prctl is
-    # a single system call.
-    return subprocess.Popen(
-        list(args), env=env, stdout=output, stderr=output, process_group=0,
-        preexec_fn=_terminate_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
-    )  # fmt: skip
-
-
-def _terminate_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 class EmbeddedRedis:

@@ -3,7 +3,7 @@ set), the API, one worker and Flower, each its own process. Ctrl-C stops all of 
 the API, worker and Flower get one SIGTERM each (the worker finishes the jobs it runs, within
 GENQ_DRAIN_TIMEOUT_S), and Redis stops last, so what they write on the way out is kept.
 
-The children run in process groups of their own (cli.redis_server.start_supervised): a terminal's
+The children run in process groups of their own (cli.processes.start_supervised): a terminal's
 Ctrl-C goes to the whole foreground group, and would otherwise stop Redis at once, under a
 worker still finishing its jobs, and give Celery a second signal (SIGINT, then our SIGTERM),
 which it takes as a cold shutdown."""
@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 
-from cli.redis_server import EmbeddedRedis, start_supervised
+from cli.processes import start_supervised
+from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 
 

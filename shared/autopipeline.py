@@ -171,11 +171,7 @@ class _Link(asyncio.Protocol):
         return link
 
     def send(self, data: bytes, waiting: list[tuple[asyncio.Future[Any], _Callback]]) -> None:
-        if self.lost:
-            error = redis.exceptions.ConnectionError("Connection closed by server.")
-            for future, _ in waiting:
-                future.set_exception(error)
-            return
+        """Write one batch (callers check `lost` first: a lost link is replaced, not written to)."""
         now = time.monotonic()
         self._waiting.extend((future, callback, now) for future, callback in waiting)
         self._transport.write(data)
@@ -246,11 +242,6 @@ class _Link(asyncio.Protocol):
         for future, _, _ in waiting:
             if not future.done():
                 future.set_exception(error)
-
-
-def pack(commands: Sequence[Sequence[Any]]) -> bytes:
-    """The commands in the Redis protocol (RESP), as redis-py's `pack_commands` writes them."""
-    return b"".join(pack_command(args) for args in commands)
 
 
 def pack_command(args: Sequence[Any]) -> bytes:

@@ -52,11 +52,11 @@ def create_celery_app(settings: Settings) -> Celery:
             "socket_keepalive": True,
             "health_check_interval": 10,
             # Without these, a synchronous broker command waits forever on a connection that
-            # went away without closing (kombu's docs). After a Redis restart, a worker's
-            # consumer was seen to stop after its first reconnect attempt and never log again
+            # went away without closing (kombu's docs). After a Redis restart, a worker's consumer
+            # was seen to stop after its first reconnect attempt and never log again
             # (tests/faults/test_redis_restart.py: once in CI, once in ~16 loaded local runs); a
-            # wait without a timeout is the documented way to get there. BRPOP is not affected: the worker's
-            # event loop reads it only once its socket is readable.
+            # wait without a timeout is the documented way to get there. BRPOP is not affected:
+            # the worker's event loop reads it only once its socket is readable.
             "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
             "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
         },

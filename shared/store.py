@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, cast
 
 import orjson
@@ -334,7 +335,7 @@ def is_terminal(record: dict[str, str]) -> bool:
     return JobStatus(record["status"]).is_terminal()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: `record` is computed once and kept in the instance's __dict__
 class NewJob:
     """Everything the API writes when it accepts a job."""
 
@@ -351,8 +352,10 @@ class NewJob:
     #: The response-cache key of a cacheable job ("" for none): coalescing and lookups use it.
     cache_key: str = ""
 
+    @cached_property
     def record(self) -> dict[str, str]:
-        """The job's Redis hash as the submit script first writes it."""
+        """The job's Redis hash as the submit script first writes it (the submission's reply
+        shows it too, so it is built once)."""
         record = {
             keys.webhook_message_field(event): message.decode() for event, message in self.webhook_messages
         }
@@ -368,7 +371,7 @@ class NewJob:
 
     def fields_json(self) -> bytes:
         """The record as the submit script takes it: [field, value, field, value, ...]."""
-        return orjson.dumps([item for pair in self.record().items() for item in pair])
+        return orjson.dumps([item for pair in self.record.items() for item in pair])
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,19 @@
 #   python -m bench.engine --device cuda
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-WHEELS=(transformers==5.23.0 tokenizers==0.23.3 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
-        truststore==0.10.5 click==8.5.1 regex==2026.11.19 pydantic==2.14.4 pydantic_core==2.50.5
-        pydantic-settings==2.16.3 annotated-types==0.8.0 typing-inspection==0.4.5 python-dotenv==1.2.4
-        redis==8.1.0 hiredis==3.5.0 opentelemetry-api==1.45.2)
+# What bench.engine imports that the machine's image lacks, or has at another version; their
+# versions come from constraints.txt, so they are the ones the project runs here.
+WHEELS=(transformers tokenizers huggingface_hub httpx2 httpcore2 truststore click regex pydantic pydantic_core
+        pydantic-settings annotated-types typing-inspection python-dotenv redis hiredis opentelemetry-api)
+
+pinned() {  # NAME==VERSION as constraints.txt pins each name ('-', '_' and '.' alike, as pip compares)
+  for name in "$@"; do
+    grep -i -E "^${name//[-_.]/[-_.]}==" constraints.txt || { echo "$name is not in constraints.txt" >&2; exit 2; }
+  done
+}
 
 prepare() {
+  local wheels; wheels=$(pinned "${WHEELS[@]}") || exit 2
   mkdir -p .gpu/shape .gpu/whl
   grep -qx "/.gpu/" .git/info/exclude || echo "/.gpu/" >> .git/info/exclude
   .venv/bin/python - <<'PY'
@@ -31,7 +38,7 @@ with tempfile.TemporaryDirectory() as tmp:
 PY
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpu/whl "${WHEELS[@]}"
+    -d .gpu/whl $wheels
 }
 
 run() {
@@ -54,7 +61,7 @@ for f in src.iterdir():
         shutil.copy(f, dst / f.name)
 print("torch", torch.__version__, "built", dst, sum(p.numel() for p in model.parameters()), "parameters")
 PY
-  python3 -m bench.engine --device cuda --model /tmp/smollm2-135m-random --out "${OUT:-bench/results}"
+  python3 -m bench.engine --device cuda --model /tmp/smollm2-135m-random --out "${OUT:-/tmp/engine-gpu}"  # bench/results/engine_gpu.json is a copy of this run's engine.json
 }
 
 "${1:?prepare or run}"

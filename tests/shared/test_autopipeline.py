@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from cli.redis_server import EmbeddedRedis
-from shared.autopipeline import AutoPipeline, pack
+from shared.autopipeline import AutoPipeline, pack_command
 
 pytestmark = pytest.mark.anyio
 
@@ -151,10 +151,10 @@ COMMAND = st.lists(ARG, min_size=1, max_size=8).map(lambda args: ["CMD", *args])
 @given(st.lists(COMMAND, min_size=1, max_size=4))
 def test_packing_matches_redis_py(commands: list[list[object]]) -> None:
     connection = aioredis.Redis().connection_pool.make_connection()
-    assert pack(commands) == b"".join(connection.pack_commands(commands))
+    assert b"".join(map(pack_command, commands)) == b"".join(connection.pack_commands(commands))
 
 
 def test_packing_refuses_what_redis_py_refuses() -> None:
     for bad in (True, None, object()):
         with pytest.raises(redis.exceptions.DataError):
-            pack([["SET", "k", bad]])
+            pack_command(["SET", "k", bad])
