@@ -47,7 +47,7 @@ from shared.ids import new_id
 from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
-from workers import webhook_http
+from workers import context, webhook_http
 
 log = logging.getLogger("genq.webhooks")
 
@@ -290,11 +290,7 @@ def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, o
 
 @functools.cache
 def _deliveries() -> Deliveries:
-    # Imported here: workers.worker imports the runtime, which may import this module (for
-    # OutputWebhooks), so a module-level import would be circular.
-    from workers import worker
-
-    runtime = worker.runtime()
+    runtime = context.runtime()
     return Deliveries(runtime.redis, runtime.settings)
 
 
@@ -363,12 +359,10 @@ deliver = shared_task(
 
 def _warn_at_start(sender: Any = None, **_: Any) -> None:
     """A worker consuming the webhooks queue says when its deliveries are less safe than usual."""
-    from workers import worker
-
     consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
     if consumed is not None and keys.WEBHOOK_QUEUE not in consumed.consume_from:
         return
-    settings = worker.runtime().settings
+    settings = context.runtime().settings
     if settings.webhook_allow_private:
         message = (
             "GENQ_WEBHOOK_ALLOW_PRIVATE is on: webhooks may reach loopback, private and link-local "
