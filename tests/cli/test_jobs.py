@@ -1,0 +1,198 @@
+"""`genq submit` and `genq jobs ...` as a person and a script use them: real `genq` processes
+against a real API process and worker. At a terminal (a pty) the answer appears while it is
+generated, then one summary line; piped, the output is the JSON record; every way a job can end
+has its own exit code."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cli.client import ExitCode
+from shared.config import Settings
+from tests.conftest import ROOT, ApiProcess, WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+#: Seconds per generated word: a job of N tokens runs about N / 10 s.
+STEP_S = 0.1
+PROMPT = "one two three four five six seven eight nine ten eleven twelve"
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    #: Seconds from the first byte of stdout to the process's exit (at a terminal only).
+    first_output_before_exit_s: float = 0.0
+
+
+@pytest.fixture
+def stack(
+    make_settings: Callable[..., Settings],
+    redis_client: object,
+    start_api: Callable[[Settings], ApiProcess],
+    start_worker: Callable[..., WorkerProcess],
+) -> ApiProcess:
+    # Jobs longer than 3 s fail with `timeout`: how the tests get a failed job.
+    settings = make_settings(placeholder_step_s=STEP_S, job_timeout_s=3.0, api_keys=["key-a"])
+    start_worker(settings)
+    return start_api(settings)
+
+
+def cli_env(api: ApiProcess, key: str | None = "key-a") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
+    env |= {"GENQ_API_URL": api.url, "PYTHONPATH": str(ROOT)}
+    if key:
+        env["GENQ_API_KEY"] = key
+    return env
+
+
+def genq(env: dict[str, str], *args: str) -> Run:
+    """`genq ARGS` with stdout piped, as a script runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def genq_at_terminal(env: dict[str, str], *args: str) -> Run:
+    """`genq ARGS` with stdout on a pseudo-terminal, as a person runs it (stderr piped)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # a roomy terminal
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args], env=env, cwd=ROOT, stdout=follower,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(follower)
+    chunks: list[tuple[float, bytes]] = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 60)
+        assert ready, "genq wrote nothing for 60 s"
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not data:
+            break
+        chunks.append((time.monotonic(), data))
+    process.wait(60)
+    exited = time.monotonic()
+    os.close(leader)
+    assert process.stderr is not None
+    text = b"".join(data for _, data in chunks).decode().replace("\r\n", "\n")
+    first = exited - chunks[0][0] if chunks else 0.0
+    return Run(process.returncode, text, process.stderr.read().decode(), first)
+
+
+def submitted(env: dict[str, str], max_tokens: int) -> str:
+    """A new job's id (submitted piped, without waiting)."""
+    run = genq(env, "submit", PROMPT, "--max-tokens", str(max_tokens))
+    assert run.code == ExitCode.OK, run.stderr
+    return str(json.loads(run.stdout)["id"])
+
+
+def test_submit_at_a_terminal_streams_the_answer_then_one_summary_line(stack: ApiProcess) -> None:
+    run = genq_at_terminal(cli_env(stack), "submit", PROMPT, "--max-tokens", "20")
+    assert run.code == ExitCode.OK, run.stderr
+    words = PROMPT.split()
+    assert run.stdout == " ".join((words * 2)[:20]) + "\n"  # the answer, and nothing else
+    # 20 words at 0.1 s each: the first ones were on the screen well before the job ended.
+    assert run.first_output_before_exit_s > 1.0, run
+    (line,) = run.stderr.strip().splitlines()
+    assert " succeeded · 20 tokens · " in line and "tokens/s" in line, line
+    assert "queue " in line and "inference " in line, line
+    job_id = line.split()[1]
+    record = json.loads(genq(cli_env(stack), "jobs", "get", job_id).stdout)
+    assert record["status"] == "succeeded" and record["output"]["text"] == run.stdout.strip()
+
+
+def test_piped_submit_prints_the_record_as_before(stack: ApiProcess) -> None:
+    env = cli_env(stack)
+    queued = genq(env, "submit", "hello there", "--max-tokens", "2")
+    assert queued.code == ExitCode.OK
+    assert json.loads(queued.stdout)["status"] in ("queued", "running", "succeeded")
+    finished = genq(env, "submit", "hello there", "--max-tokens", "4", "--wait")
+    assert finished.code == ExitCode.OK, finished.stderr
+    job = json.loads(finished.stdout)
+    assert (job["status"], job["output"]["text"]) == ("succeeded", "hello there hello there")
+    # --json at a terminal: the record, not the text.
+    at_terminal = genq_at_terminal(env, "submit", "hi", "--max-tokens", "1", "--json", "--wait")
+    assert json.loads(at_terminal.stdout)["output"]["text"] == "hi"
+
+
+def test_exit_codes_say_how_the_job_ended(stack: ApiProcess) -> None:
+    env = cli_env(stack)
+    failed = genq(env, "submit", PROMPT, "--max-tokens", "60", "--wait")  # 6 s > the 3 s job timeout
+    assert failed.code == ExitCode.FAILED, failed
+    assert json.loads(failed.stdout)["error"]["type"] == "timeout"
+
+    long_job = submitted(env, 25)
+    still_running = genq(env, "jobs", "wait", long_job, "--timeout", "0.5")
+    assert still_running.code == ExitCode.TIMED_OUT
+    assert json.loads(still_running.stdout)["status"] in ("queued", "running")
+    canceled = genq(env, "jobs", "cancel", long_job)
+    assert (canceled.code, json.loads(canceled.stdout)["status"]) == (ExitCode.OK, "canceled")
+    assert genq(env, "jobs", "wait", long_job).code == ExitCode.CANCELED
+    assert genq(env, "jobs", "wait", submitted(env, 3)).code == ExitCode.OK
+
+
+def test_usage_and_api_errors_have_their_own_exit_codes(stack: ApiProcess) -> None:
+    env = cli_env(stack)
+    assert genq(env, "jobs", "ls", "--status", "bogus").code == ExitCode.USAGE
+    too_long = genq(env, "submit", "x", "--max-tokens", "999999")
+    assert too_long.code == ExitCode.USAGE
+    assert "invalid_request" in too_long.stderr
+    assert genq(env, "jobs", "get", "0" * 26).code == ExitCode.API_ERROR
+    no_key = genq(cli_env(stack, key=None), "jobs", "ls")
+    assert (no_key.code, "unauthorized" in no_key.stderr) == (ExitCode.API_ERROR, True)
+    assert genq(cli_env(stack, key=None), "jobs", "ls", "--api-key", "key-a").code == ExitCode.OK
+    down = genq(env | {"GENQ_API_URL": "http://127.0.0.1:9"}, "jobs", "ls")
+    assert (down.code, "cannot reach" in down.stderr) == (ExitCode.API_ERROR, True)
+
+
+def test_ls_get_and_stream_for_people_and_scripts(stack: ApiProcess) -> None:
+    env = cli_env(stack)
+    job_id = submitted(env, 3)
+    assert genq(env, "jobs", "wait", job_id).code == ExitCode.OK
+    canceled = submitted(env, 30)
+    genq(env, "jobs", "cancel", canceled)
+
+    page = json.loads(genq(env, "jobs", "ls", "--status", "canceled").stdout)
+    assert [job["id"] for job in page["data"]] == [canceled]
+    table = genq_at_terminal(env, "jobs", "ls")
+    assert job_id in table.stdout and canceled in table.stdout and "STATUS" in table.stdout
+    assert "succeeded" in genq_at_terminal(env, "jobs", "get", job_id).stdout
+
+    # stream replays an ended job's output: as text, or as JSON lines of events.
+    text = genq(env, "jobs", "stream", job_id)
+    assert (text.code, text.stdout) == (ExitCode.OK, "one two three\n")
+    events = [json.loads(line) for line in genq(env, "jobs", "stream", job_id, "--json").stdout.splitlines()]
+    assert "".join(e["delta"] for e in events if e["event"] == "output").strip() == "one two three"
+    assert events[-1]["event"] == "done" and events[-1]["job"]["id"] == job_id
+
+
+def test_submit_reads_the_prompt_from_stdin(stack: ApiProcess, tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("from a file")
+    with prompt.open() as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.main", "submit", "--wait", "--max-tokens", "3"], env=cli_env(stack),
+            cwd=ROOT, stdin=stdin, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert json.loads(done.stdout)["output"]["text"] == "from a file"
