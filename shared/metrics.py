@@ -77,6 +77,11 @@ TIME_TO_FIRST_TOKEN = Histogram(
 QUEUE_WAIT = Histogram(
     "genq_queue_wait_seconds", "From acceptance to the start of a run.", ["queue"], buckets=_LATENCY_BUCKETS
 )
+WORKER_READY = Gauge(
+    "genq_worker_ready",
+    "1 while this worker consumes the queue (warmed up, not draining), else 0.",
+    ["queue"],
+)
 
 # Counts kombu's unacked messages per routing key inside Redis (values are JSON arrays
 # [message, exchange, routing_key]); returns {queue, count, ...} and the total.
@@ -112,14 +117,35 @@ class QueueStats:
         return self.waiting + max(0, self.unacked - self.running)
 
 
+@dataclass(frozen=True, slots=True)
+class RedisMemory:
+    """What Redis's INFO memory reports: used_memory, and maxmemory (0: no limit)."""
+
+    used_bytes: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """One read of the queues and of the job store's Redis, for /metrics and admission."""
+
+    stats: list[QueueStats]
+    unacked_total: int
+    memory: RedisMemory
+
+
 class QueueStatsCollector(Collector):
     """Exposes the last computed queue statistics (computed async by the /metrics route)."""
 
-    def __init__(self, stats: list[QueueStats], unacked_total: int) -> None:
-        self._stats = stats
-        self._unacked_total = unacked_total
+    def __init__(self, snapshot: QueueSnapshot) -> None:
+        self._stats = snapshot.stats
+        self._unacked_total = snapshot.unacked_total
+        self._memory = snapshot.memory
 
     def collect(self) -> list[Metric]:
+        return [*self._queue_families(), *self._memory_families()]
+
+    def _queue_families(self) -> list[Metric]:
         length = GaugeMetricFamily(
             QUEUE_LENGTH_METRIC,
             "Jobs accepted and not yet running, wherever their message sits.",
@@ -134,6 +160,19 @@ class QueueStatsCollector(Collector):
         )
         unacked.add_metric([], self._unacked_total)
         return [length, running, unacked]
+
+    def _memory_families(self) -> list[Metric]:
+        # The names of redis_exporter's redis_memory_used_bytes / redis_memory_max_bytes, prefixed:
+        # alerts and the dashboard work without running redis_exporter (docs/operations.md).
+        used = GaugeMetricFamily(
+            "genq_redis_memory_used_bytes", "Memory the job store's Redis uses (INFO used_memory)."
+        )
+        used.add_metric([], self._memory.used_bytes)
+        limit = GaugeMetricFamily(
+            "genq_redis_memory_max_bytes", "The job store's Redis maxmemory (0: no limit set)."
+        )
+        limit.add_metric([], self._memory.max_bytes)
+        return [used, limit]
 
 
 def queue_list_keys(queue: str) -> list[str]:
