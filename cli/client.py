@@ -13,8 +13,10 @@ from typing import Any
 
 import httpx
 
+from shared.schemas import JobStatus
+
 #: Statuses after which a job never changes.
-TERMINAL = frozenset({"succeeded", "failed", "canceled"})
+TERMINAL = frozenset(status.value for status in JobStatus if status.is_terminal())
 #: The API sends a `: ping` after 15 s without events (api/follow.py); a read silent for longer
 #: than this means the connection is dead, so reconnect.
 STREAM_READ_TIMEOUT_S = 30.0

@@ -9,7 +9,6 @@ waiting, 5 the API refused the request or could not be reached; 130 on Ctrl-C.
 
 from __future__ import annotations
 
-import enum
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,8 +19,9 @@ from rich.console import RenderableType
 from rich.markup import escape
 
 from cli import output
-from cli.client import ApiError, Delta, ExitCode, Finished, JobsClient, exit_code_for
+from cli.client import TERMINAL, ApiError, Delta, ExitCode, Finished, JobsClient, exit_code_for
 from shared.config import Settings
+from shared.schemas import JobStatus
 
 EXIT_CODES = "Exit codes: 0 succeeded, 1 failed, 2 usage error, 3 canceled, 4 timed out, 5 API error."
 jobs_app = typer.Typer(
@@ -30,14 +30,6 @@ jobs_app = typer.Typer(
 
 #: API errors that mean the request itself was wrong (a usage error), not the service.
 USAGE_STATUSES = frozenset({400, 413, 422})
-
-
-class Status(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    canceled = "canceled"
 
 
 ApiKeyOption = Annotated[
@@ -118,7 +110,7 @@ def _job_body(
 
 def _wait(client: JobsClient, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """The job once it has ended, or as it is when timeout_s has passed."""
-    if job["status"] in ("succeeded", "failed", "canceled"):
+    if job["status"] in TERMINAL:
         return job
     for event in client.follow(job["id"], timeout_s):
         if isinstance(event, Finished):
@@ -157,7 +149,7 @@ def show(
 
 @jobs_app.command("ls")
 def list_jobs(
-    status: Annotated[Status | None, typer.Option(help="Only jobs with this status.")] = None,
+    status: Annotated[JobStatus | None, typer.Option(help="Only jobs with this status.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="Most jobs to list, newest first.")] = 20,
     cursor: Annotated[str | None, typer.Option(help="Continue after a previous page.")] = None,
     json_flag: JsonOption = False,
