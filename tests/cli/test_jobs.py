@@ -5,15 +5,18 @@ has its own exit code."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import pty
 import select
+import socket
 import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,3 +199,70 @@ def test_submit_reads_the_prompt_from_stdin(stack: ApiProcess, tmp_path: Path) -
             cwd=ROOT, stdin=stdin, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     assert json.loads(done.stdout)["output"]["text"] == "from a file"
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the API that drops the first job stream's connection right after
+    it has carried an output event, as a flaky network or a restarted ingress would."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.stream_requests: list[bytes] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        cut = threading.Event()  # this connection carries the first stream: drop it
+
+        def requests() -> None:  # client to API; httpx reuses connections, so read every request
+            with contextlib.suppress(OSError):
+                while data := client.recv(65536):
+                    if b"/stream HTTP/1.1" in data:
+                        self.stream_requests.append(data)
+                        if len(self.stream_requests) == 1:
+                            cut.set()
+                    upstream.sendall(data)
+            _close(client, upstream)
+
+        threading.Thread(target=requests, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                client.sendall(data)
+                if cut.is_set() and b"event: output" in data:
+                    break
+        _close(client, upstream)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _close(*ends: socket.socket) -> None:
+    for end in ends:
+        with contextlib.suppress(OSError):
+            end.shutdown(socket.SHUT_RDWR)
+        end.close()
+
+
+def test_a_dropped_stream_resumes_where_it_stopped(stack: ApiProcess) -> None:
+    proxy = CuttingProxy(stack.port)
+    try:
+        run = genq_at_terminal(
+            cli_env(stack) | {"GENQ_API_URL": proxy.url}, "submit", PROMPT, "--max-tokens", "20"
+        )
+    finally:
+        proxy.close()
+    assert run.code == ExitCode.OK, run.stderr
+    words = PROMPT.split()
+    assert run.stdout == " ".join((words * 2)[:20]) + "\n"  # nothing lost, nothing twice
+    first, second = proxy.stream_requests
+    assert b"last-event-id:" not in first.lower() and b"last-event-id:" in second.lower()
