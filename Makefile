@@ -39,7 +39,8 @@ format: install
 # (the gateway benchmark's load tool) and prometheus with promtool (tests/monitoring: the
 # dashboard's and the autoscalers' queries against a real Prometheus, the alert rules' unit tests).
 # Installed when we can (root with apt); elsewhere those tests skip and say why, and the benchmark
-# falls back to its own load generator.
+# falls back to its own load generator. (On a host running systemd, Debian's prometheus package also
+# starts a prometheus service on :9090; the tests start their own on free ports.)
 system-tools:
 	@{ command -v chromium >/dev/null && command -v wrk >/dev/null && command -v prometheus >/dev/null && \
 	   command -v promtool >/dev/null; } || \

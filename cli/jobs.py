@@ -160,7 +160,8 @@ def list_jobs(
         page = client.list(status.value if status else None, limit, cursor)
     show(page, json_flag, output.jobs_table)
     if page.get("next_cursor") and not output.wants_json(json_flag):
-        output.err.print(f"more: genq jobs ls --cursor {page['next_cursor']}")
+        same = f" --status {status.value}" if status else ""
+        output.err.print(f"more: genq jobs ls --cursor {page['next_cursor']}{same} --limit {limit}")
 
 
 @jobs_app.command("get")

@@ -189,3 +189,26 @@ def test_every_dashboard_query_returns_data_from_a_live_stack(
         except AssertionError as exc:
             missing.append(f"{title}: {exc}")
     assert not missing, "\n".join(missing)
+    # The alerts read series of the same stack: each genq series they name exists (but the
+    # reaper's counter, which comes with the reliability work).
+    exported = {s["metric"]["__name__"] for s in prometheus.query('{__name__=~"genq_.+"}')}
+    assert alert_series() - {"genq_reaper_actions_total"} <= exported
+
+
+def alert_series() -> set[str]:
+    rules = load("deploy/prometheus/genq-rules.yaml")["groups"][0]["rules"]
+    return {name for rule in rules for name in re.findall(r"\bgenq_\w+", rule["expr"])}
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    """Grafana needs unique panel ids; every panel reads the chosen data source and says what it
+    shows; every query fills the namespace variable."""
+    dashboard = json.loads((ROOT / "deploy/grafana/genq.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["description"], panel["title"]
+    for title, expr in dashboard_queries():
+        assert 'namespace=~"$namespace"' in expr, title
