@@ -18,15 +18,16 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 
 from cli.client import ExitCode
-from shared.config import Settings
-from tests.conftest import ROOT, ApiProcess, WorkerProcess
+from cli.redis_server import EmbeddedRedis
+from tests.conftest import ROOT, ApiProcess, WorkerProcess, suite_settings
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +45,22 @@ class Run:
     first_output_before_exit_s: float = 0.0
 
 
-@pytest.fixture
-def stack(
-    make_settings: Callable[..., Settings],
-    redis_client: object,
-    start_api: Callable[[Settings], ApiProcess],
-    start_worker: Callable[..., WorkerProcess],
-) -> ApiProcess:
+@pytest.fixture(scope="module")
+def stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
+    """One API and one worker for the whole module (each test has its own API key, so it lists
+    only its own jobs)."""
+    redis.Redis.from_url(redis_server.url).flushall()
+    tmp = tmp_path_factory.mktemp("cli")
     # Jobs longer than 3 s fail with `timeout`: how the tests get a failed job.
-    settings = make_settings(placeholder_step_s=STEP_S, job_timeout_s=3.0, api_keys=["key-a"])
-    start_worker(settings)
-    return start_api(settings)
+    settings = suite_settings(redis_server.url, tmp / "genq", placeholder_step_s=STEP_S, job_timeout_s=3.0,
+                              api_keys=["key-a", "key-ls"])  # fmt: skip
+    worker = WorkerProcess(settings, tmp / "worker.log").wait_ready()
+    api = ApiProcess(settings, tmp / "api.log")
+    try:
+        yield api.wait_ready()
+    finally:
+        api.close()
+        worker.close()
 
 
 def cli_env(api: ApiProcess, key: str | None = "key-a") -> dict[str, str]:
@@ -103,6 +109,11 @@ def genq_at_terminal(env: dict[str, str], *args: str) -> Run:
     return Run(process.returncode, text, process.stderr.read().decode(), first)
 
 
+def echoed(tokens: int) -> str:
+    """What the placeholder model answers PROMPT with: its words again, one per token."""
+    return " ".join((PROMPT.split() * 2)[:tokens])
+
+
 def submitted(env: dict[str, str], max_tokens: int) -> str:
     """A new job's id (submitted piped, without waiting)."""
     run = genq(env, "submit", PROMPT, "--max-tokens", str(max_tokens))
@@ -113,8 +124,7 @@ def submitted(env: dict[str, str], max_tokens: int) -> str:
 def test_submit_at_a_terminal_streams_the_answer_then_one_summary_line(stack: ApiProcess) -> None:
     run = genq_at_terminal(cli_env(stack), "submit", PROMPT, "--max-tokens", "20")
     assert run.code == ExitCode.OK, run.stderr
-    words = PROMPT.split()
-    assert run.stdout == " ".join((words * 2)[:20]) + "\n"  # the answer, and nothing else
+    assert run.stdout == echoed(20) + "\n"  # the answer, and nothing else
     # 20 words at 0.1 s each: the first ones were on the screen well before the job ended.
     assert run.first_output_before_exit_s > 1.0, run
     (line,) = run.stderr.strip().splitlines()
@@ -170,7 +180,7 @@ def test_usage_and_api_errors_have_their_own_exit_codes(stack: ApiProcess) -> No
 
 
 def test_ls_get_and_stream_for_people_and_scripts(stack: ApiProcess) -> None:
-    env = cli_env(stack)
+    env = cli_env(stack, key="key-ls")
     job_id = submitted(env, 3)
     assert genq(env, "jobs", "wait", job_id).code == ExitCode.OK
     canceled = submitted(env, 30)
@@ -257,12 +267,11 @@ def test_a_dropped_stream_resumes_where_it_stopped(stack: ApiProcess) -> None:
     proxy = CuttingProxy(stack.port)
     try:
         run = genq_at_terminal(
-            cli_env(stack) | {"GENQ_API_URL": proxy.url}, "submit", PROMPT, "--max-tokens", "20"
+            cli_env(stack) | {"GENQ_API_URL": proxy.url}, "submit", PROMPT, "--max-tokens", "19"
         )
     finally:
         proxy.close()
     assert run.code == ExitCode.OK, run.stderr
-    words = PROMPT.split()
-    assert run.stdout == " ".join((words * 2)[:20]) + "\n"  # nothing lost, nothing twice
+    assert run.stdout == echoed(19) + "\n"  # nothing lost, nothing twice
     first, second = proxy.stream_requests
     assert b"last-event-id:" not in first.lower() and b"last-event-id:" in second.lower()
