@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -80,8 +81,9 @@ def genq(env: dict[str, str], *args: str) -> Run:
     return Run(done.returncode, done.stdout, done.stderr)
 
 
-def genq_at_terminal(env: dict[str, str], *args: str) -> Run:
-    """`genq ARGS` with stdout on a pseudo-terminal, as a person runs it (stderr piped)."""
+def genq_at_terminal(env: dict[str, str], *args: str, ctrl_c_at_first_output: bool = False) -> Run:
+    """`genq ARGS` with stdout on a pseudo-terminal, as a person runs it (stderr piped); with
+    ctrl_c_at_first_output, SIGINT as soon as it has printed something."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # a roomy terminal
     process = subprocess.Popen(
@@ -100,6 +102,8 @@ def genq_at_terminal(env: dict[str, str], *args: str) -> Run:
         if not data:
             break
         chunks.append((time.monotonic(), data))
+        if ctrl_c_at_first_output and len(chunks) == 1:
+            process.send_signal(signal.SIGINT)
     process.wait(60)
     exited = time.monotonic()
     os.close(leader)
@@ -209,6 +213,16 @@ def test_submit_reads_the_prompt_from_stdin(stack: ApiProcess, tmp_path: Path) -
             cwd=ROOT, stdin=stdin, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     assert json.loads(done.stdout)["output"]["text"] == "from a file"
+
+
+def test_ctrl_c_stops_following_and_leaves_the_job_running(stack: ApiProcess) -> None:
+    env = cli_env(stack)
+    run = genq_at_terminal(env, "submit", PROMPT, "--max-tokens", "24", ctrl_c_at_first_output=True)
+    assert run.code == 130, run
+    assert "interrupted; the job goes on" in run.stderr
+    (job,) = json.loads(genq(env, "jobs", "ls", "--limit", "1").stdout)["data"]
+    assert job["status"] == "running"
+    assert genq(env, "jobs", "wait", job["id"]).code == ExitCode.OK
 
 
 class CuttingProxy:
