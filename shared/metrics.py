@@ -43,12 +43,19 @@ REAPER_ACTIONS = Counter(
     "promoted (a follower whose leader vanished).",
     ["action"],
 )
+#: What the reaper does to a job (shared/reaper.py), the `action` label of REAPER_ACTIONS.
+REAPER_ACTION_NAMES = ("requeued", "failed", "expired", "repushed", "promoted")
+# Every series exists from the start (at 0), so rate() and the dashboard see a quiet system as 0.
+for _action in REAPER_ACTION_NAMES:
+    REAPER_ACTIONS.labels(_action)
 HANDED_BACK = Counter(
     "genq_jobs_handed_back_total", "Jobs a worker handed back to the queue, by why.", ["reason"]
 )
 STORAGE_REFUSED = Counter(
     "genq_storage_refused_total", "Writes the job store refused (maxmemory, read-only, snapshot).", ["tier"]
 )
+for _tier in ("api", "worker", "broker"):
+    STORAGE_REFUSED.labels(_tier)
 RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
 SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
 
