@@ -71,7 +71,11 @@ def suite_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Settings
 @pytest.fixture
 def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        return suite_settings(redis_server.url, tmp_path / "genq", **overrides)
+        url, data_dir = (
+            overrides.pop("redis_url", redis_server.url),
+            overrides.pop("data_dir", tmp_path / "genq"),
+        )
+        return suite_settings(url, data_dir, **overrides)
 
     return make
 

@@ -383,9 +383,22 @@ def _retry_then_record(
     # carries its due time; a shorter one drops any it had.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
-    retry = patiently(lambda: task.retry(countdown=min(countdown, hop_s), kwargs=hop, throw=False))
+    retry = patiently(lambda: _publish_retry(task, min(countdown, hop_s), hop))
     patiently(lambda: deliveries.record(delivery, generation, fields, entry))
     raise retry
+
+
+def _publish_retry(task: Task, countdown: float, kwargs: dict[str, float]) -> Exception:
+    """Celery's retry, publishing the next generation; a publish the broker failed (a restart,
+    a full Redis) raises its own error again, for patiently() to wait out: Celery wraps it in a
+    Reject(requeue=False), which would acknowledge the message and lose the delivery."""
+    try:
+        retry: Exception = task.retry(countdown=countdown, kwargs=kwargs, throw=False)
+    except Reject as exc:
+        if isinstance(exc.reason, Exception):
+            raise exc.reason from exc
+        raise
+    return retry
 
 
 #: The Celery task (registered when this module is imported; see workers/worker.py).
