@@ -22,7 +22,7 @@ from api.queue_stats import QueueStatsReader
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
-from shared.ids import new_id
+from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
@@ -170,6 +170,7 @@ class JobQueue:
         )
 
     async def get(self, job_id: str, owner: str) -> dict[str, Any]:
+        _require_job_id(job_id)
         record = await self._store.get(job_id, owner)
         if record is None:
             raise NotFound(f"no job {job_id!r}", param="id")
@@ -179,6 +180,7 @@ class JobQueue:
         """The job once it is terminal, or as it is when timeout_s has passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
+        _require_job_id(job_id)
         with self._events.watch(job_id) as changed:
             while True:
                 record = await self._store.get(job_id, owner)
@@ -211,16 +213,17 @@ class JobQueue:
         return await self._store.webhook_log(job_id, WEBHOOK_LOG_SHOWN)
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
+        _require_job_id(job_id)
         record = await self._store.cancel(job_id, owner)
         if record is None:
             raise NotFound(f"no job {job_id!r}", param="id")
         return public_job(record)
 
     async def list(
-        self, owner: str, status: JobStatus | None, limit: int, cursor: str | None
+        self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of the owner's jobs, newest first; the cursor is the last returned score."""
-        max_score = "+inf" if cursor is None else f"({_parse_cursor(cursor)}"
+        max_score = "+inf" if cursor is None else f"({cursor}"
         found: list[dict[str, Any]] = []
         last_score: float | None = None
         for _ in range(20):  # bounds the work of a status filter over a long history
@@ -254,7 +257,7 @@ def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes]
     )
 
 
-def _parse_cursor(cursor: str) -> int:
-    if not cursor.isdigit():
-        raise InvalidRequest("cursor is not one this API returned", param="cursor")
-    return int(cursor)
+def _require_job_id(job_id: str) -> None:
+    """404 for anything that is not a job id, before Redis is asked (shared/ids.py)."""
+    if not is_job_id(job_id):
+        raise NotFound(f"no job {job_id!r}", param="id")

@@ -21,6 +21,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JOB_ID_MAX = 64
 HEADER_MAX = 255
 JobId = Annotated[str, Path(max_length=JOB_ID_MAX)]
+#: A list cursor: the decimal score this API returned (ASCII digits only: `str.isdigit()` takes
+#: "³", which int() then refuses).
+CURSOR_PATTERN = r"^[0-9]{1,20}$"
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     200: {
@@ -84,10 +87,10 @@ async def list_jobs(
     owner: OwnerDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=32)] = None,
+    cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
 ) -> Response:
     """The caller's jobs, newest first."""
-    jobs, next_cursor = await queue.list(owner, status, limit, cursor)
+    jobs, next_cursor = await queue.list(owner, status, limit, None if cursor is None else int(cursor))
     return json_response({"data": jobs, "next_cursor": next_cursor})
 
 
