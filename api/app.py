@@ -15,6 +15,7 @@ from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import observability
+from api.anonymous import AnonymousGuard
 from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
@@ -24,6 +25,8 @@ from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
 from api.ratelimit import RateLimiter
 from api.routes import jobs, openai, ops, playground, stream, webhooks
+from api.server import OneWriteHttpProtocol
+from api.stream_hub import StreamHub
 from shared import keys
 from shared.autopipeline import AutoPipeline
 from shared.config import Settings
@@ -32,7 +35,7 @@ from shared.store import JobStore
 from shared.streams import OutputStreams
 
 
-def redis_client(settings: Settings) -> aioredis.Redis:
+def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
     # Short connect timeout and no retries: when Redis is down the API answers 503 at once
     # instead of holding requests; the pool reconnects by itself when it is back.
     return aioredis.Redis.from_url(
@@ -41,16 +44,21 @@ def redis_client(settings: Settings) -> aioredis.Redis:
         socket_connect_timeout=1.0,
         socket_timeout=5.0,
         retry=Retry(NoBackoff(), 0),
-        max_connections=512,
+        max_connections=max_connections,
     )
 
 
 class GenqAPI(FastAPI):
     """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py)."""
 
-    def __init__(self, *, hot_paths: bool, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._entry: ASGIApp = HotPaths(self, self._serve, max_body_bytes) if hot_paths else self._serve
+        entry: ASGIApp = self._serve
+        if settings.api_hot_paths:
+            entry = HotPaths(self, entry, settings.max_body_bytes)
+        if not settings.api_key_digests:  # the guard goes first: nothing it refuses reaches either
+            entry = AnonymousGuard(entry, settings.allowed_hosts)
+        self._entry = entry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._entry(scope, receive, send)
@@ -62,6 +70,9 @@ class GenqAPI(FastAPI):
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
+    # uvicorn builds its protocol objects from its own config; this process's answer to how long
+    # a request's headers may take is ours (api/server.py).
+    OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,8 +87,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.queue_stats = queue_stats
         cache = ResponseCache(settings, client)
         app.state.cache = cache
-        app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache)
+        hub = StreamHub(redis_client(settings, max_connections=1))
+        app.state.stream_hub = hub
+        app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache, hub)
         events.start()
+        hub.start()
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
         # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
         # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
@@ -87,13 +101,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             gc.unfreeze()
             await events.stop()
+            await hub.stop()
             await cache.close()
             await commands.aclose()
             await client.aclose()
 
     app = GenqAPI(
-        hot_paths=settings.api_hot_paths,
-        max_body_bytes=settings.max_body_bytes,
+        settings=settings,
         title="genq",
         version="0.1.0",
         summary="LLM inference jobs: submit, poll, stream, cancel.",

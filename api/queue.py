@@ -17,8 +17,10 @@ from typing import Any
 import orjson
 
 from api.cache import Lookup, ResponseCache
+from api.concurrency import ConcurrencyLimits, Held, Slot
 from api.events import JobEvents
 from api.queue_stats import QueueStatsReader
+from api.stream_hub import StreamHub
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
@@ -59,8 +61,11 @@ class JobQueue:
         streams: OutputStreams,
         queue_stats: QueueStatsReader,
         cache: ResponseCache,
+        hub: StreamHub,
     ) -> None:
         self._settings = settings
+        self._hub = hub
+        self._limits = ConcurrencyLimits(settings)
         self._cache = cache
         self._store = store
         self._events = events
@@ -196,12 +201,21 @@ class JobQueue:
                         changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0))
                     )
 
-    async def stream_entries(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
-        """The job's output deltas after entry `after_id`: all of them at once (block_ms 0), or one
-        read that waits up to block_ms for new ones. Callers check the owner with get() first."""
-        if block_ms > 0:
-            return await self._streams.read(job_id, after_id, block_ms)
+    async def stream_entries(self, job_id: str, after_id: str) -> list[OutputEntry]:
+        """The job's output deltas after entry `after_id`, without waiting. Callers check the owner
+        with get() first."""
         return await self._streams.read_all(job_id, after_id)
+
+    def hold(self, owner: str, kind: Held) -> Slot:
+        """A slot for a request held open (a stream, a long-poll), or ConcurrencyLimited when
+        the owner holds its limit already; release it when the request ends."""
+        return self._limits.acquire(owner, kind)
+
+    def follow_stream(
+        self, job_id: str, after_id: str, event: asyncio.Event
+    ) -> contextlib.AbstractContextManager[None]:
+        """Within the block, `event` is set when the job's stream gets entries (api/stream_hub.py)."""
+        return self._hub.follow(job_id, after_id, event)
 
     def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set when the job may have ended (re-read it to know)."""

@@ -82,7 +82,7 @@ async def api_client(settings: Settings, api_key: str | None = None) -> AsyncIte
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://genq.test", headers=headers,
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers,
                                      timeout=90) as client:  # fmt: skip
             yield client
 

@@ -254,6 +254,27 @@ def test_placeholder_secrets_never_reach_prod() -> None:
         assert all("CHANGE-ME" in value or "Q0hBTkdFLU1F" in value for value in secret["stringData"].values())
 
 
+def test_placeholder_secrets_start_only_in_dev_mode() -> None:
+    """genq refuses every placeholder template value unless GENQ_DEV is set, and the dev overlay,
+    the one that applies the templates, sets it (prod overlays never do)."""
+    import pydantic
+
+    from shared.config import Settings
+
+    for secret in placeholder_secrets():
+        for name, value in secret["stringData"].items():
+            setting = name.removeprefix("GENQ_").lower()
+            with pytest.raises(pydantic.ValidationError, match=f"{name} holds a placeholder") as refused:
+                Settings(_env_file=None, **{setting: value})
+            assert value not in str(refused.value)
+            Settings(_env_file=None, dev=True, **{setting: value})
+    dev_docs = render("dev")
+    (config,) = of_kind(dev_docs, "ConfigMap")
+    assert config["data"]["GENQ_DEV"] == "1"
+    for overlay in ("prod", "prod-keda"):
+        assert all("GENQ_DEV" not in c.get("data", {}) for c in of_kind(render(overlay), "ConfigMap"))
+
+
 def test_namespaced_objects_are_in_genq(docs: tuple[dict[str, Any], ...]) -> None:
     for doc in docs:
         if doc["kind"] not in CLUSTER_SCOPED:
