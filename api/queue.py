@@ -28,11 +28,14 @@ from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, is_terminal, public_job
+from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
 from shared.streams import OutputEntry, OutputStreams
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000
+
+#: Characters of a job's prompt (or last message) its summary shows in lists.
+PREVIEW_CHARS = 120
 
 #: Long-pollers re-read the record at least this often, whatever pub/sub says. Pub/sub wakes them
 #: when their job ends and the hub wakes everyone after a reconnect, so this only bounds the delay
@@ -92,7 +95,8 @@ class JobQueue:
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
             "max_tokens": max_tokens
         }
-        model, lookup = await self._route(create, model, job_input)
+        scope = owner if self._settings.cache_scoped_per_key else ""
+        model, lookup = await self._route(create, model, job_input, scope)
         now = time.time()
         job_id = new_id()
         job = NewJob(
@@ -106,6 +110,8 @@ class JobQueue:
             deadline=now + self._settings.job_timeout_s,
             webhook_messages=_webhook_messages(job_id, create),
             cache_key=lookup.request.cache_key if lookup else "",
+            cache_scope=scope,
+            preview=job_preview(create),
         )
         priority = create.priority.broker_priority
         message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)
@@ -129,23 +135,23 @@ class JobQueue:
         return Accepted(await self.get(submitted.job_id, owner), created=False)
 
     async def _route(
-        self, create: JobCreate, model: str, job_input: dict[str, Any]
+        self, create: JobCreate, model: str, job_input: dict[str, Any], scope: str
     ) -> tuple[str, Lookup | None]:
         """The model the job goes to and its response-cache lookup (None: not cacheable).
 
         A response already found needs no room in the queue, so admission control is asked
         only otherwise; a fallback model has its own fingerprint, hence its own key.
         """
-        lookup = await self._lookup(model, job_input)
+        lookup = await self._lookup(model, job_input, scope)
         if lookup is not None and lookup.level is not None:
             return model, lookup
         admitted = await self._admit(create, model)
         if admitted != model:
-            lookup = await self._lookup(admitted, job_input)
+            lookup = await self._lookup(admitted, job_input, scope)
         return admitted, lookup
 
-    async def _lookup(self, model: str, job_input: dict[str, Any]) -> Lookup | None:
-        cache_key = await self._cache.key_for(model, job_input)
+    async def _lookup(self, model: str, job_input: dict[str, Any], scope: str) -> Lookup | None:
+        cache_key = await self._cache.key_for(model, job_input, scope)
         return None if cache_key is None else await self._cache.lookup(cache_key)
 
     async def _admit(self, create: JobCreate, model: str) -> str:
@@ -236,24 +242,40 @@ class JobQueue:
     async def list(
         self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """A page of the owner's jobs, newest first; the cursor is the last returned score."""
+        """A page of the owner's job summaries, newest first; the cursor is the last returned
+        score. The page ends early, with a cursor, before its summaries pass list_max_bytes."""
         max_score = "+inf" if cursor is None else f"({cursor}"
         found: list[dict[str, Any]] = []
+        budget = self._settings.list_max_bytes
         last_score: float | None = None
         for _ in range(20):  # bounds the work of a status filter over a long history
             page = await self._store.page(owner, max_score, max(limit * 2, 50))
             if not page:
                 return found, None
-            records = {r["id"]: r for r in await self._store.get_many([job_id for job_id, _ in page])}
+            records = {r["id"]: r for r in await self._store.get_summaries([job_id for job_id, _ in page])}
             for job_id, score in page:
                 record = records.get(job_id)
-                last_score = score
                 if record is not None and (status is None or record["status"] == status):
-                    found.append(public_job(record))
+                    summary = job_summary(record)
+                    budget -= len(orjson.dumps(summary))
+                    if budget < 0 and found:
+                        return found, _cursor(last_score)
+                    found.append(summary)
                     if len(found) == limit:
                         return found, str(int(score))
+                last_score = score
             max_score = f"({int(page[-1][1])}"
-        return found, None if last_score is None else str(int(last_score))
+        return found, _cursor(last_score)
+
+
+def _cursor(score: float | None) -> str | None:
+    return None if score is None else str(int(score))
+
+
+def job_preview(create: JobCreate) -> str:
+    """The start of what the job was asked (lists show it instead of the whole input)."""
+    text = create.prompt if create.prompt is not None else (create.messages or [])[-1].content
+    return text[:PREVIEW_CHARS]
 
 
 def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes], ...]:

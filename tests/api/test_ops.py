@@ -50,6 +50,6 @@ async def test_redis_down_is_a_fast_503_and_the_api_recovers(make_settings, tmp_
             after = await api.post("/v1/jobs", json={"prompt": "after"})
             assert after.status_code == 202
             listed = (await api.get("/v1/jobs")).json()["data"]
-            assert [j["input"]["prompt"] for j in listed] == ["after", "before"]
+            assert [j["preview"] for j in listed] == ["after", "before"]
     finally:
         server.stop()
