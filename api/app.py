@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(playground.router)
     app.mount("/static", playground.static_files(), name="static")
     app.include_router(webhooks.router)
+    app.include_router(webhooks.secret_router)
     app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(observability.HttpMetrics)
