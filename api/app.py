@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.cache = cache
         hub = StreamHub(redis_client(settings, max_connections=1))
         app.state.stream_hub = hub
-        app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache, hub)
+        app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
         events.start()
         hub.start()
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives

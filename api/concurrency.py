@@ -58,7 +58,8 @@ class ConcurrencyLimits:
         limit = self.limit(owner, kind)
         if self._held[owner, kind] >= limit:
             raise ConcurrencyLimited(
-                f"this key holds {limit} {_WHAT[kind]}, its limit ({_SETTING[kind]}); close one first",
+                f"this key holds {limit} {_WHAT[kind]}, its limit ({_SETTING[kind]}, or `{kind}` in "
+                "GENQ_RATE_LIMIT_OVERRIDES); close one first",
                 limit_name=kind,
                 limit=limit,
             )

@@ -33,10 +33,11 @@ log = logging.getLogger("genq.api")
 
 #: Id of the output event that carries text the stream lacked; resuming after it sends only `Done`.
 FINAL_ID = "final"
-#: The record is re-read at least this often (jittered down to half), whatever the hubs say: it
-#: bounds the delay of an end event lost while pub/sub reconnected. 10,000 idle streams cost
-#: 10,000 / RECHECK_S reads a second at most.
-RECHECK_S = 5.0
+#: The record is re-read at least this often (jittered down to half), whatever the hubs say. The
+#: events hub wakes followers when their job ends, and wakes all of them after it reconnected, so
+#: this only bounds the delay of a lost message: an idle stream costs two commands (XRANGE and
+#: HGETALL, autopipelined) per 15-30 s, and nothing in between but its pings.
+RECHECK_S = 30.0
 #: A comment is sent after this long without any event, so proxies keep the connection open.
 HEARTBEAT_S = 15.0
 
@@ -103,17 +104,18 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
                 cursor = entry.id
                 quiet_since = loop.time()
                 yield Output(entry.id, entry.delta, entry.tokens)
-            if loop.time() - quiet_since >= HEARTBEAT_S:
-                quiet_since = loop.time()
-                yield Ping()
             if entries and loop.time() < next_check:
                 continue  # read again at once: the wake may also have been the job's end
             job = await queue.get(job_id, owner)
             next_check = loop.time() + _recheck_s()
-            if not JobStatus(job["status"]).is_terminal():
+            # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
+            while not (JobStatus(job["status"]).is_terminal() or woken.is_set() or loop.time() >= next_check):
                 wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), max(wake_in, 0.0))
+                if loop.time() - quiet_since >= HEARTBEAT_S:
+                    quiet_since = loop.time()
+                    yield Ping()
     async for event in _finish(queue, job, cursor):
         yield event
 

@@ -302,33 +302,22 @@ def _json_or_none(raw: str | None) -> Any:
 
 
 def public_job(record: dict[str, str]) -> dict[str, Any]:
-    """The job object as the API returns it, from its Redis hash."""
-    job_id = record["id"]
+    """The job object as the API returns it, from its Redis hash: its summary (less the preview)
+    with input, output and metrics."""
     metrics = _json_or_none(record.get("metrics")) or {}
     started = record.get("started_at")
     if started and "queue_ms" not in metrics:
         metrics["queue_ms"] = round((float(started) - float(record["created_at"])) * 1000, 3)
-    url = f"/v1/jobs/{job_id}"
-    return {
-        "id": job_id,
-        "status": record["status"],
-        "model": record["model"],
-        "model_label": record.get("model_label") or None,
-        "input": orjson.loads(record["input"]),
-        "output": _json_or_none(record.get("output")),
-        "error": _json_or_none(record.get("error")),
-        "created_at": rfc3339(record["created_at"]),
-        "started_at": rfc3339(started),
-        "completed_at": rfc3339(record.get("completed_at")),
-        "metrics": {
-            "queue_ms": metrics.get("queue_ms"),
-            "inference_ms": metrics.get("inference_ms"),
-            "batch_size": metrics.get("batch_size"),
-        },
-        "cached": record.get("cached") == "1",
-        "metadata": orjson.loads(record.get("metadata") or "{}"),
-        "urls": {"get": url, "cancel": f"{url}/cancel", "stream": f"{url}/stream"},
+    job = job_summary(record)
+    del job["preview"]
+    job["input"] = orjson.loads(record["input"])
+    job["output"] = _json_or_none(record.get("output"))
+    job["metrics"] = {
+        "queue_ms": metrics.get("queue_ms"),
+        "inference_ms": metrics.get("inference_ms"),
+        "batch_size": metrics.get("batch_size"),
     }
+    return job
 
 
 #: The record fields a job summary is made of (never input or output: they can be MiBs).

@@ -11,9 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from shared import keys
+from shared.autopipeline import AutoPipeline
 
 #: The id before every entry: reading after it reads the stream from its beginning.
 START_ID = "0-0"
@@ -45,14 +44,17 @@ def entry_order(entry_id: str) -> tuple[int, int]:
 
 
 class OutputStreams:
-    """The API's reader of job output streams (asyncio)."""
+    """The API's reader of job output streams (asyncio). Reads go through the API's AutoPipeline:
+    thousands of followers woken together (a hub reconnect wakes them all) share its one
+    connection instead of each taking one from the pool, which ran dry at 512."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
-        self._redis = client
+    def __init__(self, commands: AutoPipeline) -> None:
+        self._commands = commands
 
     async def read(self, job_id: str, after_id: str) -> list[OutputEntry]:
         """Up to READ_COUNT entries after `after_id`, oldest first."""
-        rows = await self._redis.xrange(keys.job_stream(job_id), f"({after_id}", "+", count=READ_COUNT)
+        stream = keys.job_stream(job_id)
+        rows = await self._commands.execute("XRANGE", stream, f"({after_id}", "+", "COUNT", READ_COUNT)
         return _entries(list(rows or []))
 
     async def read_all(self, job_id: str, after_id: str = START_ID) -> list[OutputEntry]:

@@ -4,6 +4,7 @@ FastAPI app (in-process over httpx's ASGI transport, lifespan included)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,6 +100,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump(exclude_none=True).items():
         if isinstance(value, list):
             text = ",".join(value)
+        elif isinstance(value, dict):
+            text = json.dumps(value)
         elif hasattr(value, "get_secret_value"):
             text = value.get_secret_value()
         else:
