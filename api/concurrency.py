@@ -70,6 +70,3 @@ class ConcurrencyLimits:
         self._held[owner, kind] -= 1
         if self._held[owner, kind] <= 0:
             del self._held[owner, kind]
-
-    def held(self, owner: str, kind: Held) -> int:
-        return self._held[owner, kind]

@@ -49,11 +49,6 @@ class StreamHub:
             await asyncio.wait({self._task}, timeout=1.0)
         await self._redis.aclose()
 
-    @property
-    def followed(self) -> int:
-        """Followers in this process (all jobs)."""
-        return sum(len(events) for events in self._followers.values())
-
     @contextlib.contextmanager
     def follow(self, job_id: str, after_id: str, event: asyncio.Event) -> Iterator[None]:
         """While the block runs, `event` is set whenever entries newer than the hub's cursor arrive

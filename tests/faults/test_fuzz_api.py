@@ -47,13 +47,13 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     redis_server.stop()
 
 
-#: Fixed seeds, each once a failure (207200094770492595203603346250873041724 found a cursor that
-#: `str.isdigit()` accepted and int() refused), plus one drawn per run: a fixed seed alone tests
-#: the same 30 examples forever, a random one alone passes or fails by luck.
-SEEDS = [1, 207200094770492595203603346250873041724, 42, random.SystemRandom().getrandbits(64)]
+#: Fixed seeds (207200094770492595203603346250873041724 found a cursor that `str.isdigit()`
+#: accepted and int() refused), plus one drawn per run: a fixed seed alone tests the same 30
+#: examples forever, a random one alone passes or fails by luck. A failure prints its seed.
+SEEDS = [1, 207200094770492595203603346250873041724, random.SystemRandom().getrandbits(64)]
 
 
-@pytest.mark.parametrize("seed", SEEDS, ids=["1", "cursor", "42", "random"])
+@pytest.mark.parametrize("seed", SEEDS, ids=["1", "cursor", "random"])
 def test_api_conforms_to_its_openapi_document(api_url: str, tmp_path, seed: int) -> None:
     # Schemathesis's CLI (its pytest plugin does not load under pytest 9): a non-zero exit is a
     # failed check; its output names the operation and a reproducing curl command.
