@@ -204,14 +204,15 @@ class WorkerRuntime:
             self._finish(job_id, record, fields)
 
     def _finish(self, job_id: str, record: dict[str, str], fields: dict[str, str | bytes]) -> None:
-        """End the job; a success is also written to the response cache (in the same script when
-        the cache shares the job store's Redis, right after it otherwise)."""
+        """End the job; a success is also written to the response cache: in the same script when
+        the cache shares the job store's Redis, right before it otherwise, so that a client who
+        sees the job succeed and sends it again finds the answer cached."""
         key = self._cache_key(record) if fields.get("status") == "succeeded" else None
-        in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
-        done = self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script))
-        if done and key and self.cache_redis is not None:
+        if key and self.cache_redis is not None:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
+        in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
+        self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script))
 
     def _cache_key(self, record: dict[str, str]) -> str | None:
         """The key this worker's result answers: its own model revision, whatever the API assumed,
