@@ -167,8 +167,9 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     }
     if isinstance(body, ChatCompletionRequest):
         fields["messages"] = [m.as_chat_message() for m in body.messages]
-    else:
+    else:  # a completion continues its prompt verbatim, as OpenAI's and vLLM's do
         fields["prompt"] = _prompt_text(body.prompt)
+        fields["template"] = "none"
     try:
         return JobCreate(**fields)
     except pydantic.ValidationError as exc:

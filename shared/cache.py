@@ -68,7 +68,16 @@ def canonical_request(model_id: str, fingerprint: str, job_input: Mapping[str, A
         "seed": None if seed is None else int(seed),
         "stop": [str(stop) for stop in job_input.get("stop") or ()],
     }
-    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(document | _generation_options(job_input), option=orjson.OPT_SORT_KEYS)
+
+
+def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields added after KEY_VERSION 1, hashed only when they differ from their default: a request
+    that leaves them alone keeps the key it always had, one that sets them gets another."""
+    options: dict[str, Any] = {}
+    if job_input.get("template", "chat") != "chat":
+        options["template"] = job_input["template"]
+    return options
 
 
 def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> str | None:

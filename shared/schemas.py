@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -52,6 +53,9 @@ class WebhookEvent(enum.StrEnum):
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+#: How a `prompt` becomes tokens: "chat" wraps it as one user message of the model's chat template
+#: (what an instruct model expects), "none" continues the text verbatim (OpenAI's /v1/completions).
+PromptTemplate = Literal["chat", "none"]
 
 
 class ChatMessage(BaseModel):
@@ -68,6 +72,8 @@ class JobCreate(BaseModel):
 
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=200_000)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
+    #: "chat" (default) wraps a `prompt` in the chat template; "none" continues it verbatim.
+    template: PromptTemplate = "chat"
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
@@ -89,6 +95,13 @@ class JobCreate(BaseModel):
         default_factory=dict, json_schema_extra={"default": {}}
     )
 
+    @field_validator("template")
+    @classmethod
+    def _template_for_prompt(cls, template: PromptTemplate, info: ValidationInfo) -> PromptTemplate:
+        if template == "none" and info.data.get("messages") is not None:
+            raise ValueError("'none' applies to a `prompt`; `messages` always use the chat template")
+        return template
+
     @field_validator("webhook")
     @classmethod
     def _webhook_is_http(cls, url: AnyHttpUrl | None) -> AnyHttpUrl | None:
@@ -108,6 +121,8 @@ class JobInput(BaseModel):
 
     prompt: str | None
     messages: list[ChatMessage] | None
+    #: Defaulted: jobs stored before the field existed were all chat-wrapped.
+    template: PromptTemplate = "chat"
     max_tokens: int
     temperature: float
     top_p: float

@@ -271,6 +271,7 @@ class WorkerRuntime:
             params=params,
             prompt=job_input["prompt"],
             messages=job_input["messages"],
+            template=job_input.get("template", "chat"),
             deadline=time.monotonic() + self.settings.job_timeout_s,
             on_output=lambda text, tokens: self.output.offer(job_id, text, tokens),
         )

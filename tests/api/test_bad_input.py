@@ -26,6 +26,13 @@ CASES = [
     ({"prompt": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, 422, "metadata", "at most 16"),
     ({"messages": [{"role": "robot", "content": "y"}]}, 422, "messages.0.role", "system"),
     ({"prompt": ""}, 422, "prompt", "at least 1"),
+    ({"prompt": "x", "template": "raw"}, 422, "template", "'chat' or 'none'"),
+    (
+        {"messages": [{"role": "user", "content": "y"}], "template": "none"},
+        422,
+        "template",
+        "applies to a `prompt`",
+    ),
 ]
 
 

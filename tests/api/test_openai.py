@@ -84,8 +84,15 @@ def test_a_streamed_chat_completion_with_usage(client: openai.OpenAI, worker: Wo
     assert chunks[-1].usage.completion_tokens == 7
 
 
-def test_a_text_completion_with_and_without_streaming(client: openai.OpenAI, worker: WorkerProcess) -> None:
-    completion = client.completions.create(model=TEST_MODEL, prompt="red green", max_tokens=3, stop="never")
+def test_a_text_completion_with_and_without_streaming(
+    client: openai.OpenAI, worker: WorkerProcess, base_url: str
+) -> None:
+    raw = client.completions.with_raw_response.create(
+        model=TEST_MODEL, prompt="red green", max_tokens=3, stop="never"
+    )
+    completion = raw.parse()
+    job = httpx.get(f"{base_url}/v1/jobs/{raw.headers['X-Genq-Job-Id']}").json()
+    assert job["input"]["template"] == "none"  # a completion continues its prompt verbatim
     assert completion.object == "text_completion"
     assert completion.choices[0].text == "red green red"
     assert completion.usage is not None and completion.usage.prompt_tokens == 2

@@ -69,6 +69,7 @@ def test_default_filled_and_omitted_fields_share_a_key(body: dict[str, Any]) -> 
         "seed": None,
         "stop": [],
         "max_tokens": DEFAULT_MAX_TOKENS,
+        "template": "chat",
     }
     assert _key(body) == _key(filled) == _key({**filled, "temperature": -0.0})
 
@@ -138,3 +139,9 @@ def test_cacheable_means_greedy_or_seeded() -> None:
     assert is_cacheable({"temperature": 1.3, "seed": 0})
     assert not is_cacheable({"temperature": 1.3, "seed": None})
     assert not is_cacheable({"temperature": 0, "seed": 1, "cache": False})
+
+
+def test_a_raw_prompt_and_a_chat_wrapped_one_are_different_requests() -> None:
+    body = {"prompt": "hi", "temperature": 0}
+    assert _key(body) == _key({**body, "template": "chat"})
+    assert _key(body) != _key({**body, "template": "none"})

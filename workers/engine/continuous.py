@@ -17,11 +17,12 @@ One step of the loop (`_step`), vLLM-style:
 So a short job joins at the next step and leaves as soon as it is done: it never waits for a long one.
 
 Text rules. `messages` go through the chat template (add_generation_prompt=True). A raw `prompt` is
-wrapped as one user message when EngineConfig.prompt_as_chat (default) and the tokenizer has a
-template, else tokenized as-is. The end-of-sequence token ends generation with finish_reason
-"stop" (it is counted in completion_tokens, not shown in text); a stop string ends it with "stop"
-and is cut from the text with everything after it; max_tokens, or the context filling up, ends it
-with "length". prompt_tokens counts the prompt after the chat template.
+wrapped as one user message when the request's template is "chat" (or unset and
+EngineConfig.prompt_as_chat, the default) and the tokenizer has a template; with template "none" it
+is tokenized verbatim, as OpenAI's /v1/completions continues text. The end-of-sequence token ends
+generation with finish_reason "stop" (it is counted in completion_tokens, not shown in text); a
+stop string ends it with "stop" and is cut from the text with everything after it; max_tokens, or
+the context filling up, ends it with "length". prompt_tokens counts the prompt after the chat template.
 
 Sampling: greedy at temperature 0, else temperature + top-p with a per-request generator (see
 sampling.py for when batched and solo runs can differ).
@@ -209,7 +210,7 @@ class TransformersEngine:
         tokenizer = loaded.tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         messages = request.messages
-        if messages is None and self._config.prompt_as_chat and has_template:
+        if messages is None and self._wraps_prompt(request) and has_template:
             messages = [{"role": "user", "content": request.prompt or ""}]
         if messages is not None and not has_template:
             raise RequestError("invalid_request", "this model has no chat template: send a prompt")
@@ -221,6 +222,11 @@ class TransformersEngine:
         if not ids:
             raise RequestError("invalid_request", "prompt is empty")
         return [int(token) for token in ids]
+
+    def _wraps_prompt(self, request: GenerationRequest) -> bool:
+        if request.template is None:
+            return self._config.prompt_as_chat
+        return request.template == "chat"
 
     @staticmethod
     def _tokenize(tokenizer: Any, prompt: str, messages: list[dict[str, str]] | None) -> list[int]:
@@ -519,6 +525,9 @@ def _validate_params(request: GenerationRequest) -> None:
     params = request.params
     if (request.prompt is None) == (request.messages is None):
         raise RequestError("invalid_request", "give exactly one of prompt and messages")
+    if request.messages is not None and request.template == "none":
+        message = "template 'none' applies to a prompt; messages always use the chat template"
+        raise RequestError("invalid_request", message)
     if params.max_tokens < 1:
         raise RequestError("invalid_request", f"max_tokens must be >= 1, got {params.max_tokens}")
     if params.temperature < 0:

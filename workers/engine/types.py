@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
+#: How a raw `prompt` becomes tokens: "chat" wraps it as one user message of the chat template,
+#: "none" tokenizes it verbatim (OpenAI's /v1/completions), None leaves it to EngineConfig.prompt_as_chat.
+PromptTemplate = Literal["chat", "none"]
 
 #: Called from the engine thread with (text generated so far, completion tokens so far).
 #: It must be cheap and must not raise; throttling is the callee's business.
@@ -42,6 +45,8 @@ class GenerationRequest:
     params: SamplingParams
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    #: For a `prompt` only: "chat" or "none" (see PromptTemplate); None: EngineConfig.prompt_as_chat.
+    template: PromptTemplate | None = None
     #: time.monotonic() after which the engine stops the sequence with a `timeout` error.
     deadline: float | None = None
     on_output: OutputCallback | None = field(default=None, repr=False)
