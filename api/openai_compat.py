@@ -1,9 +1,10 @@
 """OpenAI's wire format for genq jobs: the request models, request -> JobCreate, job -> completion
 objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
 
-Unknown fields OpenAI defines are accepted and ignored when ignoring them cannot change the
-answer (penalties, logit_bias, store, service_tier, ...). Those that would change it (n > 1,
-echo, logprobs, tools, a non-text response_format, ...) are refused with 400 naming the field.
+Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens) are honoured. Other fields
+OpenAI defines are accepted and ignored only when ignoring them cannot change the answer (store,
+service_tier, metadata, ...). Those that would change it (n > 1, echo, logprobs, tools, a non-text
+response_format, ...) are refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -114,6 +115,12 @@ class OpenAIRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    #: vLLM's extra sampling parameters, honoured the same way.
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -151,6 +158,10 @@ def _prompt_text(prompt: str | list[str]) -> str:
     return prompt[0]
 
 
+#: Logit adjustments passed to the job as given (JobCreate checks their bounds).
+_ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_tokens")
+
+
 def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     """The genq job an OpenAI request asks for (OpenAI's defaults: temperature 1, top_p 1)."""
     _refuse_unsupported(body)
@@ -165,6 +176,7 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
         "metadata": {"source": (Kind.CHAT if isinstance(body, ChatCompletionRequest) else Kind.TEXT).source}
         | ({"user": body.user[:512]} if body.user else {}),
     }
+    fields |= {name: getattr(body, name) for name in _ADJUSTMENTS if getattr(body, name) is not None}
     if isinstance(body, ChatCompletionRequest):
         fields["messages"] = [m.as_chat_message() for m in body.messages]
     else:  # a completion continues its prompt verbatim, as OpenAI's and vLLM's do

@@ -78,6 +78,9 @@ class JobQueue:
         cap = self._settings.max_tokens_cap
         if max_tokens > cap:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the most allowed is {cap}", param="max_tokens")
+        if create.min_tokens > max_tokens:
+            message = f"min_tokens ({create.min_tokens}) is more than max_tokens ({max_tokens})"
+            raise InvalidRequest(message, param="min_tokens")
         return model, max_tokens
 
     async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:

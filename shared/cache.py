@@ -77,7 +77,19 @@ def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if job_input.get("template", "chat") != "chat":
         options["template"] = job_input["template"]
+    for name, default in _ADJUSTMENT_DEFAULTS.items():
+        value = job_input.get(name, default)
+        if value != default:
+            options[name] = _number(value)
+    bias = job_input.get("logit_bias") or {}
+    if bias:
+        options["logit_bias"] = sorted([int(token), _number(value)] for token, value in bias.items())
+    if int(job_input.get("min_tokens", 0)):
+        options["min_tokens"] = int(job_input["min_tokens"])
     return options
+
+
+_ADJUSTMENT_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> str | None:

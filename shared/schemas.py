@@ -56,6 +56,8 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 #: How a `prompt` becomes tokens: "chat" wraps it as one user message of the model's chat template
 #: (what an instruct model expects), "none" continues the text verbatim (OpenAI's /v1/completions).
 PromptTemplate = Literal["chat", "none"]
+TokenId = Annotated[int, Field(ge=0)]
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class ChatMessage(BaseModel):
@@ -83,6 +85,18 @@ class JobCreate(BaseModel):
     stop: Annotated[list[StopString], Field(max_length=4)] = Field(
         default_factory=list, json_schema_extra={"default": []}
     )
+    #: OpenAI's: subtracted once from the logit of every token the completion already holds.
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    #: OpenAI's: subtracted from a token's logit per occurrence in the completion so far.
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    #: vLLM's: > 1 discourages tokens seen in prompt or completion, < 1 encourages them.
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    #: OpenAI's: token id -> bias added to its logit (-100 bans it, 100 all but forces it).
+    logit_bias: Annotated[dict[TokenId, LogitBias], Field(max_length=300)] = Field(
+        default_factory=dict, json_schema_extra={"default": {}}
+    )
+    #: vLLM's: end-of-sequence and stop strings are ignored until this many tokens (<= max_tokens).
+    min_tokens: int = Field(0, ge=0)
     priority: Priority = Priority.INTERACTIVE
     webhook: AnyHttpUrl | None = None
     webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = Field(
@@ -128,6 +142,12 @@ class JobInput(BaseModel):
     top_p: float
     seed: int | None
     stop: list[str]
+    # Defaulted: jobs stored before these fields existed asked for none of them.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    min_tokens: int = 0
     priority: Priority
     webhook: str | None
     webhook_events_filter: list[WebhookEvent]

@@ -265,6 +265,14 @@ class WorkerRuntime:
             top_p=job_input["top_p"],
             seed=job_input["seed"],
             stop=tuple(job_input["stop"]),
+            presence_penalty=job_input.get("presence_penalty", 0.0),
+            frequency_penalty=job_input.get("frequency_penalty", 0.0),
+            repetition_penalty=job_input.get("repetition_penalty", 1.0),
+            # JSON keeps the token ids as strings; jobs stored before the field have none.
+            logit_bias=tuple(
+                (int(token), float(bias)) for token, bias in job_input.get("logit_bias", {}).items()
+            ),
+            min_tokens=job_input.get("min_tokens", 0),
         )
         return GenerationRequest(
             request_id=job_id,

@@ -27,6 +27,12 @@ CASES = [
     ({"messages": [{"role": "robot", "content": "y"}]}, 422, "messages.0.role", "system"),
     ({"prompt": ""}, 422, "prompt", "at least 1"),
     ({"prompt": "x", "template": "raw"}, 422, "template", "'chat' or 'none'"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 422, "presence_penalty", "less than or equal to 2"),
+    ({"prompt": "x", "frequency_penalty": -3}, 422, "frequency_penalty", "greater than or equal to -2"),
+    ({"prompt": "x", "repetition_penalty": 0}, 422, "repetition_penalty", "greater than 0"),
+    ({"prompt": "x", "logit_bias": {"12": 101}}, 422, "logit_bias.12", "less than or equal to 100"),
+    ({"prompt": "x", "logit_bias": {"cat": 1}}, 422, "logit_bias.cat.[key]", "valid integer"),
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 422, "min_tokens", "more than max_tokens (4)"),
     (
         {"messages": [{"role": "user", "content": "y"}], "template": "none"},
         422,

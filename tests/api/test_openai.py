@@ -50,7 +50,7 @@ def test_a_chat_completion(client: openai.OpenAI, worker: WorkerProcess) -> None
         seed=7,
         stop=["never"],
         user="tester",
-        presence_penalty=0.5,  # valid OpenAI field genq ignores
+        presence_penalty=0.5,  # honoured (tests/api/test_openai_sampling.py); the echo engine has no logits
     )
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")

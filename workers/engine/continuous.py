@@ -24,8 +24,9 @@ generation with finish_reason "stop" (it is counted in completion_tokens, not sh
 stop string ends it with "stop" and is cut from the text with everything after it; max_tokens, or
 the context filling up, ends it with "length". prompt_tokens counts the prompt after the chat template.
 
-Sampling: greedy at temperature 0, else temperature + top-p with a per-request generator (see
-sampling.py for when batched and solo runs can differ).
+Sampling: each row's logits are first adjusted by its own min_tokens, logit_bias and penalties
+(penalties.py, vLLM's order), then greedy at temperature 0, else temperature + top-p with a
+per-request generator (see sampling.py for when batched and solo runs can differ).
 
 Streaming: on_output(text so far, completion tokens so far) is called from the loop thread at most
 once per output_interval_s per request, never after the result, with any trailing partial stop
@@ -64,6 +65,7 @@ from workers.engine.batch import RunningBatch
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
+from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.sequence import Sequence, find_stop, streamable
 from workers.engine.types import (
@@ -73,6 +75,7 @@ from workers.engine.types import (
     GenerationRequest,
     GenerationResult,
     RequestError,
+    SamplingParams,
     StepStats,
     call_on_fatal,
     check_fault_file,
@@ -178,6 +181,7 @@ class TransformersEngine:
     ) -> Sequence:
         loaded = self._require_loaded()
         _validate_params(request)
+        _check_vocabulary(request.params, loaded)
         prompt_ids = self._encode(request, loaded)
         context = loaded.context_tokens
         if len(prompt_ids) >= context:
@@ -334,7 +338,7 @@ class TransformersEngine:
         batch = self._require_batch()
         try:
             cache, logits = batch.prefill(sequence.prompt_ids)
-            token = choose_tokens(logits[None], [sequence.request.params], [sequence.generator])[0]
+            token = self._choose(logits[None], [sequence])[0]
         except Exception as exc:  # a prefill failing is this request's failure alone
             self._log_failure("prefill_failed", sequence, exc)
             self._finish_failed(sequence, RequestError("unavailable", f"prefill failed: {exc}"))
@@ -351,8 +355,7 @@ class TransformersEngine:
         running = self._running
         last_tokens = [sequence.completion[-1] for sequence in running]
         logits = self._forward_with_retry(batch, last_tokens)
-        params = [sequence.request.params for sequence in running]
-        tokens = choose_tokens(logits, params, [sequence.generator for sequence in running])
+        tokens = self._choose(logits, running)
         size = len(running)
         finished = []
         for row, (sequence, token) in enumerate(zip(running, tokens, strict=True)):
@@ -361,6 +364,18 @@ class TransformersEngine:
                 finished.append(row)
         for row in reversed(finished):
             self._leave(row)
+
+    def _choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
+        """One token per row of logits [rows, vocab]: each row's adjustments, then its sampling."""
+        params = [sequence.request.params for sequence in sequences]
+        adjusted = adjust_logits(
+            logits,
+            params,
+            [sequence.prompt_ids for sequence in sequences],
+            [sequence.completion for sequence in sequences],
+            self._require_loaded_model().eos_token_ids,
+        )
+        return choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
 
     def _forward_with_retry(self, batch: RunningBatch, last_tokens: list[int]) -> torch.Tensor:
         try:
@@ -384,7 +399,8 @@ class TransformersEngine:
             # Only the newest token can complete a stop string: search from just before it.
             index = find_stop(text, params.stop, max(0, sequence.stop_checked_chars - 1))
             sequence.stop_checked_chars = len(text)
-            if index is not None:
+            # Like vLLM, a stop string completed before min_tokens is not a stop (nor later).
+            if index is not None and len(sequence.completion) >= params.min_tokens:
                 return self._finish(sequence, text[:index], "stop")
         context = self._require_loaded_model().context_tokens
         generated = len(sequence.completion)
@@ -536,6 +552,30 @@ def _validate_params(request: GenerationRequest) -> None:
         raise RequestError("invalid_request", f"top_p must be in (0, 1], got {params.top_p}")
     if any(not stop for stop in params.stop):
         raise RequestError("invalid_request", "stop strings must not be empty")
+    _validate_adjustments(params)
+
+
+def _validate_adjustments(params: SamplingParams) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= getattr(params, name) <= 2.0:
+            raise RequestError("invalid_request", f"{name} must be in [-2, 2], got {getattr(params, name)}")
+    if not 0 < params.repetition_penalty <= 2.0:
+        raise RequestError(
+            "invalid_request", f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}"
+        )
+    if not 0 <= params.min_tokens <= params.max_tokens:
+        message = f"min_tokens ({params.min_tokens}) must be in [0, max_tokens ({params.max_tokens})]"
+        raise RequestError("invalid_request", message)
+    if any(not -100.0 <= bias <= 100.0 for _, bias in params.logit_bias):
+        raise RequestError("invalid_request", "logit_bias values must be in [-100, 100]")
+
+
+def _check_vocabulary(params: SamplingParams, loaded: LoadedModel) -> None:
+    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    bad = [token for token, _ in params.logit_bias if not 0 <= token < vocab]
+    if bad:
+        message = f"logit_bias names token {bad[0]}, outside this model's vocabulary (0..{vocab - 1})"
+        raise RequestError("invalid_request", message)
 
 
 def _abort_reason(sequence: Sequence, now: float, where: str) -> RequestError | None:

@@ -35,6 +35,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     #: Keep generating past the end-of-sequence token (benchmarks use it to fix the work per job).
     ignore_eos: bool = False
+    #: Subtracted once from the logit of every token the completion already holds (OpenAI; -2..2).
+    presence_penalty: float = 0.0
+    #: Subtracted per occurrence in the completion so far (OpenAI; -2..2).
+    frequency_penalty: float = 0.0
+    #: Divides positive / multiplies negative logits of tokens seen in prompt or completion (vLLM; (0, 2]).
+    repetition_penalty: float = 1.0
+    #: (token id, bias) pairs added to those tokens' logits (OpenAI's logit_bias; bias -100..100).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: End-of-sequence tokens and stop strings are ignored until this many tokens are generated (vLLM).
+    min_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -1,0 +1,64 @@
+"""The OpenAI fields that change generation reach the model: the official `openai` client against a
+live server and a real worker on random-tiny (real forward passes, random weights)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+
+from shared.config import Settings
+from tests.api.live_server import live_server
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "random-tiny"
+#: " cat" in SmolLM2's vocabulary (random-tiny's tokenizer). random-tiny's logits lie within +-0.7,
+#: so a bias of 1.0 makes it every greedy step's choice.
+CAT = 2644
+
+
+@pytest.fixture
+def base_url(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> Iterator[str]:
+    settings = make_settings(model=MODEL, cache_enabled=False)
+    start_worker(settings)
+    with live_server(settings) as url:
+        yield url
+
+
+def test_penalties_logit_bias_and_raw_prompts_reach_the_model(base_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    common = {"model": MODEL, "prompt": "hello there", "max_tokens": 8, "temperature": 0}
+    forced = client.completions.create(**common, logit_bias={str(CAT): 1.0})  # type: ignore[call-overload]
+    assert forced.choices[0].text == " cat" * 8
+    assert forced.usage is not None and forced.usage.prompt_tokens == 2  # verbatim: no chat template
+    for penalty in (
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
+        {"extra_body": {"repetition_penalty": 2.0}},
+    ):
+        text = client.completions.create(**common, logit_bias={str(CAT): 1.0}, **penalty).choices[0].text  # type: ignore[call-overload]
+        assert text.startswith(" cat") and text.count(" cat") <= 2, (penalty, text)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=4,
+        temperature=0,
+        logit_bias={str(CAT): 1.0},
+    )
+    assert chat.choices[0].message.content == " cat" * 4
+
+
+def test_the_jobs_api_takes_the_same_fields(base_url: str) -> None:
+    body = {"prompt": "hello there", "max_tokens": 6, "logit_bias": {str(CAT): 1.0}}
+    chat = httpx.post(f"{base_url}/v1/jobs", json=body, headers={"Prefer": "wait=60"}).json()
+    raw = httpx.post(f"{base_url}/v1/jobs", json=body | {"template": "none", "min_tokens": 6},
+                     headers={"Prefer": "wait=60"}).json()  # fmt: skip
+    assert chat["output"]["text"] == raw["output"]["text"] == " cat" * 6
+    assert chat["output"]["usage"]["prompt_tokens"] > raw["output"]["usage"]["prompt_tokens"] == 2
+    assert raw["input"]["min_tokens"] == 6 and raw["input"]["logit_bias"] == {str(CAT): 1.0}
