@@ -1,10 +1,11 @@
 """OpenAI's wire format for genq jobs: the request models, request -> JobCreate, job -> completion
 objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
 
-Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens) are honoured. Other fields
-OpenAI defines are accepted and ignored only when ignoring them cannot change the answer (store,
-service_tier, metadata, ...). Those that would change it (n > 1, echo, logprobs, tools, a non-text
-response_format, ...) are refused with 400 naming the field.
+Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
+top_logprobs and completions' echo are honoured. Other fields OpenAI defines are accepted and
+ignored only when ignoring them cannot change the answer (store, service_tier, metadata, ...).
+Those that would change it (n > 1, echo on chat, tools, a non-text response_format, ...) are
+refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ MIN_ROUND_S = 1.0
 #: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "echo": (None, False),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
+    "echo": (None, False),  # chat only: /v1/completions honours it
+    "top_logprobs": (None, 0),  # completions only: chat honours it
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
@@ -109,7 +109,8 @@ class OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(None, min_length=1, max_length=200)
-    max_tokens: int | None = Field(None, ge=1)
+    #: 0 only with completions' echo (scoring the prompt, as lm-evaluation-harness does).
+    max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -120,7 +121,7 @@ class OpenAIRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     #: vLLM's extra sampling parameters, honoured the same way.
     repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    min_tokens: int | None = Field(None, ge=0, le=1_000_000)
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -136,10 +137,39 @@ class OpenAIRequest(BaseModel):
 
 class ChatCompletionRequest(OpenAIRequest):
     messages: list[OpenAIMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(OpenAIRequest):
     prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+
+
+def shows_logprobs(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether the response carries log-probabilities (chat: `logprobs: true`; text: any number)."""
+    return bool(body.logprobs) if isinstance(body, ChatCompletionRequest) else body.logprobs is not None
+
+
+def echoes(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return isinstance(body, CompletionRequest) and bool(body.echo)
+
+
+def _logprob_fields(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The job's logprobs / prompt_logprobs for OpenAI's logprobs, top_logprobs and echo."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs and not body.logprobs:
+            raise errors.InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return {"logprobs": body.top_logprobs or 0} if body.logprobs else {}
+    fields: dict[str, Any] = {} if body.logprobs is None else {"logprobs": body.logprobs}
+    if body.echo:  # the prompt's tokens are scored too (a max_tokens 0 job needs them)
+        fields["prompt_logprobs"] = body.logprobs or 0
+    elif body.max_tokens == 0:
+        raise errors.InvalidRequest(
+            "max_tokens 0 generates nothing; it is allowed with echo", param="max_tokens"
+        )
+    return fields
 
 
 def _refuse_unsupported(body: OpenAIRequest) -> None:
@@ -167,7 +197,7 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     _refuse_unsupported(body)
     fields: dict[str, Any] = {
         "model": body.model,
-        "max_tokens": body.max_completion_tokens or body.max_tokens,
+        "max_tokens": body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "seed": body.seed,
@@ -177,6 +207,7 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
         | ({"user": body.user[:512]} if body.user else {}),
     }
     fields |= {name: getattr(body, name) for name in _ADJUSTMENTS if getattr(body, name) is not None}
+    fields |= _logprob_fields(body)
     if isinstance(body, ChatCompletionRequest):
         fields["messages"] = [m.as_chat_message() for m in body.messages]
     else:  # a completion continues its prompt verbatim, as OpenAI's and vLLM's do
@@ -241,17 +272,88 @@ def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
     }
 
 
-def completion(kind: Kind, job: dict[str, Any]) -> dict[str, Any]:
-    """A finished job as a `chat.completion` or `text_completion` object."""
+def completion(kind: Kind, job: dict[str, Any], echo: bool = False) -> dict[str, Any]:
+    """A finished job as a `chat.completion` or `text_completion` object (with logprobs when the job
+    has them; `echo` puts the prompt, and its tokens, before the completion)."""
     if job["status"] != JobStatus.SUCCEEDED:
         raise JobNotCompleted(job)
     output = job["output"]
+    tokens = _scored_tokens(job, echo)
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": output["finish_reason"]}
     if kind is Kind.CHAT:
         choice["message"] = {"role": "assistant", "content": output["text"], "refusal": None}
+        if tokens is not None:
+            choice["logprobs"] = {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
     else:
-        choice["text"] = output["text"]
+        choice["text"] = (job["input"]["prompt"] if echo else "") + output["text"]
+        if tokens is not None:
+            choice["logprobs"] = _text_logprobs(tokens, 0)
     return _envelope(kind, job, kind.obj) | {"choices": [choice], "usage": _usage(job)}
+
+
+def _scored_tokens(job: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
+    """The job's token entries to show: the completion's, after the prompt's when echoing."""
+    output = job["output"]
+    if output.get("logprobs") is None:
+        return None
+    return [*(output.get("prompt_logprobs") or [] if echo else []), *output["logprobs"]]
+
+
+def _chat_logprob(token: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ChatCompletionTokenLogprob."""
+    top = [{"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode())}
+           for t in token["top_logprobs"]]  # fmt: skip
+    return {"token": token["token"], "logprob": token["logprob"], "bytes": list(token["token"].encode()),
+            "top_logprobs": top}  # fmt: skip
+
+
+def _text_logprobs(tokens: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """OpenAI's completions Logprobs: parallel lists; text_offset counts from `offset` in the text.
+    Each top_logprobs dict also holds the chosen token (so up to logprobs + 1 entries, as OpenAI)."""
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token["text"])
+    return {
+        "tokens": [token["token"] for token in tokens],
+        "token_logprobs": [token["logprob"] for token in tokens],
+        "top_logprobs": [
+            None
+            if token["logprob"] is None
+            else {t["token"]: t["logprob"] for t in token["top_logprobs"]}
+            | {token["token"]: token["logprob"]}
+            for token in tokens
+        ],
+        "text_offset": offsets,
+    }
+
+
+def token_chunks(kind: Kind, job: dict[str, Any], echo: bool, include_usage: bool) -> list[dict[str, Any]]:
+    """A succeeded job's stream chunks, one per token with its logprobs (a stream asking for logprobs
+    gets them once the job ended; with echo, the prompt comes first, as one chunk)."""
+    output = job["output"]
+    chunks, offset = [], 0
+    if echo:
+        prompt = output.get("prompt_logprobs") or []
+        chunks.append(_token_chunk(kind, job, job["input"]["prompt"], prompt, offset, include_usage))
+        offset = len(job["input"]["prompt"])
+    for token in output["logprobs"]:
+        chunks.append(_token_chunk(kind, job, token["text"], [token], offset, include_usage))
+        offset += len(token["text"])
+    return chunks
+
+
+def _token_chunk(
+    kind: Kind, job: dict[str, Any], text: str, tokens: list[dict[str, Any]], offset: int, include_usage: bool
+) -> dict[str, Any]:
+    body = chunk(kind, job, text, None, include_usage)
+    logprobs = (
+        {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
+        if kind is Kind.CHAT
+        else _text_logprobs(tokens, offset)
+    )
+    body["choices"][0]["logprobs"] = logprobs
+    return body
 
 
 def chunk(

@@ -86,6 +86,9 @@ def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
         options["logit_bias"] = sorted([int(token), _number(value)] for token, value in bias.items())
     if int(job_input.get("min_tokens", 0)):
         options["min_tokens"] = int(job_input["min_tokens"])
+    for name in ("logprobs", "prompt_logprobs"):  # they change the output, not the text
+        if job_input.get(name) is not None:
+            options[name] = int(job_input[name])
     return options
 
 

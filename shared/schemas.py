@@ -56,7 +56,8 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 #: How a `prompt` becomes tokens: "chat" wraps it as one user message of the model's chat template
 #: (what an instruct model expects), "none" continues the text verbatim (OpenAI's /v1/completions).
 PromptTemplate = Literal["chat", "none"]
-TokenId = Annotated[int, Field(ge=0)]
+#: Bounded so any value survives JSON encoding (no vocabulary is near 2**31).
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
@@ -77,7 +78,8 @@ class JobCreate(BaseModel):
     #: "chat" (default) wraps a `prompt` in the chat template; "none" continues it verbatim.
     template: PromptTemplate = "chat"
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    #: 0 only with prompt_logprobs (scoring a prompt, generating nothing).
+    max_tokens: int | None = Field(None, ge=0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -96,7 +98,11 @@ class JobCreate(BaseModel):
         default_factory=dict, json_schema_extra={"default": {}}
     )
     #: vLLM's: end-of-sequence and stop strings are ignored until this many tokens (<= max_tokens).
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=1_000_000)
+    #: Return each generated token's log-probability with this many most likely alternatives.
+    logprobs: int | None = Field(None, ge=0, le=20)
+    #: The same for each prompt token (the first has none); max_tokens 0 then only scores the prompt.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     priority: Priority = Priority.INTERACTIVE
     webhook: AnyHttpUrl | None = None
     webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = Field(
@@ -148,6 +154,8 @@ class JobInput(BaseModel):
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = Field(default_factory=dict)
     min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     priority: Priority
     webhook: str | None
     webhook_events_filter: list[WebhookEvent]
@@ -160,10 +168,33 @@ class Usage(BaseModel):
     completion_tokens: int
 
 
+class TopLogprob(BaseModel):
+    id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """A token with its log-probability under the model (raw: before penalties and temperature)."""
+
+    id: int
+    #: The token alone, decoded.
+    token: str
+    #: What the token added to the text (the texts of all tokens concatenate to it).
+    text: str
+    #: null for a prompt's first token (nothing precedes it).
+    logprob: float | None
+    top_logprobs: list[TopLogprob]
+
+
 class JobOutput(BaseModel):
     text: str
     finish_reason: Literal["stop", "length"]
     usage: Usage
+    #: With `logprobs`: one entry per generated token.
+    logprobs: list[TokenLogprob] | None = None
+    #: With `prompt_logprobs`: one entry per prompt token (after the chat template, if any).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class JobError(BaseModel):

@@ -45,6 +45,8 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
+from workers.engine.logprobs import finite
+from workers.engine.types import TokenLogprob
 from workers.publish import OutputPublisher
 from workers.webhooks import OutputWebhooks
 
@@ -273,6 +275,8 @@ class WorkerRuntime:
                 (int(token), float(bias)) for token, bias in job_input.get("logit_bias", {}).items()
             ),
             min_tokens=job_input.get("min_tokens", 0),
+            logprobs=job_input.get("logprobs"),
+            prompt_logprobs=job_input.get("prompt_logprobs"),
         )
         return GenerationRequest(
             request_id=job_id,
@@ -349,13 +353,28 @@ class WorkerRuntime:
 
 
 def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
-    output = {
+    output: dict[str, object] = {
         "text": result.text,
         "finish_reason": result.finish_reason,
         "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
     }
+    if result.logprobs is not None:
+        output["logprobs"] = [_token_entry(entry) for entry in result.logprobs]
+    if result.prompt_logprobs is not None:
+        output["prompt_logprobs"] = [_token_entry(entry) for entry in result.prompt_logprobs]
     metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
     return {"status": "succeeded", "output": orjson.dumps(output), "metrics": orjson.dumps(metrics)}
+
+
+def _token_entry(entry: TokenLogprob) -> dict[str, object]:
+    """A token's log-probability as the job's output stores it (shared.schemas.TokenLogprob)."""
+    return {
+        "id": entry.token_id,
+        "token": entry.token,
+        "text": entry.text,
+        "logprob": None if entry.logprob is None else finite(entry.logprob),
+        "top_logprobs": [{"id": i, "token": t, "logprob": finite(v)} for i, t, v in entry.top],
+    }
 
 
 def ready_file_fresh(path: Path, max_age_s: float) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,8 +30,11 @@ from api.openai_compat import (
     OpenAIRoute,
     chunk,
     completion,
+    echoes,
     job_create,
     openai_error,
+    shows_logprobs,
+    token_chunks,
     usage_chunk,
     wait_for_job,
 )
@@ -120,29 +124,41 @@ async def _complete(
     headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _stream(kind, job, queue, owner, include_usage)
+        shown = Shown(shows_logprobs(body), echoes(body), include_usage)
+        chunks = _stream(kind, job, queue, owner, shown)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS | headers)
     job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
-    return json_response(completion(kind, job), headers=headers)
+    return json_response(completion(kind, job, echoes(body)), headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """What a stream shows besides the text deltas."""
+
+    logprobs: bool
+    echo: bool
+    include_usage: bool
 
 
 async def _stream(
-    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, include_usage: bool
+    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, shown: Shown
 ) -> AsyncIterator[bytes]:
-    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it)."""
-    ended = False
+    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it).
+    With logprobs the chunks are the job's tokens, sent when it ends: the live deltas carry text only."""
+    ended, include_usage = False, shown.include_usage
     try:
-        if kind is Kind.CHAT:
-            yield _data(chunk(kind, job, None, None, include_usage))
+        for frame in _opening(kind, job, shown):
+            yield frame
         async for event in follow(queue, job["id"], owner):
             match event:
                 case Output(delta=delta):
-                    yield _data(chunk(kind, job, delta, None, include_usage))
+                    if not shown.logprobs:
+                        yield _data(chunk(kind, job, delta, None, include_usage))
                 case Ping():
                     yield b": ping\n\n"
                 case Done(job=final):
                     ended = True
-                    for frame in _closing(kind, final, include_usage):
+                    for frame in _tokens(kind, final, shown) + _closing(kind, final, include_usage):
                         yield frame
                 case Failure(type=failure, message=message):
                     ended = True
@@ -151,6 +167,21 @@ async def _stream(
     finally:
         if not ended:
             await _cancel_quietly(queue, job["id"], owner)
+
+
+def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
+    """Chat's assistant-role chunk; an echoed prompt (at once, unless it comes with its logprobs)."""
+    frames = [_data(chunk(kind, job, None, None, shown.include_usage))] if kind is Kind.CHAT else []
+    if shown.echo and not shown.logprobs:
+        frames.append(_data(chunk(kind, job, job["input"]["prompt"], None, shown.include_usage)))
+    return frames
+
+
+def _tokens(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
+    """With logprobs: the succeeded job's chunks, one per token, each with its logprobs."""
+    if not shown.logprobs or job["status"] != JobStatus.SUCCEEDED:
+        return []
+    return [_data(body) for body in token_chunks(kind, job, shown.echo, shown.include_usage)]
 
 
 async def _cancel_quietly(queue: JobQueue, job_id: str, owner: str) -> None:

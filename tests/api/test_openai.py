@@ -110,9 +110,18 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as temperature_error:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, temperature=3)  # type: ignore[arg-type]
     assert temperature_error.value.param == "temperature"
-    with pytest.raises(openai.BadRequestError) as logprobs_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, logprobs=True)  # type: ignore[arg-type]
-    assert logprobs_error.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as echo_error:
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})  # type: ignore[arg-type]
+    assert echo_error.value.param == "echo"
+    with pytest.raises(openai.BadRequestError) as top_error:
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)  # type: ignore[arg-type]
+    assert top_error.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as many_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", logprobs=6)
+    assert many_error.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as nothing_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
+    assert nothing_error.value.param == "max_tokens"
     with pytest.raises(openai.NotFoundError) as model_error:
         client.chat.completions.create(model="gpt-nope", messages=messages)  # type: ignore[arg-type]
     assert model_error.value.code == "model_not_found"

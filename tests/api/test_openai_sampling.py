@@ -62,3 +62,49 @@ def test_the_jobs_api_takes_the_same_fields(base_url: str) -> None:
     assert chat["output"]["text"] == raw["output"]["text"] == " cat" * 6
     assert chat["output"]["usage"]["prompt_tokens"] > raw["output"]["usage"]["prompt_tokens"] == 2
     assert raw["input"]["min_tokens"] == 6 and raw["input"]["logit_bias"] == {str(CAT): 1.0}
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_chat_logprobs_plain_and_streamed(base_url: str) -> None:
+    client = _client(base_url)
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
+           "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    whole = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    content = whole.choices[0].logprobs.content
+    assert whole.usage is not None and len(content) == whole.usage.completion_tokens == 6
+    for entry in content:  # greedy: the chosen token is the most likely one
+        assert len(entry.top_logprobs) == 3
+        assert (entry.token, entry.logprob) == (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob)
+        assert entry.logprob < 0 and entry.bytes == list(entry.token.encode())
+    chunks = [c for c in client.chat.completions.create(**ask, stream=True) if c.choices]  # type: ignore[call-overload]
+    streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+
+
+def test_echo_scores_the_prompt_like_lm_eval_asks(base_url: str) -> None:
+    client = _client(base_url)
+    prompt = "The capital of France is Paris"
+    scored = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.text == prompt and scored.usage is not None and scored.usage.completion_tokens == 0
+    logprobs = choice.logprobs
+    assert logprobs is not None and len(logprobs.tokens or []) == scored.usage.prompt_tokens
+    assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] is None
+    assert all(value < 0 for value in logprobs.token_logprobs[1:])
+    assert logprobs.top_logprobs is not None and logprobs.top_logprobs[0] is None
+    pairs = zip(logprobs.tokens or [], logprobs.text_offset or [], strict=True)
+    assert all(prompt[offset:].startswith(token) for token, offset in pairs)
+    # One more token, generated: the prompt's scores are the same numbers.
+    more = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0
+    )
+    assert more.choices[0].logprobs is not None and more.choices[0].text.startswith(prompt)
+    assert more.choices[0].logprobs.token_logprobs[: len(logprobs.tokens or [])] == logprobs.token_logprobs  # type: ignore[index]
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, stream=True)
+    )
+    assert "".join(c.choices[0].text for c in streamed).startswith(prompt)

@@ -26,7 +26,10 @@ the context filling up, ends it with "length". prompt_tokens counts the prompt a
 
 Sampling: each row's logits are first adjusted by its own min_tokens, logit_bias and penalties
 (penalties.py, vLLM's order), then greedy at temperature 0, else temperature + top-p with a
-per-request generator (see sampling.py for when batched and solo runs can differ).
+per-request generator (see sampling.py for when batched and solo runs can differ). A request with
+SamplingParams.logprobs gets each chosen token's raw log-probability (logprobs.py: before any
+adjustment, as vLLM); one with prompt_logprobs is prefilled at every position (without the shared
+prefix) to score its prompt, and with max_tokens 0 it ends there.
 
 Streaming: on_output(text so far, completion tokens so far) is called from the loop thread at most
 once per output_interval_s per request, never after the result, with any trailing partial stop
@@ -65,10 +68,12 @@ from workers.engine.batch import RunningBatch
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
+from workers.engine.logprobs import describe, prompt_logprobs, step_logprobs
 from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.sequence import Sequence, find_stop, streamable
 from workers.engine.types import (
+    MAX_TOP_LOGPROBS,
     EngineStats,
     FatalEngineError,
     FinishReason,
@@ -77,6 +82,7 @@ from workers.engine.types import (
     RequestError,
     SamplingParams,
     StepStats,
+    TokenLogprob,
     call_on_fatal,
     check_fault_file,
 )
@@ -334,17 +340,25 @@ class TransformersEngine:
         return not self._running or reserved + sequence.reservation <= config.max_batch_tokens
 
     def _prefill(self, sequence: Sequence) -> bool:
-        """Prefill one sequence and give it its first token; False when the prefill failed."""
+        """Prefill one sequence and give it its first token; True when it got one (False: the
+        prefill failed, or the request only scores its prompt)."""
         batch = self._require_batch()
+        params = sequence.request.params
+        scored = params.prompt_logprobs
         try:
-            cache, logits = batch.prefill(sequence.prompt_ids)
-            token = self._choose(logits[None], [sequence])[0]
+            cache, logits = batch.prefill(sequence.prompt_ids, every_position=scored is not None)
+            if scored is not None:
+                sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
+            token = self._choose(logits[-1:], [sequence])[0] if params.max_tokens else None
         except Exception as exc:  # a prefill failing is this request's failure alone
             self._log_failure("prefill_failed", sequence, exc)
             self._finish_failed(sequence, RequestError("unavailable", f"prefill failed: {exc}"))
             return False
         self._counters.prompt_tokens += len(sequence.prompt_ids)
         sequence.first_token_at = time.monotonic()
+        if token is None:  # max_tokens 0: the prompt's log-probabilities were all it asked for
+            self._finish(sequence, "", "length")
+            return False
         if not self._accept(sequence, token):
             batch.join(cache)
             self._running.append(sequence)
@@ -375,7 +389,13 @@ class TransformersEngine:
             [sequence.completion for sequence in sequences],
             self._require_loaded_model().eos_token_ids,
         )
-        return choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
+        tokens = choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
+        # Scored on the raw logits: vLLM's default, independent of penalties and temperature.
+        scores = step_logprobs(logits, tokens, [row_params.logprobs for row_params in params])
+        for sequence, score in zip(sequences, scores, strict=True):
+            if score is not None:
+                sequence.scores.append(score)
+        return tokens
 
     def _forward_with_retry(self, batch: RunningBatch, last_tokens: list[int]) -> torch.Tensor:
         try:
@@ -426,8 +446,23 @@ class TransformersEngine:
     def _finish(self, sequence: Sequence, text: str, reason: FinishReason) -> bool:
         self._forget(sequence)
         self._counters.requests_finished += 1
-        sequence.succeed(text, reason, time.monotonic())
+        logprobs, prompt_scores = self._describe_scores(sequence, text)
+        sequence.succeed(text, reason, time.monotonic(), logprobs, prompt_scores)
         return True
+
+    def _describe_scores(
+        self, sequence: Sequence, text: str
+    ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:
+        """The sequence's log-probabilities with their token strings (decoded once, at the end)."""
+        params = sequence.request.params
+        logprobs = prompt_scores = None
+        if params.logprobs is not None:
+            logprobs = describe(self._decode_ids, sequence.completion, sequence.scores, text, True)
+        if sequence.prompt_scores is not None:
+            prompt = sequence.prompt_ids
+            prompt_text = self._decode_ids(prompt, False)
+            prompt_scores = describe(self._decode_ids, prompt, sequence.prompt_scores, prompt_text, False)
+        return logprobs, prompt_scores
 
     def _finish_failed(self, sequence: Sequence, error: RequestError | FatalEngineError) -> None:
         self._forget(sequence)
@@ -446,8 +481,12 @@ class TransformersEngine:
             self._running[row] = last
 
     def _decode_text(self, tokens: list[int]) -> str:
+        return self._decode_ids(tokens, True)
+
+    def _decode_ids(self, tokens: list[int], skip_special_tokens: bool) -> str:
         with self._tokenizer_lock:
-            return str(self._require_loaded_model().tokenizer.decode(tokens, skip_special_tokens=True))
+            tokenizer = self._require_loaded_model().tokenizer
+            return str(tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
 
     @staticmethod
     def _log_failure(event: str, sequence: Sequence, exc: Exception) -> None:
@@ -482,7 +521,7 @@ class TransformersEngine:
         rows = self._config.max_batch_size
         for _ in range(rows):
             batch.join(cache)
-        tokens = [int(logits.argmax())] * rows
+        tokens = [int(logits[-1].argmax())] * rows
         for _ in range(_WARMUP_STEPS):
             logits = batch.decode(tokens)
             if not bool(torch.isfinite(logits).all()):
@@ -544,8 +583,13 @@ def _validate_params(request: GenerationRequest) -> None:
     if request.messages is not None and request.template == "none":
         message = "template 'none' applies to a prompt; messages always use the chat template"
         raise RequestError("invalid_request", message)
-    if params.max_tokens < 1:
-        raise RequestError("invalid_request", f"max_tokens must be >= 1, got {params.max_tokens}")
+    least = 0 if params.prompt_logprobs is not None else 1  # 0 tokens: scoring the prompt only
+    if params.max_tokens < least:
+        raise RequestError("invalid_request", f"max_tokens must be >= {least}, got {params.max_tokens}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise RequestError("invalid_request", f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
     if params.temperature < 0:
         raise RequestError("invalid_request", f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:

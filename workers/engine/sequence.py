@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.engine.logprobs import RawLogprob
 from workers.engine.types import (
     FatalEngineError,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     RequestError,
+    TokenLogprob,
 )
 
 
@@ -38,6 +40,10 @@ class Sequence:
     stop_checked_chars: int = 0
     #: Set by cancel() from a caller thread; a plain bool store is atomic, and the engine reads it each step.
     cancel_requested: bool = False
+    #: Log-probabilities of the completion's tokens so far (when SamplingParams.logprobs is set).
+    scores: list[RawLogprob] = field(default_factory=list)
+    #: Log-probabilities of the prompt's tokens (when SamplingParams.prompt_logprobs is set).
+    prompt_scores: list[RawLogprob] | None = None
 
     @property
     def request_id(self) -> str:
@@ -47,7 +53,14 @@ class Sequence:
         if not self.future.done():
             self.future.set_exception(error)
 
-    def succeed(self, text: str, reason: FinishReason, now: float) -> None:
+    def succeed(
+        self,
+        text: str,
+        reason: FinishReason,
+        now: float,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        prompt_logprobs: tuple[TokenLogprob, ...] | None = None,
+    ) -> None:
         first = self.first_token_at if self.first_token_at is not None else now
         result = GenerationResult(
             text=text,
@@ -58,6 +71,8 @@ class Sequence:
             batch_size=self.batch_size,
             time_to_first_token_ms=(first - self.admitted_at) * 1000,
             queued_ms=(self.admitted_at - self.submitted_at) * 1000,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         if not self.future.done():
             self.future.set_result(result)

@@ -45,6 +45,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: End-of-sequence tokens and stop strings are ignored until this many tokens are generated (vLLM).
     min_tokens: int = 0
+    #: Return each generated token's log-probability and this many most likely alternatives (0..20);
+    #: None returns none. Raw model log-probabilities, before penalties and temperature (vLLM's default).
+    logprobs: int | None = None
+    #: The same for every prompt token (the first has none); with it max_tokens may be 0 (scoring only).
+    prompt_logprobs: int | None = None
 
 
 @dataclass(slots=True)
@@ -62,6 +67,26 @@ class GenerationRequest:
     on_output: OutputCallback | None = field(default=None, repr=False)
 
 
+#: Most alternatives a token's log-probability entry may list (OpenAI's chat top_logprobs bound).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token of a completion (or prompt) with its log-probability under the model."""
+
+    token_id: int
+    #: The token alone, decoded (special tokens shown).
+    token: str
+    #: What this token added to the returned text (may be "" for a half character or a cut stop string);
+    #: the texts of a result's tokens concatenate to its text.
+    text: str
+    #: log-softmax of the model's logits at this position; None for a prompt's first token.
+    logprob: float | None
+    #: The most likely tokens at this position, most likely first: (token id, token, logprob).
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     text: str
@@ -75,6 +100,10 @@ class GenerationResult:
     time_to_first_token_ms: float
     #: Wall time from submit() to admission into the running batch (waiting behind a full batch).
     queued_ms: float = 0.0
+    #: One per completion token when SamplingParams.logprobs was set.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    #: One per prompt token when SamplingParams.prompt_logprobs was set.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
