@@ -2,10 +2,10 @@
 objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
 
 Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
-top_logprobs and completions' echo are honoured. Other fields OpenAI defines are accepted and
-ignored only when ignoring them cannot change the answer (store, service_tier, metadata, ...).
-Those that would change it (n > 1, echo on chat, tools, a non-text response_format, ...) are
-refused with 400 naming the field.
+top_logprobs, completions' echo and best_of, and n are honoured. Other fields OpenAI defines are
+accepted and ignored only when ignoring them cannot change the answer (store, service_tier,
+metadata, ...). Those that would change it (echo or best_of on chat, tools, a non-text
+response_format, ...) are refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import redis.exceptions
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from api.errors import genq_error_response, validation_error_response
@@ -44,7 +44,7 @@ MIN_ROUND_S = 1.0
 
 #: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
+    "best_of": (None, 1),  # chat only: /v1/completions honours it
     "echo": (None, False),  # chat only: /v1/completions honours it
     "top_logprobs": (None, 0),  # completions only: chat honours it
     "suffix": (None, ""),
@@ -122,17 +122,10 @@ class OpenAIRequest(BaseModel):
     #: vLLM's extra sampling parameters, honoured the same way.
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(None, ge=0, le=1_000_000)
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=16)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("genq returns one choice per request; n must be 1")
-        return n
 
 
 class ChatCompletionRequest(OpenAIRequest):
@@ -145,6 +138,7 @@ class CompletionRequest(OpenAIRequest):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
 
 
 def shows_logprobs(body: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -208,6 +202,10 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     }
     fields |= {name: getattr(body, name) for name in _ADJUSTMENTS if getattr(body, name) is not None}
     fields |= _logprob_fields(body)
+    if body.n is not None:
+        fields["n"] = body.n
+    if isinstance(body, CompletionRequest) and body.best_of is not None:
+        fields["best_of"] = body.best_of
     if isinstance(body, ChatCompletionRequest):
         fields["messages"] = [m.as_chat_message() for m in body.messages]
     else:  # a completion continues its prompt verbatim, as OpenAI's and vLLM's do
@@ -273,30 +271,42 @@ def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
 
 
 def completion(kind: Kind, job: dict[str, Any], echo: bool = False) -> dict[str, Any]:
-    """A finished job as a `chat.completion` or `text_completion` object (with logprobs when the job
-    has them; `echo` puts the prompt, and its tokens, before the completion)."""
+    """A finished job as a `chat.completion` or `text_completion` object: one choice per completion
+    (n), with logprobs when the job has them; `echo` puts the prompt (and its tokens) first."""
     if job["status"] != JobStatus.SUCCEEDED:
         raise JobNotCompleted(job)
-    output = job["output"]
-    tokens = _scored_tokens(job, echo)
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": output["finish_reason"]}
+    choices = [_choice(kind, job, index, sample, echo) for index, sample in enumerate(samples(job))]
+    return _envelope(kind, job, kind.obj) | {"choices": choices, "usage": _usage(job)}
+
+
+def samples(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A succeeded job's completions: its choices (n or best_of), else its one output."""
+    output: dict[str, Any] = job["output"]
+    return list(output.get("choices") or [output])
+
+
+def _choice(
+    kind: Kind, job: dict[str, Any], index: int, sample: dict[str, Any], echo: bool
+) -> dict[str, Any]:
+    tokens = _scored_tokens(job, sample, echo)
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": sample["finish_reason"]}
     if kind is Kind.CHAT:
-        choice["message"] = {"role": "assistant", "content": output["text"], "refusal": None}
+        choice["message"] = {"role": "assistant", "content": sample["text"], "refusal": None}
         if tokens is not None:
             choice["logprobs"] = {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
     else:
-        choice["text"] = (job["input"]["prompt"] if echo else "") + output["text"]
+        choice["text"] = (job["input"]["prompt"] if echo else "") + sample["text"]
         if tokens is not None:
             choice["logprobs"] = _text_logprobs(tokens, 0)
-    return _envelope(kind, job, kind.obj) | {"choices": [choice], "usage": _usage(job)}
+    return choice
 
 
-def _scored_tokens(job: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
-    """The job's token entries to show: the completion's, after the prompt's when echoing."""
-    output = job["output"]
-    if output.get("logprobs") is None:
+def _scored_tokens(job: dict[str, Any], sample: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
+    """A completion's token entries to show: its own, after the prompt's when echoing."""
+    if sample.get("logprobs") is None:
         return None
-    return [*(output.get("prompt_logprobs") or [] if echo else []), *output["logprobs"]]
+    prompt = job["output"].get("prompt_logprobs") or [] if echo else []
+    return [*prompt, *sample["logprobs"]]
 
 
 def _chat_logprob(token: dict[str, Any]) -> dict[str, Any]:
@@ -328,39 +338,58 @@ def _text_logprobs(tokens: list[dict[str, Any]], offset: int) -> dict[str, Any]:
     }
 
 
-def token_chunks(kind: Kind, job: dict[str, Any], echo: bool, include_usage: bool) -> list[dict[str, Any]]:
-    """A succeeded job's stream chunks, one per token with its logprobs (a stream asking for logprobs
-    gets them once the job ended; with echo, the prompt comes first, as one chunk)."""
-    output = job["output"]
-    chunks, offset = [], 0
-    if echo:
-        prompt = output.get("prompt_logprobs") or []
-        chunks.append(_token_chunk(kind, job, job["input"]["prompt"], prompt, offset, include_usage))
-        offset = len(job["input"]["prompt"])
-    for token in output["logprobs"]:
-        chunks.append(_token_chunk(kind, job, token["text"], [token], offset, include_usage))
-        offset += len(token["text"])
+def buffered_chunks(
+    kind: Kind, job: dict[str, Any], logprobs: bool, echo: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    """A succeeded job's stream chunks, sent once it ended: per completion (n), its echoed prompt,
+    then one chunk per token with its logprobs, or its whole text in one chunk without them."""
+    chunks = []
+    prompt = job["input"]["prompt"] or ""
+    for index, sample in enumerate(samples(job)):
+        offset = 0
+        if echo:
+            scored = job["output"].get("prompt_logprobs") or [] if logprobs else None
+            chunks.append(_token_chunk(kind, job, index, prompt, scored, 0, include_usage))
+            offset = len(prompt)
+        if not logprobs:
+            chunks.append(_token_chunk(kind, job, index, sample["text"], None, offset, include_usage))
+            continue
+        for token in sample["logprobs"]:
+            chunks.append(_token_chunk(kind, job, index, token["text"], [token], offset, include_usage))
+            offset += len(token["text"])
     return chunks
 
 
 def _token_chunk(
-    kind: Kind, job: dict[str, Any], text: str, tokens: list[dict[str, Any]], offset: int, include_usage: bool
+    kind: Kind,
+    job: dict[str, Any],
+    index: int,
+    text: str,
+    tokens: list[dict[str, Any]] | None,
+    offset: int,
+    include_usage: bool,
 ) -> dict[str, Any]:
-    body = chunk(kind, job, text, None, include_usage)
-    logprobs = (
-        {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
-        if kind is Kind.CHAT
-        else _text_logprobs(tokens, offset)
-    )
-    body["choices"][0]["logprobs"] = logprobs
+    body = chunk(kind, job, text, None, include_usage, index)
+    if tokens is not None:
+        body["choices"][0]["logprobs"] = (
+            {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
+            if kind is Kind.CHAT
+            else _text_logprobs(tokens, offset)
+        )
     return body
 
 
 def chunk(
-    kind: Kind, job: dict[str, Any], delta: str | None, finish_reason: str | None, include_usage: bool
+    kind: Kind,
+    job: dict[str, Any],
+    delta: str | None,
+    finish_reason: str | None,
+    include_usage: bool,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One stream chunk: the assistant role (chat, delta None), a text delta, or the finish."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    """One stream chunk of choice `index`: the assistant role (chat, delta None), a text delta, or
+    the finish."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
     if kind is Kind.CHAT:
         choice["delta"] = {"role": "assistant", "content": ""} if delta is None else {"content": delta}
         if finish_reason is not None:

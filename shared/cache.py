@@ -86,9 +86,11 @@ def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
         options["logit_bias"] = sorted([int(token), _number(value)] for token, value in bias.items())
     if int(job_input.get("min_tokens", 0)):
         options["min_tokens"] = int(job_input["min_tokens"])
-    for name in ("logprobs", "prompt_logprobs"):  # they change the output, not the text
+    for name in ("logprobs", "prompt_logprobs", "best_of"):  # they change the output
         if job_input.get(name) is not None:
             options[name] = int(job_input[name])
+    if int(job_input.get("n", 1)) != 1:
+        options["n"] = int(job_input["n"])
     return options
 
 

@@ -103,6 +103,10 @@ class JobCreate(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20)
     #: The same for each prompt token (the first has none); max_tokens 0 then only scores the prompt.
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    #: Completions to return, each its own sample (usage counts them all).
+    n: int = Field(1, ge=1, le=16)
+    #: Completions to generate, of which the n most likely (cumulative log-probability) are returned.
+    best_of: int | None = Field(None, ge=1, le=16)
     priority: Priority = Priority.INTERACTIVE
     webhook: AnyHttpUrl | None = None
     webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = Field(
@@ -121,6 +125,14 @@ class JobCreate(BaseModel):
         if template == "none" and info.data.get("messages") is not None:
             raise ValueError("'none' applies to a `prompt`; `messages` always use the chat template")
         return template
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_covers_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if best_of is not None and best_of < n:
+            raise ValueError(f"best_of ({best_of}) must be at least n ({n})")
+        return best_of
 
     @field_validator("webhook")
     @classmethod
@@ -156,6 +168,8 @@ class JobInput(BaseModel):
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    n: int = 1
+    best_of: int | None = None
     priority: Priority
     webhook: str | None
     webhook_events_filter: list[WebhookEvent]
@@ -187,6 +201,15 @@ class TokenLogprob(BaseModel):
     top_logprobs: list[TopLogprob]
 
 
+class JobChoice(BaseModel):
+    """One of a job's completions when it asked for n or best_of."""
+
+    text: str
+    finish_reason: Literal["stop", "length"]
+    completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
 class JobOutput(BaseModel):
     text: str
     finish_reason: Literal["stop", "length"]
@@ -195,6 +218,9 @@ class JobOutput(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     #: With `prompt_logprobs`: one entry per prompt token (after the chat template, if any).
     prompt_logprobs: list[TokenLogprob] | None = None
+    #: With n or best_of > 1: every completion returned (text and finish_reason above are the first's;
+    #: usage counts every sample generated).
+    choices: list[JobChoice] | None = None
 
 
 class JobError(BaseModel):

@@ -277,6 +277,8 @@ class WorkerRuntime:
             min_tokens=job_input.get("min_tokens", 0),
             logprobs=job_input.get("logprobs"),
             prompt_logprobs=job_input.get("prompt_logprobs"),
+            n=job_input.get("n", 1),
+            best_of=job_input.get("best_of"),
         )
         return GenerationRequest(
             request_id=job_id,
@@ -362,8 +364,19 @@ def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
         output["logprobs"] = [_token_entry(entry) for entry in result.logprobs]
     if result.prompt_logprobs is not None:
         output["prompt_logprobs"] = [_token_entry(entry) for entry in result.prompt_logprobs]
+    if result.choices:
+        output["choices"] = [_choice_entry(choice) for choice in result.choices]
     metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
     return {"status": "succeeded", "output": orjson.dumps(output), "metrics": orjson.dumps(metrics)}
+
+
+def _choice_entry(choice: GenerationResult) -> dict[str, object]:
+    """One of several samples (n or best_of), as the job's output lists them (shared.schemas.JobChoice)."""
+    entry: dict[str, object] = {"text": choice.text, "finish_reason": choice.finish_reason,
+                                "completion_tokens": choice.completion_tokens}  # fmt: skip
+    if choice.logprobs is not None:
+        entry["logprobs"] = [_token_entry(token) for token in choice.logprobs]
+    return entry
 
 
 def _token_entry(entry: TokenLogprob) -> dict[str, object]:

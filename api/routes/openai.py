@@ -28,13 +28,14 @@ from api.openai_compat import (
     CompletionRequest,
     Kind,
     OpenAIRoute,
+    buffered_chunks,
     chunk,
     completion,
     echoes,
     job_create,
     openai_error,
+    samples,
     shows_logprobs,
-    token_chunks,
     usage_chunk,
     wait_for_job,
 )
@@ -124,7 +125,7 @@ async def _complete(
     headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shown = Shown(shows_logprobs(body), echoes(body), include_usage)
+        shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1)
         chunks = _stream(kind, job, queue, owner, shown)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS | headers)
     job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
@@ -138,6 +139,14 @@ class Shown:
     logprobs: bool
     echo: bool
     include_usage: bool
+    #: Completions (OpenAI's n).
+    n: int
+
+    @property
+    def buffered(self) -> bool:
+        """Logprobs or several completions: chunks come from the finished job (live deltas carry
+        one text, without its logprobs)."""
+        return self.logprobs or self.n > 1
 
 
 async def _stream(
@@ -152,7 +161,7 @@ async def _stream(
         async for event in follow(queue, job["id"], owner):
             match event:
                 case Output(delta=delta):
-                    if not shown.logprobs:
+                    if not shown.buffered:
                         yield _data(chunk(kind, job, delta, None, include_usage))
                 case Ping():
                     yield b": ping\n\n"
@@ -170,18 +179,20 @@ async def _stream(
 
 
 def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
-    """Chat's assistant-role chunk; an echoed prompt (at once, unless it comes with its logprobs)."""
-    frames = [_data(chunk(kind, job, None, None, shown.include_usage))] if kind is Kind.CHAT else []
-    if shown.echo and not shown.logprobs:
+    """Chat's assistant-role chunk per choice; an echoed prompt (at once, unless buffered)."""
+    roles = range(shown.n) if kind is Kind.CHAT else range(0)
+    frames = [_data(chunk(kind, job, None, None, shown.include_usage, index)) for index in roles]
+    if shown.echo and not shown.buffered:
         frames.append(_data(chunk(kind, job, job["input"]["prompt"], None, shown.include_usage)))
     return frames
 
 
 def _tokens(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
-    """With logprobs: the succeeded job's chunks, one per token, each with its logprobs."""
-    if not shown.logprobs or job["status"] != JobStatus.SUCCEEDED:
+    """Buffered: the succeeded job's chunks (per completion, per token with logprobs)."""
+    if not shown.buffered or job["status"] != JobStatus.SUCCEEDED:
         return []
-    return [_data(body) for body in token_chunks(kind, job, shown.echo, shown.include_usage)]
+    chunks = buffered_chunks(kind, job, shown.logprobs, shown.echo, shown.include_usage)
+    return [_data(body) for body in chunks]
 
 
 async def _cancel_quietly(queue: JobQueue, job_id: str, owner: str) -> None:
@@ -197,7 +208,10 @@ def _closing(kind: Kind, job: dict[str, Any], include_usage: bool) -> list[bytes
         error = job.get("error") or {}
         message = str(error.get("message") or f"the job ended {job['status']}")
         return [_data(_error_payload(message, str(error.get("type") or job["status"])))]
-    frames = [_data(chunk(kind, job, None, job["output"]["finish_reason"], include_usage))]
+    frames = [
+        _data(chunk(kind, job, None, sample["finish_reason"], include_usage, index))
+        for index, sample in enumerate(samples(job))
+    ]
     if include_usage:
         frames.append(_data(usage_chunk(kind, job)))
     return frames

@@ -104,7 +104,7 @@ def test_a_text_completion_with_and_without_streaming(
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as n_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=17)  # type: ignore[arg-type]
     assert n_error.value.param == "n"
     assert n_error.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as temperature_error:
@@ -119,6 +119,9 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as many_error:
         client.completions.create(model=TEST_MODEL, prompt="x", logprobs=6)
     assert many_error.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as best_of_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", n=3, best_of=2)
+    assert best_of_error.value.param == "best_of"
     with pytest.raises(openai.BadRequestError) as nothing_error:
         client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
     assert nothing_error.value.param == "max_tokens"

@@ -108,3 +108,46 @@ def test_echo_scores_the_prompt_like_lm_eval_asks(base_url: str) -> None:
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, stream=True)
     )
     assert "".join(c.choices[0].text for c in streamed).startswith(prompt)
+
+
+def test_n_completions_in_one_response_plain_and_streamed(base_url: str) -> None:
+    client = _client(base_url)
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+           "temperature": 1.0, "seed": 11, "n": 3}  # fmt: skip
+    whole = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    assert [choice.index for choice in whole.choices] == [0, 1, 2]
+    texts = [choice.message.content for choice in whole.choices]
+    assert len(set(texts)) == 3  # three samples (seeds 11, 12, 13), not one copied
+    assert whole.usage is not None and whole.usage.completion_tokens == 15
+    chunks = [c for c in client.chat.completions.create(**ask, stream=True) if c.choices]  # type: ignore[call-overload]
+    streamed = [
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i) for i in range(3)
+    ]
+    assert streamed == texts
+    finishes = sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason)
+    assert finishes == [0, 1, 2]
+
+
+def test_best_of_returns_the_most_likely_completions(base_url: str) -> None:
+    client = _client(base_url)
+    common = {
+        "model": MODEL,
+        "prompt": "hello",
+        "max_tokens": 5,
+        "temperature": 1.0,
+        "seed": 5,
+        "logprobs": 0,
+    }
+    best = client.completions.create(**common, n=2, best_of=4)  # type: ignore[call-overload]
+    every = client.completions.create(**common, n=4)  # type: ignore[call-overload]
+
+    def total(choice: object) -> float:
+        return sum(choice.logprobs.token_logprobs)  # type: ignore[attr-defined]
+
+    ranked = sorted(every.choices, key=total, reverse=True)
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert best.usage is not None and best.usage.completion_tokens == 20  # all four samples count
+    body = {"prompt": "hello", "n": 2, "temperature": 1.0, "seed": 5, "max_tokens": 3}
+    job = httpx.post(f"{base_url}/v1/jobs", json=body, headers={"Prefer": "wait=60"}).json()
+    assert [len(c["text"]) > 0 for c in job["output"]["choices"]] == [True, True]
+    assert job["output"]["usage"]["completion_tokens"] == 6

@@ -150,11 +150,11 @@ def test_a_raw_prompt_and_a_chat_wrapped_one_are_different_requests() -> None:
 def test_each_logit_adjustment_and_logprob_request_is_part_of_the_key() -> None:
     body = {"prompt": "hi", "temperature": 0, "max_tokens": 8}
     defaults = {"presence_penalty": 0, "frequency_penalty": -0.0, "repetition_penalty": 1, "logit_bias": {},
-                "min_tokens": 0}  # fmt: skip
+                "min_tokens": 0, "n": 1}  # fmt: skip
     assert _key(body) == _key({**body, **defaults})  # as before these fields existed
     variants = [{"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.1},
                 {"logit_bias": {"7": 1}}, {"logit_bias": {"7": 2}}, {"min_tokens": 2}, {"logprobs": 0},
-                {"logprobs": 2}, {"prompt_logprobs": 0}]  # fmt: skip
+                {"logprobs": 2}, {"prompt_logprobs": 0}, {"n": 2}, {"n": 2, "best_of": 3}]  # fmt: skip
     keys = {_key({**body, **variant}) for variant in variants}
     assert len(keys) == len(variants) and _key(body) not in keys
     assert _key({**body, "logit_bias": {"7": 1, "9": 2}}) == _key({**body, "logit_bias": {"9": 2, "7": 1}})

@@ -69,6 +69,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
 from workers.engine.logprobs import describe, prompt_logprobs, step_logprobs
+from workers.engine.parallel import SampleGroup, sample_count
 from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.sequence import Sequence, find_stop, streamable
@@ -120,6 +121,8 @@ class TransformersEngine:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # index == row in the batch
         self._live: dict[str, Sequence] = {}
+        #: A multi-sample request's id -> its samples' ids (cancel() stops them all).
+        self._groups: dict[str, list[str]] = {}
         self._lock = threading.Lock()  # guards _live and _accepting
         self._tokenizer_lock = threading.Lock()
         self._accepting = False
@@ -145,6 +148,31 @@ class TransformersEngine:
             raise self.fatal_error
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        if sample_count(request.params) != 1:
+            return self._submit_group(request)
+        return self._submit_one(request)
+
+    def _submit_group(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        """n or best_of samples: one sequence each, gathered into one future (parallel.py)."""
+        params = request.params
+        if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
+            failed: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
+            message = f"n ({params.n}) must be >= 1 and at most best_of ({params.best_of})"
+            failed.set_exception(RequestError("invalid_request", message))
+            return failed
+        group = SampleGroup(request, self.cancel)
+        with self._lock:
+            self._groups[request.request_id] = [child.request_id for child in group.children]
+        group.future.add_done_callback(lambda _: self._forget_group(request.request_id))
+        for index, child in enumerate(group.children):
+            group.watch(index, self._submit_one(child))
+        return group.future
+
+    def _forget_group(self, request_id: str) -> None:
+        with self._lock:
+            self._groups.pop(request_id, None)
+
+    def _submit_one(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
         try:
             sequence = self._sequence(request, future)
@@ -157,8 +185,9 @@ class TransformersEngine:
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
-            sequence = self._live.get(request_id)
-        if sequence is not None:
+            ids = [request_id, *self._groups.get(request_id, ())]
+            sequences = [self._live[id_] for id_ in ids if id_ in self._live]
+        for sequence in sequences:
             sequence.cancel_requested = True
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -586,6 +615,10 @@ def _validate_params(request: GenerationRequest) -> None:
     least = 0 if params.prompt_logprobs is not None else 1  # 0 tokens: scoring the prompt only
     if params.max_tokens < least:
         raise RequestError("invalid_request", f"max_tokens must be >= {least}, got {params.max_tokens}")
+    if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
+        raise RequestError(
+            "invalid_request", f"n ({params.n}) must be >= 1 and <= best_of ({params.best_of})"
+        )
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:

@@ -64,9 +64,10 @@ class PlaceholderEngine:
             future.set_exception(RequestError("unavailable", "the engine failed"))
             return future
         params = request.params
-        if params.logprobs is not None or params.prompt_logprobs is not None:
-            # An echo has no model, so no probabilities: say so rather than invent numbers.
-            message = "logprobs need a model; the placeholder engine has none"
+        scores = params.logprobs is not None or params.prompt_logprobs is not None
+        if scores or params.n != 1 or params.best_of:
+            # An echo has no model, so no probabilities and no samples: say so rather than fake them.
+            message = "logprobs, n and best_of need a model; the placeholder engine has none"
             future.set_exception(RequestError("invalid_request", message))
             return future
         text = request.prompt or " ".join(m["content"] for m in request.messages or [])

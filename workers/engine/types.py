@@ -50,6 +50,11 @@ class SamplingParams:
     logprobs: int | None = None
     #: The same for every prompt token (the first has none); with it max_tokens may be 0 (scoring only).
     prompt_logprobs: int | None = None
+    #: Completions to return (OpenAI's n): each is its own sequence in the batch.
+    n: int = 1
+    #: Completions to generate, of which the n with the highest cumulative log-probability are
+    #: returned (OpenAI's best_of); None: n.
+    best_of: int | None = None
 
 
 @dataclass(slots=True)
@@ -104,6 +109,9 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     #: One per prompt token when SamplingParams.prompt_logprobs was set.
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    #: With n or best_of > 1: the n completions returned, best first for best_of, in sample order
+    #: otherwise (the fields above describe the first; completion_tokens counts every sample).
+    choices: tuple[GenerationResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
