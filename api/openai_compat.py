@@ -2,10 +2,10 @@
 objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
 
 Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
-top_logprobs, completions' echo and best_of, and n are honoured. Other fields OpenAI defines are
-accepted and ignored only when ignoring them cannot change the answer (store, service_tier,
-metadata, ...). Those that would change it (echo or best_of on chat, tools, a non-text
-response_format, ...) are refused with 400 naming the field.
+top_logprobs, completions' echo and best_of, n and response_format (json_object, json_schema)
+are honoured. Other fields OpenAI defines are accepted and ignored only when ignoring them cannot
+change the answer (store, service_tier, metadata, ...). Those that would change it (echo or best_of
+on chat, tools, ...) are refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
@@ -123,6 +122,8 @@ class OpenAIRequest(BaseModel):
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(None, ge=0, le=1_000_000)
     n: int | None = Field(None, ge=1, le=16)
+    #: Checked (and its schema compiled) by JobCreate: a bad one is a 400 naming response_format.
+    response_format: dict[str, Any] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -204,6 +205,8 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     fields |= _logprob_fields(body)
     if body.n is not None:
         fields["n"] = body.n
+    if body.response_format is not None:
+        fields["response_format"] = body.response_format
     if isinstance(body, CompletionRequest) and body.best_of is not None:
         fields["best_of"] = body.best_of
     if isinstance(body, ChatCompletionRequest):

@@ -21,6 +21,7 @@ import redis
 import redis.exceptions
 
 from shared import keys
+from shared.structured import schema_of
 
 log = logging.getLogger("genq.cache")
 
@@ -91,6 +92,9 @@ def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
             options[name] = int(job_input[name])
     if int(job_input.get("n", 1)) != 1:
         options["n"] = int(job_input["n"])
+    schema = schema_of(job_input.get("response_format"))
+    if schema is not None:  # what is enforced, not how it was named or described
+        options["json_schema"] = orjson.loads(schema)
     return options
 
 

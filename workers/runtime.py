@@ -36,6 +36,7 @@ from shared.config import Settings
 from shared.errors import storage_refusal
 from shared.reaper import Reaper
 from shared.store import ClaimOutcome, WorkerJobs, as_text
+from shared.structured import schema_of
 from workers import scalein
 from workers.engine import (
     Engine,
@@ -277,6 +278,7 @@ class WorkerRuntime:
             min_tokens=job_input.get("min_tokens", 0),
             logprobs=job_input.get("logprobs"),
             prompt_logprobs=job_input.get("prompt_logprobs"),
+            json_schema=schema_of(job_input.get("response_format")),
             n=job_input.get("n", 1),
             best_of=job_input.get("best_of"),
         )

@@ -18,6 +18,25 @@ CASES = [
     ({"prompt": "x", "logprobs": 21}, 422, "logprobs", "less than or equal to 20"),
     ({"prompt": "x", "prompt_logprobs": -1}, 422, "prompt_logprobs", "greater than or equal to 0"),
     ({"prompt": "x", "n": 17}, 422, "n", "less than or equal to 16"),
+    (
+        {
+            "prompt": "x",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": {"type": "strin"}},
+            },
+        },
+        422,
+        "response_format",
+        "the JSON schema cannot be enforced: Invalid type: strin",
+    ),
+    (
+        {"prompt": "x", "response_format": {"type": "json_schema"}},
+        422,
+        "response_format",
+        "give `json_schema`",
+    ),
+    ({"prompt": "x", "response_format": {"type": "xml"}}, 422, "response_format.type", "'json_schema'"),
     ({"prompt": "x", "n": 3, "best_of": 2}, 422, "best_of", "best_of (2) must be at least n (3)"),
     ({"prompt": "x", "max_tokens": 5000}, 422, "max_tokens", "most allowed is 1024"),
     ({"prompt": "x", "temperature": 2.5}, 422, "temperature", "less than or equal to 2"),

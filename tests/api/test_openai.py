@@ -122,6 +122,13 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as best_of_error:
         client.completions.create(model=TEST_MODEL, prompt="x", n=3, best_of=2)
     assert best_of_error.value.param == "best_of"
+    with pytest.raises(openai.BadRequestError) as schema_error:
+        bad = {
+            "type": "json_schema",
+            "json_schema": {"name": "p", "schema": {"type": "object", "required": 5}},
+        }
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, response_format=bad)  # type: ignore[arg-type]
+    assert schema_error.value.param == "response_format"
     with pytest.raises(openai.BadRequestError) as nothing_error:
         client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
     assert nothing_error.value.param == "max_tokens"

@@ -29,7 +29,9 @@ Sampling: each row's logits are first adjusted by its own min_tokens, logit_bias
 per-request generator (see sampling.py for when batched and solo runs can differ). A request with
 SamplingParams.logprobs gets each chosen token's raw log-probability (logprobs.py: before any
 adjustment, as vLLM); one with prompt_logprobs is prefilled at every position (without the shared
-prefix) to score its prompt, and with max_tokens 0 it ends there.
+prefix) to score its prompt, and with max_tokens 0 it ends there. A request with a json_schema
+has its row's logits masked to what the grammar allows (structured.py); it ends with "stop" when
+the grammar is complete.
 
 Streaming: on_output(text so far, completion tokens so far) is called from the loop thread at most
 once per output_interval_s per request, never after the result, with any trailing partial stop
@@ -73,6 +75,7 @@ from workers.engine.parallel import SampleGroup, sample_count
 from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.sequence import Sequence, find_stop, streamable
+from workers.engine.structured import Grammars, mask_logits
 from workers.engine.types import (
     MAX_TOP_LOGPROBS,
     EngineStats,
@@ -121,6 +124,7 @@ class TransformersEngine:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # index == row in the batch
         self._live: dict[str, Sequence] = {}
+        self._grammars: Grammars | None = None
         #: A multi-sample request's id -> its samples' ids (cancel() stops them all).
         self._groups: dict[str, list[str]] = {}
         self._lock = threading.Lock()  # guards _live and _accepting
@@ -130,6 +134,9 @@ class TransformersEngine:
         self._ready = threading.Event()  # set once start-up finished, well or not
         self._thread = threading.Thread(target=self._loop, name="genq-engine", daemon=True)
         self._counters = _Counters()
+        #: Structured-output mask time and rows of the step in progress (reported in its StepStats).
+        self._step_mask_s = 0.0
+        self._step_masked_rows = 0
 
     # ---- the Engine protocol -------------------------------------------------------------------
 
@@ -222,14 +229,21 @@ class TransformersEngine:
         if len(prompt_ids) >= context:
             message = f"prompt is {len(prompt_ids)} tokens; the model's context is {context} tokens"
             raise RequestError("invalid_request", message)
+        schema = request.params.json_schema
         return Sequence(
             request=request,
             future=future,
+            matcher=None if schema is None else self._require_grammars().matcher(schema),
             prompt_ids=prompt_ids,
             reservation=min(len(prompt_ids) + request.params.max_tokens, context),
             generator=make_generator(request.params),
             submitted_at=time.monotonic(),
         )
+
+    def _require_grammars(self) -> Grammars:
+        if self._grammars is None:
+            raise RuntimeError("the engine is not started")
+        return self._grammars
 
     def _require_loaded(self) -> LoadedModel:
         if self.fatal_error is not None:
@@ -307,6 +321,8 @@ class TransformersEngine:
             use_transposed_linear(loaded.model)
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
         self._batch.share_prefix(_template_prefix(loaded.tokenizer))
+        # Built here (~0.4 s), not by the first structured request while it holds up the others.
+        self._grammars = Grammars(loaded.tokenizer, int(loaded.model.config.get_text_config().vocab_size))
         self._warm_up(self._batch)
 
     def _step(self) -> None:
@@ -418,6 +434,12 @@ class TransformersEngine:
             [sequence.completion for sequence in sequences],
             self._require_loaded_model().eos_token_ids,
         )
+        matchers = [sequence.matcher for sequence in sequences]
+        if any(matcher is not None for matcher in matchers):
+            began = time.perf_counter()
+            adjusted = mask_logits(adjusted, logits, matchers)
+            self._step_mask_s += time.perf_counter() - began
+            self._step_masked_rows += sum(matcher is not None for matcher in matchers)
         tokens = choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
         # Scored on the raw logits: vLLM's default, independent of penalties and temperature.
         scores = step_logprobs(logits, tokens, [row_params.logprobs for row_params in params])
@@ -440,8 +462,14 @@ class TransformersEngine:
         sequence.completion.append(token)
         self._counters.tokens_generated += 1
         params = sequence.request.params
+        if sequence.matcher is not None and not sequence.matcher.consume_token(token):
+            message = f"the response format's grammar refused token {token}: {sequence.matcher.get_error()}"
+            self._finish_failed(sequence, RequestError("unavailable", message))
+            return True
         if token in self._require_loaded_model().eos_token_ids and not params.ignore_eos:
             return self._finish(sequence, self._decode_text(sequence.completion[:-1]), "stop")
+        if sequence.matcher is not None and sequence.matcher.is_stopped():  # the JSON is complete
+            return self._finish(sequence, self._decode_text(sequence.completion), "stop")
         text: str | None = None
         if params.stop:
             text = self._decode_text(sequence.completion)
@@ -526,6 +554,8 @@ class TransformersEngine:
     ) -> None:
         self._counters.steps += 1
         hook = self._config.on_step
+        mask_s, masked_rows = self._step_mask_s, self._step_masked_rows
+        self._step_mask_s, self._step_masked_rows = 0.0, 0
         if hook is None:
             return
         stats = StepStats(
@@ -534,6 +564,8 @@ class TransformersEngine:
             prefill_tokens=prefill_tokens,
             duration_s=duration,
             first_token_ms=tuple(first_token_ms),
+            mask_s=mask_s,
+            masked_rows=masked_rows,
         )
         try:
             hook(stats)

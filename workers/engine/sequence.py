@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -40,6 +41,8 @@ class Sequence:
     stop_checked_chars: int = 0
     #: Set by cancel() from a caller thread; a plain bool store is atomic, and the engine reads it each step.
     cancel_requested: bool = False
+    #: The llguidance matcher of the request's response format (SamplingParams.json_schema).
+    matcher: Any = None
     #: Log-probabilities of the completion's tokens so far (when SamplingParams.logprobs is set).
     scores: list[RawLogprob] = field(default_factory=list)
     #: Log-probabilities of the prompt's tokens (when SamplingParams.prompt_logprobs is set).

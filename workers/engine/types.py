@@ -50,6 +50,9 @@ class SamplingParams:
     logprobs: int | None = None
     #: The same for every prompt token (the first has none); with it max_tokens may be 0 (scoring only).
     prompt_logprobs: int | None = None
+    #: A JSON schema (serialized) every completion must match, enforced by token masks
+    #: (structured.py); None: free text. OpenAI's json_object is shared.structured.ANY_OBJECT.
+    json_schema: str | None = None
     #: Completions to return (OpenAI's n): each is its own sequence in the batch.
     n: int = 1
     #: Completions to generate, of which the n with the highest cumulative log-probability are
@@ -129,6 +132,10 @@ class StepStats:
     #: Time to first token (ms, from submit(), queueing included) of each request whose first token came
     #: in this step.
     first_token_ms: tuple[float, ...] = ()
+    #: Wall seconds spent computing and applying structured-output masks in this step.
+    mask_s: float = 0.0
+    #: Rows whose logits were masked in this step (0: no structured output ran).
+    masked_rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
