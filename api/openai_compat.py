@@ -3,9 +3,9 @@ objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes
 
 Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
 top_logprobs, completions' echo and best_of, n and response_format (json_object, json_schema)
-are honoured. Other fields OpenAI defines are accepted and ignored only when ignoring them cannot
-change the answer (store, service_tier, metadata, ...). Those that would change it (echo or best_of
-on chat, tools, ...) are refused with 400 naming the field.
+are honoured. Fields that configure OpenAI's platform (NO_EFFECT: store, service_tier, ...) are
+accepted without effect. Those that would change the answer and are not honoured (echo or best_of
+on chat, tools, ...), and any field genq does not know, are refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -167,10 +167,19 @@ def _logprob_fields(body: ChatCompletionRequest | CompletionRequest) -> dict[str
     return fields
 
 
+#: OpenAI fields that configure its platform, not the generation: accepted, without effect.
+NO_EFFECT = frozenset({"store", "service_tier", "metadata", "parallel_tool_calls", "safety_identifier",
+                       "prompt_cache_key"})  # fmt: skip
+
+
 def _refuse_unsupported(body: OpenAIRequest) -> None:
+    """A field genq cannot honour is a 400 naming it, never silently dropped: an OpenAI field asking
+    for something (NEUTRAL_VALUES), or any field genq does not know (as OpenAI's own API does)."""
     for name, value in (body.model_extra or {}).items():
         if name in NEUTRAL_VALUES and value not in NEUTRAL_VALUES[name]:
             raise errors.InvalidRequest(f"{name} is not supported by this server", param=name)
+        if name not in NEUTRAL_VALUES and name not in NO_EFFECT:
+            raise errors.InvalidRequest(f"{name} is not a field this server knows", param=name)
 
 
 def _prompt_text(prompt: str | list[str]) -> str:

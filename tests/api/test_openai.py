@@ -50,6 +50,7 @@ def test_a_chat_completion(client: openai.OpenAI, worker: WorkerProcess) -> None
         seed=7,
         stop=["never"],
         user="tester",
+        store=False,  # configures OpenAI's platform: accepted, no effect
         presence_penalty=0.5,  # honoured (tests/api/test_openai_sampling.py); the echo engine has no logits
     )
     assert completion.object == "chat.completion"
@@ -113,6 +114,9 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as echo_error:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})  # type: ignore[arg-type]
     assert echo_error.value.param == "echo"
+    with pytest.raises(openai.BadRequestError) as unknown_error:  # never silently dropped
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"top_k": 5})  # type: ignore[arg-type]
+    assert unknown_error.value.param == "top_k"
     with pytest.raises(openai.BadRequestError) as top_error:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)  # type: ignore[arg-type]
     assert top_error.value.param == "top_logprobs"
