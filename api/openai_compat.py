@@ -1,9 +1,11 @@
 """OpenAI's wire format for genq jobs: the request models, request -> JobCreate, job -> completion
 objects and stream chunks, and OpenAI-shaped errors for the routes in api/routes/openai.py.
 
-Unknown fields OpenAI defines are accepted and ignored when ignoring them cannot change the
-answer (penalties, logit_bias, store, service_tier, ...). Those that would change it (n > 1,
-echo, logprobs, tools, a non-text response_format, ...) are refused with 400 naming the field.
+Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
+top_logprobs, completions' echo and best_of, n and response_format (json_object, json_schema)
+are honoured. Fields that configure OpenAI's platform (NO_EFFECT: store, service_tier, ...) are
+accepted without effect. Those that would change the answer and are not honoured (echo or best_of
+on chat, tools, ...), and any field genq does not know, are refused with 400 naming the field.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import redis.exceptions
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from api.errors import genq_error_response, validation_error_response
@@ -42,16 +44,14 @@ MIN_ROUND_S = 1.0
 
 #: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
-    "echo": (None, False),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
+    "best_of": (None, 1),  # chat only: /v1/completions honours it
+    "echo": (None, False),  # chat only: /v1/completions honours it
+    "top_logprobs": (None, 0),  # completions only: chat honours it
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
     "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
@@ -108,37 +108,78 @@ class OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(None, min_length=1, max_length=200)
-    max_tokens: int | None = Field(None, ge=1)
+    #: 0 only with completions' echo (scoring the prompt, as lm-evaluation-harness does).
+    max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    #: vLLM's extra sampling parameters, honoured the same way.
+    repetition_penalty: float | None = None
+    min_tokens: int | None = Field(None, ge=0, le=1_000_000)
+    n: int | None = Field(None, ge=1, le=16)
+    #: Checked (and its schema compiled) by JobCreate: a bad one is a 400 naming response_format.
+    response_format: dict[str, Any] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("genq returns one choice per request; n must be 1")
-        return n
-
 
 class ChatCompletionRequest(OpenAIRequest):
     messages: list[OpenAIMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(OpenAIRequest):
     prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
+
+
+def shows_logprobs(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether the response carries log-probabilities (chat: `logprobs: true`; text: any number)."""
+    return bool(body.logprobs) if isinstance(body, ChatCompletionRequest) else body.logprobs is not None
+
+
+def echoes(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return isinstance(body, CompletionRequest) and bool(body.echo)
+
+
+def _logprob_fields(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The job's logprobs / prompt_logprobs for OpenAI's logprobs, top_logprobs and echo."""
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs and not body.logprobs:
+            raise errors.InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return {"logprobs": body.top_logprobs or 0} if body.logprobs else {}
+    fields: dict[str, Any] = {} if body.logprobs is None else {"logprobs": body.logprobs}
+    if body.echo:  # the prompt's tokens are scored too (a max_tokens 0 job needs them)
+        fields["prompt_logprobs"] = body.logprobs or 0
+    elif body.max_tokens == 0:
+        raise errors.InvalidRequest(
+            "max_tokens 0 generates nothing; it is allowed with echo", param="max_tokens"
+        )
+    return fields
+
+
+#: OpenAI fields that configure its platform, not the generation: accepted, without effect.
+NO_EFFECT = frozenset({"store", "service_tier", "metadata", "parallel_tool_calls", "safety_identifier",
+                       "prompt_cache_key"})  # fmt: skip
 
 
 def _refuse_unsupported(body: OpenAIRequest) -> None:
+    """A field genq cannot honour is a 400 naming it, never silently dropped: an OpenAI field asking
+    for something (NEUTRAL_VALUES), or any field genq does not know (as OpenAI's own API does)."""
     for name, value in (body.model_extra or {}).items():
         if name in NEUTRAL_VALUES and value not in NEUTRAL_VALUES[name]:
             raise errors.InvalidRequest(f"{name} is not supported by this server", param=name)
+        if name not in NEUTRAL_VALUES and name not in NO_EFFECT:
+            raise errors.InvalidRequest(f"{name} is not a field this server knows", param=name)
 
 
 def _prompt_text(prompt: str | list[str]) -> str:
@@ -151,12 +192,16 @@ def _prompt_text(prompt: str | list[str]) -> str:
     return prompt[0]
 
 
+#: Logit adjustments passed to the job as given (JobCreate checks their bounds).
+_ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_tokens")
+
+
 def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     """The genq job an OpenAI request asks for (OpenAI's defaults: temperature 1, top_p 1)."""
     _refuse_unsupported(body)
     fields: dict[str, Any] = {
         "model": body.model,
-        "max_tokens": body.max_completion_tokens or body.max_tokens,
+        "max_tokens": body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "seed": body.seed,
@@ -165,10 +210,19 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
         "metadata": {"source": (Kind.CHAT if isinstance(body, ChatCompletionRequest) else Kind.TEXT).source}
         | ({"user": body.user[:512]} if body.user else {}),
     }
+    fields |= {name: getattr(body, name) for name in _ADJUSTMENTS if getattr(body, name) is not None}
+    fields |= _logprob_fields(body)
+    if body.n is not None:
+        fields["n"] = body.n
+    if body.response_format is not None:
+        fields["response_format"] = body.response_format
+    if isinstance(body, CompletionRequest) and body.best_of is not None:
+        fields["best_of"] = body.best_of
     if isinstance(body, ChatCompletionRequest):
         fields["messages"] = [m.as_chat_message() for m in body.messages]
-    else:
+    else:  # a completion continues its prompt verbatim, as OpenAI's and vLLM's do
         fields["prompt"] = _prompt_text(body.prompt)
+        fields["template"] = "none"
     try:
         return JobCreate(**fields)
     except pydantic.ValidationError as exc:
@@ -228,24 +282,126 @@ def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
     }
 
 
-def completion(kind: Kind, job: dict[str, Any]) -> dict[str, Any]:
-    """A finished job as a `chat.completion` or `text_completion` object."""
+def completion(kind: Kind, job: dict[str, Any], echo: bool = False) -> dict[str, Any]:
+    """A finished job as a `chat.completion` or `text_completion` object: one choice per completion
+    (n), with logprobs when the job has them; `echo` puts the prompt (and its tokens) first."""
     if job["status"] != JobStatus.SUCCEEDED:
         raise JobNotCompleted(job)
-    output = job["output"]
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": output["finish_reason"]}
+    choices = [_choice(kind, job, index, sample, echo) for index, sample in enumerate(samples(job))]
+    return _envelope(kind, job, kind.obj) | {"choices": choices, "usage": _usage(job)}
+
+
+def samples(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A succeeded job's completions: its choices (n or best_of), else its one output."""
+    output: dict[str, Any] = job["output"]
+    return list(output.get("choices") or [output])
+
+
+def _choice(
+    kind: Kind, job: dict[str, Any], index: int, sample: dict[str, Any], echo: bool
+) -> dict[str, Any]:
+    tokens = _scored_tokens(job, sample, echo)
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": sample["finish_reason"]}
     if kind is Kind.CHAT:
-        choice["message"] = {"role": "assistant", "content": output["text"], "refusal": None}
+        choice["message"] = {"role": "assistant", "content": sample["text"], "refusal": None}
+        if tokens is not None:
+            choice["logprobs"] = {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
     else:
-        choice["text"] = output["text"]
-    return _envelope(kind, job, kind.obj) | {"choices": [choice], "usage": _usage(job)}
+        choice["text"] = (job["input"]["prompt"] if echo else "") + sample["text"]
+        if tokens is not None:
+            choice["logprobs"] = _text_logprobs(tokens, 0)
+    return choice
+
+
+def _scored_tokens(job: dict[str, Any], sample: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
+    """A completion's token entries to show: its own, after the prompt's when echoing."""
+    if sample.get("logprobs") is None:
+        return None
+    prompt = job["output"].get("prompt_logprobs") or [] if echo else []
+    return [*prompt, *sample["logprobs"]]
+
+
+def _chat_logprob(token: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ChatCompletionTokenLogprob."""
+    top = [{"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode())}
+           for t in token["top_logprobs"]]  # fmt: skip
+    return {"token": token["token"], "logprob": token["logprob"], "bytes": list(token["token"].encode()),
+            "top_logprobs": top}  # fmt: skip
+
+
+def _text_logprobs(tokens: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """OpenAI's completions Logprobs: parallel lists; text_offset counts from `offset` in the text.
+    Each top_logprobs dict also holds the chosen token (so up to logprobs + 1 entries, as OpenAI)."""
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token["text"])
+    return {
+        "tokens": [token["token"] for token in tokens],
+        "token_logprobs": [token["logprob"] for token in tokens],
+        "top_logprobs": [
+            None
+            if token["logprob"] is None
+            else {t["token"]: t["logprob"] for t in token["top_logprobs"]}
+            | {token["token"]: token["logprob"]}
+            for token in tokens
+        ],
+        "text_offset": offsets,
+    }
+
+
+def buffered_chunks(
+    kind: Kind, job: dict[str, Any], logprobs: bool, echo: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    """A succeeded job's stream chunks, sent once it ended: per completion (n), its echoed prompt,
+    then one chunk per token with its logprobs, or its whole text in one chunk without them."""
+    chunks = []
+    prompt = job["input"]["prompt"] or ""
+    for index, sample in enumerate(samples(job)):
+        offset = 0
+        if echo:
+            scored = job["output"].get("prompt_logprobs") or [] if logprobs else None
+            chunks.append(_token_chunk(kind, job, index, prompt, scored, 0, include_usage))
+            offset = len(prompt)
+        if not logprobs:
+            chunks.append(_token_chunk(kind, job, index, sample["text"], None, offset, include_usage))
+            continue
+        for token in sample["logprobs"]:
+            chunks.append(_token_chunk(kind, job, index, token["text"], [token], offset, include_usage))
+            offset += len(token["text"])
+    return chunks
+
+
+def _token_chunk(
+    kind: Kind,
+    job: dict[str, Any],
+    index: int,
+    text: str,
+    tokens: list[dict[str, Any]] | None,
+    offset: int,
+    include_usage: bool,
+) -> dict[str, Any]:
+    body = chunk(kind, job, text, None, include_usage, index)
+    if tokens is not None:
+        body["choices"][0]["logprobs"] = (
+            {"content": [_chat_logprob(token) for token in tokens], "refusal": None}
+            if kind is Kind.CHAT
+            else _text_logprobs(tokens, offset)
+        )
+    return body
 
 
 def chunk(
-    kind: Kind, job: dict[str, Any], delta: str | None, finish_reason: str | None, include_usage: bool
+    kind: Kind,
+    job: dict[str, Any],
+    delta: str | None,
+    finish_reason: str | None,
+    include_usage: bool,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One stream chunk: the assistant role (chat, delta None), a text delta, or the finish."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    """One stream chunk of choice `index`: the assistant role (chat, delta None), a text delta, or
+    the finish."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
     if kind is Kind.CHAT:
         choice["delta"] = {"role": "assistant", "content": ""} if delta is None else {"content": delta}
         if finish_reason is not None:

@@ -82,10 +82,18 @@ class JobQueue:
             raise InvalidRequest(
                 f"model {model!r} is not served; served models: {', '.join(served)}", param="model"
             )
-        max_tokens = create.max_tokens or self._settings.default_max_tokens
+        max_tokens = self._settings.default_max_tokens if create.max_tokens is None else create.max_tokens
+        if max_tokens == 0 and create.prompt_logprobs is None:
+            message = (
+                "max_tokens 0 generates nothing: it is allowed only with prompt_logprobs (scoring the prompt)"
+            )
+            raise InvalidRequest(message, param="max_tokens")
         cap = self._settings.max_tokens_cap
         if max_tokens > cap:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the most allowed is {cap}", param="max_tokens")
+        if create.min_tokens > max_tokens:
+            message = f"min_tokens ({create.min_tokens}) is more than max_tokens ({max_tokens})"
+            raise InvalidRequest(message, param="min_tokens")
         return model, max_tokens
 
     async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:

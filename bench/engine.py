@@ -9,7 +9,9 @@ generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate),
 same work. Reports output tokens/s, time to first token (from submit) p50/p99 and per-job latency
 p50/p99 at each concurrency (closed loop: N clients, each submitting its next job when the last one
 returns), the ratios to the baseline, peak RSS, and a 16-token job submitted while 256-token jobs
-run against the same job alone. Writes <out>/engine.json and <out>/engine.png.
+run against the same job alone, and (the structured row) tokens/s with a JSON schema enforced
+against the same jobs without one at concurrency 16, with the mask's cost per decode step. Writes
+<out>/engine.json and <out>/engine.png.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.common import parse_args, percentile, write_report
-from workers.engine import GenerationRequest, SamplingParams
+from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.loading import LoadedModel, load_model
@@ -56,6 +58,27 @@ TOPICS = [
 STYLES = ["Write a short story about {}.", "Explain {} to a curious ten-year-old, in a few paragraphs."]
 
 
+#: The structured-output row's schema: extraction-shaped (a list of records), and long enough
+#: (at least 50 records) that no job completes it within its tokens, so both rows do the same work.
+RECORDS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "records": {
+            "type": "array",
+            "minItems": 50,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 20}, "score": {"type": "integer"}},
+                "required": ["name", "score"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["records"],
+    "additionalProperties": False,
+}
+
+
 @dataclass(frozen=True)
 class Sizes:
     model: str
@@ -65,10 +88,12 @@ class Sizes:
     long_tokens: int
     short_tokens: int
     long_jobs: int
+    #: Concurrency of the structured-output row (with a JSON schema against without).
+    structured_concurrency: int
 
 
-FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15)
-QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3)
+FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15, 16)
+QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3, 4)
 
 
 def prompts(count: int) -> list[str]:
@@ -149,7 +174,13 @@ def _summary(
     }
 
 
-def run_engine(engine: TransformersEngine, texts: list[str], tokens: int, concurrency: int) -> dict[str, Any]:
+def run_engine(
+    engine: TransformersEngine,
+    texts: list[str],
+    tokens: int,
+    concurrency: int,
+    json_schema: str | None = None,
+) -> dict[str, Any]:
     """Closed loop: `concurrency` clients, each submitting its next job when the previous one returns."""
     jobs: queue.Queue[tuple[int, str]] = queue.Queue()
     for index, text in enumerate(texts):
@@ -167,7 +198,7 @@ def run_engine(engine: TransformersEngine, texts: list[str], tokens: int, concur
                 return
             request = GenerationRequest(
                 f"c{concurrency}-{index}",
-                SamplingParams(max_tokens=tokens, ignore_eos=True),
+                SamplingParams(max_tokens=tokens, ignore_eos=True, json_schema=json_schema),
                 messages=[{"role": "user", "content": text}],
             )
             begin = time.perf_counter()
@@ -186,7 +217,7 @@ def run_engine(engine: TransformersEngine, texts: list[str], tokens: int, concur
         thread.join()
     wall = time.perf_counter() - started
     return _summary(
-        name=f"engine c={concurrency}",
+        name=f"engine c={concurrency}" + (" json_schema" if json_schema else ""),
         concurrency=concurrency,
         generated=generated[0],
         wall=wall,
@@ -194,6 +225,30 @@ def run_engine(engine: TransformersEngine, texts: list[str], tokens: int, concur
         latencies=latencies,
         elapsed=wall,
     )
+
+
+def run_structured(engine: TransformersEngine, steps: list[StepStats], sizes: Sizes) -> dict[str, Any]:
+    """Throughput with a JSON schema enforced against without, same prompts and tokens, and the
+    mask's cost per decode step (from the engine's StepStats)."""
+    concurrency = sizes.structured_concurrency
+    texts = prompts(concurrency)
+    plain = run_engine(engine, texts, sizes.tokens, concurrency)
+    steps.clear()
+    structured = run_engine(engine, texts, sizes.tokens, concurrency, json.dumps(RECORDS_SCHEMA))
+    masked = [step for step in steps if step.masked_rows]
+    per_step_ms = [step.mask_s * 1000 for step in masked]
+    return {
+        "concurrency": concurrency,
+        "plain": plain,
+        "json_schema": structured,
+        "throughput_ratio": round(structured["tokens_per_s"] / plain["tokens_per_s"], 3),
+        "mask_ms_per_step_p50": round(percentile(per_step_ms, 50), 3),
+        "mask_ms_per_step_p99": round(percentile(per_step_ms, 99), 3),
+        "mask_ms_per_row": round(sum(per_step_ms) / max(1, sum(step.masked_rows for step in masked)), 4),
+        "mask_share_of_step": round(
+            sum(s.mask_s for s in masked) / max(1e-9, sum(s.duration_s for s in masked)), 4
+        ),
+    }
 
 
 def run_short_amid_long(engine: TransformersEngine, sizes: Sizes) -> dict[str, Any]:
@@ -295,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         max_batch_size=max(biggest, sizes.long_jobs + 1),
         max_batch_tokens=32768,
     )
+    steps: list[StepStats] = []
+    config = replace(config, on_step=steps.append)
     loaded = load_model(config)
     texts = prompts(max(biggest, 2 * sizes.concurrency[0]))
     report: dict[str, Any] = {
@@ -324,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(json.dumps(run))
         report["short_amid_long"] = run_short_amid_long(engine, sizes)
         print(json.dumps(report["short_amid_long"]))
+        report["structured"] = run_structured(engine, steps, sizes)
+        print(json.dumps(report["structured"]))
     finally:
         engine.shutdown(60)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)

@@ -21,6 +21,7 @@ import redis
 import redis.exceptions
 
 from shared import keys
+from shared.structured import schema_of
 
 log = logging.getLogger("genq.cache")
 
@@ -75,7 +76,36 @@ def canonical_request(
     }
     if scope:
         document["scope"] = scope
-    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(document | _generation_options(job_input), option=orjson.OPT_SORT_KEYS)
+
+
+def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields added after KEY_VERSION 1, hashed only when they differ from their default: a request
+    that leaves them alone keeps the key it always had, one that sets them gets another."""
+    options: dict[str, Any] = {}
+    if job_input.get("template", "chat") != "chat":
+        options["template"] = job_input["template"]
+    for name, default in _ADJUSTMENT_DEFAULTS.items():
+        value = job_input.get(name, default)
+        if value != default:
+            options[name] = _number(value)
+    bias = job_input.get("logit_bias") or {}
+    if bias:
+        options["logit_bias"] = sorted([int(token), _number(value)] for token, value in bias.items())
+    if int(job_input.get("min_tokens", 0)):
+        options["min_tokens"] = int(job_input["min_tokens"])
+    for name in ("logprobs", "prompt_logprobs", "best_of"):  # they change the output
+        if job_input.get(name) is not None:
+            options[name] = int(job_input[name])
+    if int(job_input.get("n", 1)) != 1:
+        options["n"] = int(job_input["n"])
+    schema = schema_of(job_input.get("response_format"))
+    if schema is not None:  # what is enforced, not how it was named or described
+        options["json_schema"] = orjson.loads(schema)
+    return options
+
+
+_ADJUSTMENT_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any], scope: str = "") -> str | None:

@@ -14,9 +14,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from shared.structured import schema_error
 
 
 class JobStatus(enum.StrEnum):
@@ -52,6 +55,12 @@ class WebhookEvent(enum.StrEnum):
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+#: How a `prompt` becomes tokens: "chat" wraps it as one user message of the model's chat template
+#: (what an instruct model expects), "none" continues the text verbatim (OpenAI's /v1/completions).
+PromptTemplate = Literal["chat", "none"]
+#: Bounded so any value survives JSON encoding (no vocabulary is near 2**31).
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class ChatMessage(BaseModel):
@@ -61,6 +70,39 @@ class ChatMessage(BaseModel):
     content: Annotated[str, StringConstraints(max_length=200_000)]
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`."""
+
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True, populate_by_name=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    description: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    #: The JSON schema every completion must match ("schema" on the wire).
+    json_schema: dict[str, Any] = Field(alias="schema")
+    #: Accepted for OpenAI's clients; the schema is enforced either way (as vLLM does).
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema, enforced
+    token by token. A schema the grammar engine cannot enforce is refused here, at submit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("give `json_schema` exactly when type is 'json_schema'")
+        if self.json_schema is not None:
+            error = schema_error(self.json_schema.json_schema)
+            if error is not None:
+                raise ValueError(f"the JSON schema cannot be enforced: {error}")
+        return self
+
+
 class JobCreate(BaseModel):
     """The body of POST /v1/jobs. Unknown fields are refused."""
 
@@ -68,8 +110,11 @@ class JobCreate(BaseModel):
 
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=200_000)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
+    #: "chat" (default) wraps a `prompt` in the chat template; "none" continues it verbatim.
+    template: PromptTemplate = "chat"
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    #: 0 only with prompt_logprobs (scoring a prompt, generating nothing).
+    max_tokens: int | None = Field(None, ge=0)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -77,6 +122,28 @@ class JobCreate(BaseModel):
     stop: Annotated[list[StopString], Field(max_length=4)] = Field(
         default_factory=list, json_schema_extra={"default": []}
     )
+    #: OpenAI's: subtracted once from the logit of every token the completion already holds.
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    #: OpenAI's: subtracted from a token's logit per occurrence in the completion so far.
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    #: vLLM's: > 1 discourages tokens seen in prompt or completion, < 1 encourages them.
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    #: OpenAI's: token id -> bias added to its logit (-100 bans it, 100 all but forces it).
+    logit_bias: Annotated[dict[TokenId, LogitBias], Field(max_length=300)] = Field(
+        default_factory=dict, json_schema_extra={"default": {}}
+    )
+    #: vLLM's: end-of-sequence and stop strings are ignored until this many tokens (<= max_tokens).
+    min_tokens: int = Field(0, ge=0, le=1_000_000)
+    #: Return each generated token's log-probability with this many most likely alternatives.
+    logprobs: int | None = Field(None, ge=0, le=20)
+    #: The same for each prompt token (the first has none); max_tokens 0 then only scores the prompt.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    #: Free text (null or type text), any JSON object (json_object), or JSON matching a schema.
+    response_format: ResponseFormat | None = None
+    #: Completions to return, each its own sample (usage counts them all).
+    n: int = Field(1, ge=1, le=16)
+    #: Completions to generate, of which the n most likely (cumulative log-probability) are returned.
+    best_of: int | None = Field(None, ge=1, le=16)
     priority: Priority = Priority.INTERACTIVE
     webhook: AnyHttpUrl | None = None
     webhook_events_filter: Annotated[list[WebhookEvent], Field(min_length=1, max_length=3)] = Field(
@@ -88,6 +155,21 @@ class JobCreate(BaseModel):
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] = Field(
         default_factory=dict, json_schema_extra={"default": {}}
     )
+
+    @field_validator("template")
+    @classmethod
+    def _template_for_prompt(cls, template: PromptTemplate, info: ValidationInfo) -> PromptTemplate:
+        if template == "none" and info.data.get("messages") is not None:
+            raise ValueError("'none' applies to a `prompt`; `messages` always use the chat template")
+        return template
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_covers_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if best_of is not None and best_of < n:
+            raise ValueError(f"best_of ({best_of}) must be at least n ({n})")
+        return best_of
 
     @field_validator("webhook")
     @classmethod
@@ -108,11 +190,24 @@ class JobInput(BaseModel):
 
     prompt: str | None
     messages: list[ChatMessage] | None
+    #: Defaulted: jobs stored before the field existed were all chat-wrapped.
+    template: PromptTemplate = "chat"
     max_tokens: int
     temperature: float
     top_p: float
     seed: int | None
     stop: list[str]
+    # Defaulted: jobs stored before these fields existed asked for none of them.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    n: int = 1
+    best_of: int | None = None
     priority: Priority
     webhook: str | None
     webhook_events_filter: list[WebhookEvent]
@@ -125,10 +220,45 @@ class Usage(BaseModel):
     completion_tokens: int
 
 
+class TopLogprob(BaseModel):
+    id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """A token with its log-probability under the model (raw: before penalties and temperature)."""
+
+    id: int
+    #: The token alone, decoded.
+    token: str
+    #: What the token added to the text (the texts of all tokens concatenate to it).
+    text: str
+    #: null for a prompt's first token (nothing precedes it).
+    logprob: float | None
+    top_logprobs: list[TopLogprob]
+
+
+class JobChoice(BaseModel):
+    """One of a job's completions when it asked for n or best_of."""
+
+    text: str
+    finish_reason: Literal["stop", "length"]
+    completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
 class JobOutput(BaseModel):
     text: str
     finish_reason: Literal["stop", "length"]
     usage: Usage
+    #: With `logprobs`: one entry per generated token.
+    logprobs: list[TokenLogprob] | None = None
+    #: With `prompt_logprobs`: one entry per prompt token (after the chat template, if any).
+    prompt_logprobs: list[TokenLogprob] | None = None
+    #: With n or best_of > 1: every completion returned (text and finish_reason above are the first's;
+    #: usage counts every sample generated).
+    choices: list[JobChoice] | None = None
 
 
 class JobError(BaseModel):

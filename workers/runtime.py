@@ -35,6 +35,7 @@ from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
 from shared.reaper import Reaper
 from shared.store import ClaimOutcome, WorkerJobs, as_text
+from shared.structured import schema_of
 from workers import scalein
 from workers.engine import (
     Engine,
@@ -44,6 +45,8 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
+from workers.engine.logprobs import finite
+from workers.engine.types import TokenLogprob
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
 from workers.webhooks import OutputWebhooks
@@ -268,12 +271,26 @@ class WorkerRuntime:
             top_p=job_input["top_p"],
             seed=job_input["seed"],
             stop=tuple(job_input["stop"]),
+            presence_penalty=job_input.get("presence_penalty", 0.0),
+            frequency_penalty=job_input.get("frequency_penalty", 0.0),
+            repetition_penalty=job_input.get("repetition_penalty", 1.0),
+            # JSON keeps the token ids as strings; jobs stored before the field have none.
+            logit_bias=tuple(
+                (int(token), float(bias)) for token, bias in job_input.get("logit_bias", {}).items()
+            ),
+            min_tokens=job_input.get("min_tokens", 0),
+            logprobs=job_input.get("logprobs"),
+            prompt_logprobs=job_input.get("prompt_logprobs"),
+            json_schema=schema_of(job_input.get("response_format")),
+            n=job_input.get("n", 1),
+            best_of=job_input.get("best_of"),
         )
         return GenerationRequest(
             request_id=job_id,
             params=params,
             prompt=job_input["prompt"],
             messages=job_input["messages"],
+            template=job_input.get("template", "chat"),
             deadline=time.monotonic() + self.settings.job_timeout_s,
             on_output=lambda text, tokens: self.output.offer(job_id, text, tokens),
         )
@@ -332,13 +349,39 @@ class WorkerRuntime:
 
 
 def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
-    output = {
+    output: dict[str, object] = {
         "text": result.text,
         "finish_reason": result.finish_reason,
         "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
     }
+    if result.logprobs is not None:
+        output["logprobs"] = [_token_entry(entry) for entry in result.logprobs]
+    if result.prompt_logprobs is not None:
+        output["prompt_logprobs"] = [_token_entry(entry) for entry in result.prompt_logprobs]
+    if result.choices:
+        output["choices"] = [_choice_entry(choice) for choice in result.choices]
     metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
     return {"status": "succeeded", "output": orjson.dumps(output), "metrics": orjson.dumps(metrics)}
+
+
+def _choice_entry(choice: GenerationResult) -> dict[str, object]:
+    """One of several samples (n or best_of), as the job's output lists them (shared.schemas.JobChoice)."""
+    entry: dict[str, object] = {"text": choice.text, "finish_reason": choice.finish_reason,
+                                "completion_tokens": choice.completion_tokens}  # fmt: skip
+    if choice.logprobs is not None:
+        entry["logprobs"] = [_token_entry(token) for token in choice.logprobs]
+    return entry
+
+
+def _token_entry(entry: TokenLogprob) -> dict[str, object]:
+    """A token's log-probability as the job's output stores it (shared.schemas.TokenLogprob)."""
+    return {
+        "id": entry.token_id,
+        "token": entry.token,
+        "text": entry.text,
+        "logprob": None if entry.logprob is None else finite(entry.logprob),
+        "top_logprobs": [{"id": i, "token": t, "logprob": finite(v)} for i, t, v in entry.top],
+    }
 
 
 def ready_file_fresh(path: Path, max_age_s: float) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -27,10 +28,14 @@ from api.openai_compat import (
     CompletionRequest,
     Kind,
     OpenAIRoute,
+    buffered_chunks,
     chunk,
     completion,
+    echoes,
     job_create,
     openai_error,
+    samples,
+    shows_logprobs,
     usage_chunk,
     wait_for_job,
 )
@@ -126,29 +131,49 @@ async def _complete(
     headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return held_stream(_stream(kind, job, queue, owner, include_usage, slot), slot, headers)
+        shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1)
+        return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, headers)
     with slot:
         job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
-    return json_response(completion(kind, job), headers=headers)
+    return json_response(completion(kind, job, echoes(body)), headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """What a stream shows besides the text deltas."""
+
+    logprobs: bool
+    echo: bool
+    include_usage: bool
+    #: Completions (OpenAI's n).
+    n: int
+
+    @property
+    def buffered(self) -> bool:
+        """Logprobs or several completions: chunks come from the finished job (live deltas carry
+        one text, without its logprobs)."""
+        return self.logprobs or self.n > 1
 
 
 async def _stream(
-    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, include_usage: bool, slot: Slot
+    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, shown: Shown, slot: Slot
 ) -> AsyncIterator[bytes]:
-    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it)."""
-    ended = False
+    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it).
+    With logprobs the chunks are the job's tokens, sent when it ends: the live deltas carry text only."""
+    ended, include_usage = False, shown.include_usage
     try:
-        if kind is Kind.CHAT:
-            yield _data(chunk(kind, job, None, None, include_usage))
+        for frame in _opening(kind, job, shown):
+            yield frame
         async for event in follow(queue, job["id"], owner):
             match event:
                 case Output(delta=delta):
-                    yield _data(chunk(kind, job, delta, None, include_usage))
+                    if not shown.buffered:
+                        yield _data(chunk(kind, job, delta, None, include_usage))
                 case Ping():
                     yield b": ping\n\n"
                 case Done(job=final):
                     ended = True
-                    for frame in _closing(kind, final, include_usage):
+                    for frame in _tokens(kind, final, shown) + _closing(kind, final, include_usage):
                         yield frame
                 case Failure(type=failure, message=message):
                     ended = True
@@ -158,6 +183,23 @@ async def _stream(
         slot.release()
         if not ended:
             await _cancel_quietly(queue, job["id"], owner)
+
+
+def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
+    """Chat's assistant-role chunk per choice; an echoed prompt (at once, unless buffered)."""
+    roles = range(shown.n) if kind is Kind.CHAT else range(0)
+    frames = [_data(chunk(kind, job, None, None, shown.include_usage, index)) for index in roles]
+    if shown.echo and not shown.buffered:
+        frames.append(_data(chunk(kind, job, job["input"]["prompt"], None, shown.include_usage)))
+    return frames
+
+
+def _tokens(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
+    """Buffered: the succeeded job's chunks (per completion, per token with logprobs)."""
+    if not shown.buffered or job["status"] != JobStatus.SUCCEEDED:
+        return []
+    chunks = buffered_chunks(kind, job, shown.logprobs, shown.echo, shown.include_usage)
+    return [_data(body) for body in chunks]
 
 
 async def _cancel_quietly(queue: JobQueue, job_id: str, owner: str) -> None:
@@ -173,7 +215,10 @@ def _closing(kind: Kind, job: dict[str, Any], include_usage: bool) -> list[bytes
         error = job.get("error") or {}
         message = str(error.get("message") or f"the job ended {job['status']}")
         return [_data(_error_payload(message, str(error.get("type") or job["status"])))]
-    frames = [_data(chunk(kind, job, None, job["output"]["finish_reason"], include_usage))]
+    frames = [
+        _data(chunk(kind, job, None, sample["finish_reason"], include_usage, index))
+        for index, sample in enumerate(samples(job))
+    ]
     if include_usage:
         frames.append(_data(usage_chunk(kind, job)))
     return frames

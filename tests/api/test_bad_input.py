@@ -13,7 +13,31 @@ CASES = [
     ({"prompt": "x", "colour": "blue"}, 422, "colour", "unknown field"),
     ({}, 422, "body", "exactly one of"),
     ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, 422, "body", "exactly one of"),
-    ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens", "greater than or equal to 1"),
+    ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens", "allowed only with prompt_logprobs"),
+    ({"prompt": "x", "max_tokens": -1}, 422, "max_tokens", "greater than or equal to 0"),
+    ({"prompt": "x", "logprobs": 21}, 422, "logprobs", "less than or equal to 20"),
+    ({"prompt": "x", "prompt_logprobs": -1}, 422, "prompt_logprobs", "greater than or equal to 0"),
+    ({"prompt": "x", "n": 17}, 422, "n", "less than or equal to 16"),
+    (
+        {
+            "prompt": "x",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": {"type": "strin"}},
+            },
+        },
+        422,
+        "response_format",
+        "the JSON schema cannot be enforced: Invalid type: strin",
+    ),
+    (
+        {"prompt": "x", "response_format": {"type": "json_schema"}},
+        422,
+        "response_format",
+        "give `json_schema`",
+    ),
+    ({"prompt": "x", "response_format": {"type": "xml"}}, 422, "response_format.type", "'json_schema'"),
+    ({"prompt": "x", "n": 3, "best_of": 2}, 422, "best_of", "best_of (2) must be at least n (3)"),
     ({"prompt": "x", "max_tokens": 5000}, 422, "max_tokens", "most allowed is 1024"),
     ({"prompt": "x", "temperature": 2.5}, 422, "temperature", "less than or equal to 2"),
     ({"prompt": "x", "top_p": 0}, 422, "top_p", "greater than 0"),
@@ -26,6 +50,19 @@ CASES = [
     ({"prompt": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, 422, "metadata", "at most 16"),
     ({"messages": [{"role": "robot", "content": "y"}]}, 422, "messages.0.role", "system"),
     ({"prompt": ""}, 422, "prompt", "at least 1"),
+    ({"prompt": "x", "template": "raw"}, 422, "template", "'chat' or 'none'"),
+    ({"prompt": "x", "presence_penalty": 2.5}, 422, "presence_penalty", "less than or equal to 2"),
+    ({"prompt": "x", "frequency_penalty": -3}, 422, "frequency_penalty", "greater than or equal to -2"),
+    ({"prompt": "x", "repetition_penalty": 0}, 422, "repetition_penalty", "greater than 0"),
+    ({"prompt": "x", "logit_bias": {"12": 101}}, 422, "logit_bias.12", "less than or equal to 100"),
+    ({"prompt": "x", "logit_bias": {"cat": 1}}, 422, "logit_bias.cat.[key]", "valid integer"),
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 422, "min_tokens", "more than max_tokens (4)"),
+    (
+        {"messages": [{"role": "user", "content": "y"}], "template": "none"},
+        422,
+        "template",
+        "applies to a `prompt`",
+    ),
 ]
 
 

@@ -34,9 +34,11 @@ async def test_submit_returns_202_with_location_and_the_queued_job(api: httpx.As
     assert job["status"] == "queued"
     assert job["model"] == "placeholder-echo"
     assert job["input"] == {
-        "prompt": "hello world", "messages": None, "max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
-        "seed": None, "stop": [], "priority": "interactive", "webhook": None,
-        "webhook_events_filter": ["completed"], "cache": True, "allow_fallback": False,
+        "prompt": "hello world", "messages": None, "template": "chat", "max_tokens": 256, "temperature": 0.0,
+        "top_p": 1.0, "seed": None, "stop": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0, "logit_bias": {}, "min_tokens": 0, "logprobs": None,
+        "prompt_logprobs": None, "response_format": None, "n": 1, "best_of": None, "priority": "interactive",
+        "webhook": None, "webhook_events_filter": ["completed"], "cache": True, "allow_fallback": False,
     }  # fmt: skip
     assert job["output"] is None and job["error"] is None
     assert job["metadata"] == {"team": "a"}

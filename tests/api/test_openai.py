@@ -52,7 +52,8 @@ def test_a_chat_completion(client: openai.OpenAI, worker: WorkerProcess) -> None
         seed=7,
         stop=["never"],
         user="tester",
-        presence_penalty=0.5,  # valid OpenAI field genq ignores
+        store=False,  # configures OpenAI's platform: accepted, no effect
+        presence_penalty=0.5,  # honoured (tests/api/test_openai_sampling.py); the echo engine has no logits
     )
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")
@@ -86,8 +87,15 @@ def test_a_streamed_chat_completion_with_usage(client: openai.OpenAI, worker: Wo
     assert chunks[-1].usage.completion_tokens == 7
 
 
-def test_a_text_completion_with_and_without_streaming(client: openai.OpenAI, worker: WorkerProcess) -> None:
-    completion = client.completions.create(model=TEST_MODEL, prompt="red green", max_tokens=3, stop="never")
+def test_a_text_completion_with_and_without_streaming(
+    client: openai.OpenAI, worker: WorkerProcess, base_url: str
+) -> None:
+    raw = client.completions.with_raw_response.create(
+        model=TEST_MODEL, prompt="red green", max_tokens=3, stop="never"
+    )
+    completion = raw.parse()
+    job = httpx.get(f"{base_url}/v1/jobs/{raw.headers['X-Genq-Job-Id']}").json()
+    assert job["input"]["template"] == "none"  # a completion continues its prompt verbatim
     assert completion.object == "text_completion"
     assert completion.choices[0].text == "red green red"
     assert completion.usage is not None and completion.usage.prompt_tokens == 2
@@ -99,15 +107,37 @@ def test_a_text_completion_with_and_without_streaming(client: openai.OpenAI, wor
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as n_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=17)  # type: ignore[arg-type]
     assert n_error.value.param == "n"
     assert n_error.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as temperature_error:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, temperature=3)  # type: ignore[arg-type]
     assert temperature_error.value.param == "temperature"
-    with pytest.raises(openai.BadRequestError) as logprobs_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, logprobs=True)  # type: ignore[arg-type]
-    assert logprobs_error.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as echo_error:
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})  # type: ignore[arg-type]
+    assert echo_error.value.param == "echo"
+    with pytest.raises(openai.BadRequestError) as unknown_error:  # never silently dropped
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"top_k": 5})  # type: ignore[arg-type]
+    assert unknown_error.value.param == "top_k"
+    with pytest.raises(openai.BadRequestError) as top_error:
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)  # type: ignore[arg-type]
+    assert top_error.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as many_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", logprobs=6)
+    assert many_error.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as best_of_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", n=3, best_of=2)
+    assert best_of_error.value.param == "best_of"
+    with pytest.raises(openai.BadRequestError) as schema_error:
+        bad = {
+            "type": "json_schema",
+            "json_schema": {"name": "p", "schema": {"type": "object", "required": 5}},
+        }
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, response_format=bad)  # type: ignore[arg-type]
+    assert schema_error.value.param == "response_format"
+    with pytest.raises(openai.BadRequestError) as nothing_error:
+        client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
+    assert nothing_error.value.param == "max_tokens"
     with pytest.raises(openai.NotFoundError) as model_error:
         client.chat.completions.create(model="gpt-nope", messages=messages)  # type: ignore[arg-type]
     assert model_error.value.code == "model_not_found"

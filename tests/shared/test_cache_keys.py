@@ -69,6 +69,7 @@ def test_default_filled_and_omitted_fields_share_a_key(body: dict[str, Any]) -> 
         "seed": None,
         "stop": [],
         "max_tokens": DEFAULT_MAX_TOKENS,
+        "template": "chat",
     }
     assert _key(body) == _key(filled) == _key({**filled, "temperature": -0.0})
 
@@ -138,3 +139,36 @@ def test_cacheable_means_greedy_or_seeded() -> None:
     assert is_cacheable({"temperature": 1.3, "seed": 0})
     assert not is_cacheable({"temperature": 1.3, "seed": None})
     assert not is_cacheable({"temperature": 0, "seed": 1, "cache": False})
+
+
+def test_a_raw_prompt_and_a_chat_wrapped_one_are_different_requests() -> None:
+    body = {"prompt": "hi", "temperature": 0}
+    assert _key(body) == _key({**body, "template": "chat"})
+    assert _key(body) != _key({**body, "template": "none"})
+
+
+ARRAY_FORMAT = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "array"}}}
+
+
+def test_each_logit_adjustment_and_logprob_request_is_part_of_the_key() -> None:
+    body = {"prompt": "hi", "temperature": 0, "max_tokens": 8}
+    defaults = {"presence_penalty": 0, "frequency_penalty": -0.0, "repetition_penalty": 1, "logit_bias": {},
+                "min_tokens": 0, "n": 1}  # fmt: skip
+    assert _key(body) == _key({**body, **defaults})  # as before these fields existed
+    variants = [{"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.1},
+                {"logit_bias": {"7": 1}}, {"logit_bias": {"7": 2}}, {"min_tokens": 2}, {"logprobs": 0},
+                {"logprobs": 2}, {"prompt_logprobs": 0}, {"n": 2}, {"n": 2, "best_of": 3},
+                {"response_format": {"type": "json_object"}},
+                {"response_format": ARRAY_FORMAT}]  # fmt: skip
+    keys = {_key({**body, **variant}) for variant in variants}
+    assert len(keys) == len(variants) and _key(body) not in keys
+    assert _key({**body, "logit_bias": {"7": 1, "9": 2}}) == _key({**body, "logit_bias": {"9": 2, "7": 1}})
+
+
+def test_a_response_format_is_keyed_by_what_it_enforces() -> None:
+    body = {"prompt": "hi", "temperature": 0}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    named = {"type": "json_schema", "json_schema": {"name": "one", "schema": schema, "strict": True}}
+    renamed = {"type": "json_schema", "json_schema": {"name": "two", "schema": schema, "description": "x"}}
+    assert _key({**body, "response_format": named}) == _key({**body, "response_format": renamed})
+    assert _key(body) == _key({**body, "response_format": {"type": "text"}})

@@ -43,10 +43,14 @@ class RunningBatch:
         self._prefix_kv = [layer_kv(cache, layer) for layer in range(len(cache.layers))]
         self._prefix = tuple(prefix_ids)
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
-        """Run one prompt alone; returns its cache (to join()) and its next-token logits [vocab]."""
+    def prefill(
+        self, prompt_ids: list[int], every_position: bool = False
+    ) -> tuple[DynamicCache, torch.Tensor]:
+        """Run one prompt alone; returns its cache (to join()) and its logits [1, vocab] for the next
+        token, or [prompt, vocab] for every position (row i predicts token i + 1) when every_position."""
         cache = DynamicCache()
-        start = self._reuse_prefix(cache, prompt_ids)
+        # The shared prefix's positions have no logits of their own: a prompt scored whole skips it.
+        start = 0 if every_position else self._reuse_prefix(cache, prompt_ids)
         input_ids = torch.tensor([prompt_ids[start:]], device=self._device)
         position_ids = torch.arange(start, len(prompt_ids), device=self._device)[None]
         output = self._model(
@@ -54,9 +58,9 @@ class RunningBatch:
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=0 if every_position else 1,
         )
-        logits: torch.Tensor = output.logits[0, -1]
+        logits: torch.Tensor = output.logits[0]
         return cache, logits
 
     def _reuse_prefix(self, cache: DynamicCache, prompt_ids: list[int]) -> int:

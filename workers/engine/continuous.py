@@ -17,14 +17,21 @@ One step of the loop (`_step`), vLLM-style:
 So a short job joins at the next step and leaves as soon as it is done: it never waits for a long one.
 
 Text rules. `messages` go through the chat template (add_generation_prompt=True). A raw `prompt` is
-wrapped as one user message when EngineConfig.prompt_as_chat (default) and the tokenizer has a
-template, else tokenized as-is. The end-of-sequence token ends generation with finish_reason
-"stop" (it is counted in completion_tokens, not shown in text); a stop string ends it with "stop"
-and is cut from the text with everything after it; max_tokens, or the context filling up, ends it
-with "length". prompt_tokens counts the prompt after the chat template.
+wrapped as one user message when the request's template is "chat" (or unset and
+EngineConfig.prompt_as_chat, the default) and the tokenizer has a template; with template "none" it
+is tokenized verbatim, as OpenAI's /v1/completions continues text. The end-of-sequence token ends
+generation with finish_reason "stop" (it is counted in completion_tokens, not shown in text); a
+stop string ends it with "stop" and is cut from the text with everything after it; max_tokens, or
+the context filling up, ends it with "length". prompt_tokens counts the prompt after the chat template.
 
-Sampling: greedy at temperature 0, else temperature + top-p with a per-request generator (see
-sampling.py for when batched and solo runs can differ).
+Sampling: each row's logits are first adjusted by its own min_tokens, logit_bias and penalties
+(penalties.py, vLLM's order), then greedy at temperature 0, else temperature + top-p with a
+per-request generator (see sampling.py for when batched and solo runs can differ). A request with
+SamplingParams.logprobs gets each chosen token's raw log-probability (logprobs.py: before any
+adjustment, as vLLM); one with prompt_logprobs is prefilled at every position (without the shared
+prefix) to score its prompt, and with max_tokens 0 it ends there. A request with a json_schema
+has its row's logits masked to what the grammar allows (structured.py); it ends with "stop" when
+the grammar is complete.
 
 Streaming: on_output(text so far, completion tokens so far) is called from the loop thread at most
 once per output_interval_s per request, never after the result, with any trailing partial stop
@@ -63,16 +70,23 @@ from workers.engine.batch import RunningBatch
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
+from workers.engine.logprobs import describe, prompt_logprobs, step_logprobs
+from workers.engine.parallel import SampleGroup, sample_count
+from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.sequence import Sequence, find_stop, streamable
+from workers.engine.structured import Grammars, mask_logits
 from workers.engine.types import (
+    MAX_TOP_LOGPROBS,
     EngineStats,
     FatalEngineError,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     RequestError,
+    SamplingParams,
     StepStats,
+    TokenLogprob,
     call_on_fatal,
     check_fault_file,
 )
@@ -110,6 +124,9 @@ class TransformersEngine:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # index == row in the batch
         self._live: dict[str, Sequence] = {}
+        self._grammars: Grammars | None = None
+        #: A multi-sample request's id -> its samples' ids (cancel() stops them all).
+        self._groups: dict[str, list[str]] = {}
         self._lock = threading.Lock()  # guards _live and _accepting
         self._tokenizer_lock = threading.Lock()
         self._accepting = False
@@ -117,6 +134,9 @@ class TransformersEngine:
         self._ready = threading.Event()  # set once start-up finished, well or not
         self._thread = threading.Thread(target=self._loop, name="genq-engine", daemon=True)
         self._counters = _Counters()
+        #: Structured-output mask time and rows of the step in progress (reported in its StepStats).
+        self._step_mask_s = 0.0
+        self._step_masked_rows = 0
 
     # ---- the Engine protocol -------------------------------------------------------------------
 
@@ -135,6 +155,31 @@ class TransformersEngine:
             raise self.fatal_error
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        if sample_count(request.params) != 1:
+            return self._submit_group(request)
+        return self._submit_one(request)
+
+    def _submit_group(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        """n or best_of samples: one sequence each, gathered into one future (parallel.py)."""
+        params = request.params
+        if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
+            failed: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
+            message = f"n ({params.n}) must be >= 1 and at most best_of ({params.best_of})"
+            failed.set_exception(RequestError("invalid_request", message))
+            return failed
+        group = SampleGroup(request, self.cancel)
+        with self._lock:
+            self._groups[request.request_id] = [child.request_id for child in group.children]
+        group.future.add_done_callback(lambda _: self._forget_group(request.request_id))
+        for index, child in enumerate(group.children):
+            group.watch(index, self._submit_one(child))
+        return group.future
+
+    def _forget_group(self, request_id: str) -> None:
+        with self._lock:
+            self._groups.pop(request_id, None)
+
+    def _submit_one(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
         try:
             sequence = self._sequence(request, future)
@@ -147,8 +192,9 @@ class TransformersEngine:
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
-            sequence = self._live.get(request_id)
-        if sequence is not None:
+            ids = [request_id, *self._groups.get(request_id, ())]
+            sequences = [self._live[id_] for id_ in ids if id_ in self._live]
+        for sequence in sequences:
             sequence.cancel_requested = True
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -177,19 +223,27 @@ class TransformersEngine:
     ) -> Sequence:
         loaded = self._require_loaded()
         _validate_params(request)
+        _check_vocabulary(request.params, loaded)
         prompt_ids = self._encode(request, loaded)
         context = loaded.context_tokens
         if len(prompt_ids) >= context:
             message = f"prompt is {len(prompt_ids)} tokens; the model's context is {context} tokens"
             raise RequestError("invalid_request", message)
+        schema = request.params.json_schema
         return Sequence(
             request=request,
             future=future,
+            matcher=None if schema is None else self._require_grammars().matcher(schema),
             prompt_ids=prompt_ids,
             reservation=min(len(prompt_ids) + request.params.max_tokens, context),
             generator=make_generator(request.params),
             submitted_at=time.monotonic(),
         )
+
+    def _require_grammars(self) -> Grammars:
+        if self._grammars is None:
+            raise RuntimeError("the engine is not started")
+        return self._grammars
 
     def _require_loaded(self) -> LoadedModel:
         if self.fatal_error is not None:
@@ -209,7 +263,7 @@ class TransformersEngine:
         tokenizer = loaded.tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         messages = request.messages
-        if messages is None and self._config.prompt_as_chat and has_template:
+        if messages is None and self._wraps_prompt(request) and has_template:
             messages = [{"role": "user", "content": request.prompt or ""}]
         if messages is not None and not has_template:
             raise RequestError("invalid_request", "this model has no chat template: send a prompt")
@@ -221,6 +275,11 @@ class TransformersEngine:
         if not ids:
             raise RequestError("invalid_request", "prompt is empty")
         return [int(token) for token in ids]
+
+    def _wraps_prompt(self, request: GenerationRequest) -> bool:
+        if request.template is None:
+            return self._config.prompt_as_chat
+        return request.template == "chat"
 
     @staticmethod
     def _tokenize(tokenizer: Any, prompt: str, messages: list[dict[str, str]] | None) -> list[int]:
@@ -262,6 +321,8 @@ class TransformersEngine:
             use_transposed_linear(loaded.model)
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
         self._batch.share_prefix(_template_prefix(loaded.tokenizer))
+        # Built here (~0.4 s), not by the first structured request while it holds up the others.
+        self._grammars = Grammars(loaded.tokenizer, int(loaded.model.config.get_text_config().vocab_size))
         self._warm_up(self._batch)
 
     def _step(self) -> None:
@@ -324,17 +385,25 @@ class TransformersEngine:
         return not self._running or reserved + sequence.reservation <= config.max_batch_tokens
 
     def _prefill(self, sequence: Sequence) -> bool:
-        """Prefill one sequence and give it its first token; False when the prefill failed."""
+        """Prefill one sequence and give it its first token; True when it got one (False: the
+        prefill failed, or the request only scores its prompt)."""
         batch = self._require_batch()
+        params = sequence.request.params
+        scored = params.prompt_logprobs
         try:
-            cache, logits = batch.prefill(sequence.prompt_ids)
-            token = choose_tokens(logits[None], [sequence.request.params], [sequence.generator])[0]
+            cache, logits = batch.prefill(sequence.prompt_ids, every_position=scored is not None)
+            if scored is not None:
+                sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
+            token = self._choose(logits[-1:], [sequence])[0] if params.max_tokens else None
         except Exception as exc:  # a prefill failing is this request's failure alone
             self._log_failure("prefill_failed", sequence, exc)
             self._finish_failed(sequence, RequestError("unavailable", f"prefill failed: {exc}"))
             return False
         self._counters.prompt_tokens += len(sequence.prompt_ids)
         sequence.first_token_at = time.monotonic()
+        if token is None:  # max_tokens 0: the prompt's log-probabilities were all it asked for
+            self._finish(sequence, "", "length")
+            return False
         if not self._accept(sequence, token):
             batch.join(cache)
             self._running.append(sequence)
@@ -345,8 +414,7 @@ class TransformersEngine:
         running = self._running
         last_tokens = [sequence.completion[-1] for sequence in running]
         logits = self._forward_with_retry(batch, last_tokens)
-        params = [sequence.request.params for sequence in running]
-        tokens = choose_tokens(logits, params, [sequence.generator for sequence in running])
+        tokens = self._choose(logits, running)
         size = len(running)
         finished = []
         for row, (sequence, token) in enumerate(zip(running, tokens, strict=True)):
@@ -355,6 +423,30 @@ class TransformersEngine:
                 finished.append(row)
         for row in reversed(finished):
             self._leave(row)
+
+    def _choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
+        """One token per row of logits [rows, vocab]: each row's adjustments, then its sampling."""
+        params = [sequence.request.params for sequence in sequences]
+        adjusted = adjust_logits(
+            logits,
+            params,
+            [sequence.prompt_ids for sequence in sequences],
+            [sequence.completion for sequence in sequences],
+            self._require_loaded_model().eos_token_ids,
+        )
+        matchers = [sequence.matcher for sequence in sequences]
+        if any(matcher is not None for matcher in matchers):
+            began = time.perf_counter()
+            adjusted = mask_logits(adjusted, logits, matchers)
+            self._step_mask_s += time.perf_counter() - began
+            self._step_masked_rows += sum(matcher is not None for matcher in matchers)
+        tokens = choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
+        # Scored on the raw logits: vLLM's default, independent of penalties and temperature.
+        scores = step_logprobs(logits, tokens, [row_params.logprobs for row_params in params])
+        for sequence, score in zip(sequences, scores, strict=True):
+            if score is not None:
+                sequence.scores.append(score)
+        return tokens
 
     def _forward_with_retry(self, batch: RunningBatch, last_tokens: list[int]) -> torch.Tensor:
         try:
@@ -370,15 +462,22 @@ class TransformersEngine:
         sequence.completion.append(token)
         self._counters.tokens_generated += 1
         params = sequence.request.params
+        if sequence.matcher is not None and not sequence.matcher.consume_token(token):
+            message = f"the response format's grammar refused token {token}: {sequence.matcher.get_error()}"
+            self._finish_failed(sequence, RequestError("unavailable", message))
+            return True
         if token in self._require_loaded_model().eos_token_ids and not params.ignore_eos:
             return self._finish(sequence, self._decode_text(sequence.completion[:-1]), "stop")
+        if sequence.matcher is not None and sequence.matcher.is_stopped():  # the JSON is complete
+            return self._finish(sequence, self._decode_text(sequence.completion), "stop")
         text: str | None = None
         if params.stop:
             text = self._decode_text(sequence.completion)
             # Only the newest token can complete a stop string: search from just before it.
             index = find_stop(text, params.stop, max(0, sequence.stop_checked_chars - 1))
             sequence.stop_checked_chars = len(text)
-            if index is not None:
+            # Like vLLM, a stop string completed before min_tokens is not a stop (nor later).
+            if index is not None and len(sequence.completion) >= params.min_tokens:
                 return self._finish(sequence, text[:index], "stop")
         context = self._require_loaded_model().context_tokens
         generated = len(sequence.completion)
@@ -404,8 +503,23 @@ class TransformersEngine:
     def _finish(self, sequence: Sequence, text: str, reason: FinishReason) -> bool:
         self._forget(sequence)
         self._counters.requests_finished += 1
-        sequence.succeed(text, reason, time.monotonic())
+        logprobs, prompt_scores = self._describe_scores(sequence, text)
+        sequence.succeed(text, reason, time.monotonic(), logprobs, prompt_scores)
         return True
+
+    def _describe_scores(
+        self, sequence: Sequence, text: str
+    ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:
+        """The sequence's log-probabilities with their token strings (decoded once, at the end)."""
+        params = sequence.request.params
+        logprobs = prompt_scores = None
+        if params.logprobs is not None:
+            logprobs = describe(self._decode_ids, sequence.completion, sequence.scores, text, True)
+        if sequence.prompt_scores is not None:
+            prompt = sequence.prompt_ids
+            prompt_text = self._decode_ids(prompt, False)
+            prompt_scores = describe(self._decode_ids, prompt, sequence.prompt_scores, prompt_text, False)
+        return logprobs, prompt_scores
 
     def _finish_failed(self, sequence: Sequence, error: RequestError | FatalEngineError) -> None:
         self._forget(sequence)
@@ -424,8 +538,12 @@ class TransformersEngine:
             self._running[row] = last
 
     def _decode_text(self, tokens: list[int]) -> str:
+        return self._decode_ids(tokens, True)
+
+    def _decode_ids(self, tokens: list[int], skip_special_tokens: bool) -> str:
         with self._tokenizer_lock:
-            return str(self._require_loaded_model().tokenizer.decode(tokens, skip_special_tokens=True))
+            tokenizer = self._require_loaded_model().tokenizer
+            return str(tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
 
     @staticmethod
     def _log_failure(event: str, sequence: Sequence, exc: Exception) -> None:
@@ -436,6 +554,8 @@ class TransformersEngine:
     ) -> None:
         self._counters.steps += 1
         hook = self._config.on_step
+        mask_s, masked_rows = self._step_mask_s, self._step_masked_rows
+        self._step_mask_s, self._step_masked_rows = 0.0, 0
         if hook is None:
             return
         stats = StepStats(
@@ -444,6 +564,8 @@ class TransformersEngine:
             prefill_tokens=prefill_tokens,
             duration_s=duration,
             first_token_ms=tuple(first_token_ms),
+            mask_s=mask_s,
+            masked_rows=masked_rows,
         )
         try:
             hook(stats)
@@ -460,7 +582,7 @@ class TransformersEngine:
         rows = self._config.max_batch_size
         for _ in range(rows):
             batch.join(cache)
-        tokens = [int(logits.argmax())] * rows
+        tokens = [int(logits[-1].argmax())] * rows
         for _ in range(_WARMUP_STEPS):
             logits = batch.decode(tokens)
             if not bool(torch.isfinite(logits).all()):
@@ -519,14 +641,50 @@ def _validate_params(request: GenerationRequest) -> None:
     params = request.params
     if (request.prompt is None) == (request.messages is None):
         raise RequestError("invalid_request", "give exactly one of prompt and messages")
-    if params.max_tokens < 1:
-        raise RequestError("invalid_request", f"max_tokens must be >= 1, got {params.max_tokens}")
+    if request.messages is not None and request.template == "none":
+        message = "template 'none' applies to a prompt; messages always use the chat template"
+        raise RequestError("invalid_request", message)
+    least = 0 if params.prompt_logprobs is not None else 1  # 0 tokens: scoring the prompt only
+    if params.max_tokens < least:
+        raise RequestError("invalid_request", f"max_tokens must be >= {least}, got {params.max_tokens}")
+    if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
+        raise RequestError(
+            "invalid_request", f"n ({params.n}) must be >= 1 and <= best_of ({params.best_of})"
+        )
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise RequestError("invalid_request", f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
     if params.temperature < 0:
         raise RequestError("invalid_request", f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise RequestError("invalid_request", f"top_p must be in (0, 1], got {params.top_p}")
     if any(not stop for stop in params.stop):
         raise RequestError("invalid_request", "stop strings must not be empty")
+    _validate_adjustments(params)
+
+
+def _validate_adjustments(params: SamplingParams) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= getattr(params, name) <= 2.0:
+            raise RequestError("invalid_request", f"{name} must be in [-2, 2], got {getattr(params, name)}")
+    if not 0 < params.repetition_penalty <= 2.0:
+        raise RequestError(
+            "invalid_request", f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}"
+        )
+    if not 0 <= params.min_tokens <= params.max_tokens:
+        message = f"min_tokens ({params.min_tokens}) must be in [0, max_tokens ({params.max_tokens})]"
+        raise RequestError("invalid_request", message)
+    if any(not -100.0 <= bias <= 100.0 for _, bias in params.logit_bias):
+        raise RequestError("invalid_request", "logit_bias values must be in [-100, 100]")
+
+
+def _check_vocabulary(params: SamplingParams, loaded: LoadedModel) -> None:
+    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    bad = [token for token, _ in params.logit_bias if not 0 <= token < vocab]
+    if bad:
+        message = f"logit_bias names token {bad[0]}, outside this model's vocabulary (0..{vocab - 1})"
+        raise RequestError("invalid_request", message)
 
 
 def _abort_reason(sequence: Sequence, now: float, where: str) -> RequestError | None:

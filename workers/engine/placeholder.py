@@ -63,6 +63,13 @@ class PlaceholderEngine:
         if self.fatal_error is not None:
             future.set_exception(RequestError("unavailable", "the engine failed"))
             return future
+        params = request.params
+        scores = params.logprobs is not None or params.prompt_logprobs is not None
+        if scores or params.n != 1 or params.best_of or params.json_schema is not None:
+            # An echo has no model, so no probabilities, samples or grammar: say so rather than fake them.
+            message = "logprobs, n, best_of and response_format need a model; the placeholder engine has none"
+            future.set_exception(RequestError("invalid_request", message))
+            return future
         text = request.prompt or " ".join(m["content"] for m in request.messages or [])
         self._inbox.put(_Sequence(request, future, text.split() or ["..."]))
         return future

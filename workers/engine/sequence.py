@@ -5,15 +5,18 @@ from __future__ import annotations
 import concurrent.futures
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from workers.engine.logprobs import RawLogprob
 from workers.engine.types import (
     FatalEngineError,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     RequestError,
+    TokenLogprob,
 )
 
 
@@ -38,6 +41,12 @@ class Sequence:
     stop_checked_chars: int = 0
     #: Set by cancel() from a caller thread; a plain bool store is atomic, and the engine reads it each step.
     cancel_requested: bool = False
+    #: The llguidance matcher of the request's response format (SamplingParams.json_schema).
+    matcher: Any = None
+    #: Log-probabilities of the completion's tokens so far (when SamplingParams.logprobs is set).
+    scores: list[RawLogprob] = field(default_factory=list)
+    #: Log-probabilities of the prompt's tokens (when SamplingParams.prompt_logprobs is set).
+    prompt_scores: list[RawLogprob] | None = None
 
     @property
     def request_id(self) -> str:
@@ -47,7 +56,14 @@ class Sequence:
         if not self.future.done():
             self.future.set_exception(error)
 
-    def succeed(self, text: str, reason: FinishReason, now: float) -> None:
+    def succeed(
+        self,
+        text: str,
+        reason: FinishReason,
+        now: float,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        prompt_logprobs: tuple[TokenLogprob, ...] | None = None,
+    ) -> None:
         first = self.first_token_at if self.first_token_at is not None else now
         result = GenerationResult(
             text=text,
@@ -58,6 +74,8 @@ class Sequence:
             batch_size=self.batch_size,
             time_to_first_token_ms=(first - self.admitted_at) * 1000,
             queued_ms=(self.admitted_at - self.submitted_at) * 1000,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         if not self.future.done():
             self.future.set_result(result)

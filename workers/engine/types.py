@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
+#: How a raw `prompt` becomes tokens: "chat" wraps it as one user message of the chat template,
+#: "none" tokenizes it verbatim (OpenAI's /v1/completions), None leaves it to EngineConfig.prompt_as_chat.
+PromptTemplate = Literal["chat", "none"]
 
 #: Called from the engine thread with (text generated so far, completion tokens so far).
 #: It must be cheap and must not raise; throttling is the callee's business.
@@ -32,6 +35,29 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     #: Keep generating past the end-of-sequence token (benchmarks use it to fix the work per job).
     ignore_eos: bool = False
+    #: Subtracted once from the logit of every token the completion already holds (OpenAI; -2..2).
+    presence_penalty: float = 0.0
+    #: Subtracted per occurrence in the completion so far (OpenAI; -2..2).
+    frequency_penalty: float = 0.0
+    #: Divides positive / multiplies negative logits of tokens seen in prompt or completion (vLLM; (0, 2]).
+    repetition_penalty: float = 1.0
+    #: (token id, bias) pairs added to those tokens' logits (OpenAI's logit_bias; bias -100..100).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: End-of-sequence tokens and stop strings are ignored until this many tokens are generated (vLLM).
+    min_tokens: int = 0
+    #: Return each generated token's log-probability and this many most likely alternatives (0..20);
+    #: None returns none. Raw model log-probabilities, before penalties and temperature (vLLM's default).
+    logprobs: int | None = None
+    #: The same for every prompt token (the first has none); with it max_tokens may be 0 (scoring only).
+    prompt_logprobs: int | None = None
+    #: A JSON schema (serialized) every completion must match, enforced by token masks
+    #: (structured.py); None: free text. OpenAI's json_object is shared.structured.ANY_OBJECT.
+    json_schema: str | None = None
+    #: Completions to return (OpenAI's n): each is its own sequence in the batch.
+    n: int = 1
+    #: Completions to generate, of which the n with the highest cumulative log-probability are
+    #: returned (OpenAI's best_of); None: n.
+    best_of: int | None = None
 
 
 @dataclass(slots=True)
@@ -42,9 +68,31 @@ class GenerationRequest:
     params: SamplingParams
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    #: For a `prompt` only: "chat" or "none" (see PromptTemplate); None: EngineConfig.prompt_as_chat.
+    template: PromptTemplate | None = None
     #: time.monotonic() after which the engine stops the sequence with a `timeout` error.
     deadline: float | None = None
     on_output: OutputCallback | None = field(default=None, repr=False)
+
+
+#: Most alternatives a token's log-probability entry may list (OpenAI's chat top_logprobs bound).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token of a completion (or prompt) with its log-probability under the model."""
+
+    token_id: int
+    #: The token alone, decoded (special tokens shown).
+    token: str
+    #: What this token added to the returned text (may be "" for a half character or a cut stop string);
+    #: the texts of a result's tokens concatenate to its text.
+    text: str
+    #: log-softmax of the model's logits at this position; None for a prompt's first token.
+    logprob: float | None
+    #: The most likely tokens at this position, most likely first: (token id, token, logprob).
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +108,13 @@ class GenerationResult:
     time_to_first_token_ms: float
     #: Wall time from submit() to admission into the running batch (waiting behind a full batch).
     queued_ms: float = 0.0
+    #: One per completion token when SamplingParams.logprobs was set.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    #: One per prompt token when SamplingParams.prompt_logprobs was set.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    #: With n or best_of > 1: the n completions returned, best first for best_of, in sample order
+    #: otherwise (the fields above describe the first; completion_tokens counts every sample).
+    choices: tuple[GenerationResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +132,10 @@ class StepStats:
     #: Time to first token (ms, from submit(), queueing included) of each request whose first token came
     #: in this step.
     first_token_ms: tuple[float, ...] = ()
+    #: Wall seconds spent computing and applying structured-output masks in this step.
+    mask_s: float = 0.0
+    #: Rows whose logits were masked in this step (0: no structured output ran).
+    masked_rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)

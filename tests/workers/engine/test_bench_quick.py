@@ -38,6 +38,9 @@ def test_bench_engine_quick(tmp_path: Path) -> None:
     assert [run["concurrency"] for run in report["engine"]] == [1, 4]
     assert all(run["output_tokens"] == run["jobs"] * report["tokens_per_job"] for run in report["engine"])
     assert report["short_amid_long"]["long_jobs_unfinished_when_short_done"] > 0
+    structured = report["structured"]  # the same work with a JSON schema enforced, and its mask's cost
+    assert structured["json_schema"]["output_tokens"] == structured["plain"]["output_tokens"]
+    assert structured["mask_ms_per_step_p50"] > 0 and structured["throughput_ratio"] > 0
     assert (tmp_path / "engine.png").stat().st_size > 0
 
 

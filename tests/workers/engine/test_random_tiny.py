@@ -72,6 +72,22 @@ def test_raw_prompt_without_chat_wrapping(random_engine: EngineFactory, random_m
     assert result.prompt_tokens == len(random_model.tokenizer("hello there").input_ids)
 
 
+def test_template_none_continues_the_prompt_verbatim(
+    random_engine: EngineFactory, random_model: LoadedModel
+) -> None:
+    engine = random_engine()  # prompt_as_chat on: the request's choice overrides it either way
+    raw = GenerationRequest("raw", SamplingParams(max_tokens=4), prompt="hello there", template="none")
+    chat = GenerationRequest("chat", SamplingParams(max_tokens=4), prompt="hello there", template="chat")
+    raw_result, chat_result = engine.submit(raw).result(30), engine.submit(chat).result(30)
+    assert raw_result.prompt_tokens == len(random_model.tokenizer("hello there").input_ids)
+    assert chat_result.prompt_tokens > raw_result.prompt_tokens
+    messages = GenerationRequest(
+        "m", SamplingParams(max_tokens=1), messages=[{"role": "user", "content": "x"}], template="none"
+    )
+    error = _error(engine.submit(messages))
+    assert error.type == "invalid_request" and "template" in error.message
+
+
 def test_bad_requests_fail_alone(random_engine: EngineFactory) -> None:
     engine = random_engine()
     both = GenerationRequest(

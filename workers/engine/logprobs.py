@@ -1,0 +1,115 @@
+"""Log-probabilities of chosen (and prompt) tokens, and the top alternatives, for each row that asks.
+
+They are the log-softmax of the model's raw logits, before logit_bias, penalties and temperature:
+vLLM's default (`logprobs_mode="raw_logprobs"`), so a score does not depend on how the token was
+sampled. The numbers are computed on the loop thread as tensors (one log-softmax and one top-k over
+the rows that ask); the token strings are decoded once, when the sequence ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.types import TokenLogprob
+
+#: Prompt positions scored per log-softmax: bounds the fp32 [positions, vocab] buffer (~100 MB).
+_PROMPT_CHUNK = 512
+#: Tokens decoded together to find what the newest one adds to the text (enough for any UTF-8
+#: character split over byte tokens, and for tokenizers whose leading space depends on context).
+_DECODE_WINDOW = 6
+
+
+@dataclass(frozen=True, slots=True)
+class RawLogprob:
+    """A position's numbers before decoding: the token's log-probability and the top (id, logprob)s."""
+
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def step_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], tops: Sequence[int | None]
+) -> list[RawLogprob | None]:
+    """For each row of logits [rows, vocab] whose tops entry is not None: its token's log-probability
+    and its tops[row] most likely tokens. Rows with None get None."""
+    rows = [row for row, top in enumerate(tops) if top is not None]
+    found: list[RawLogprob | None] = [None] * len(tops)
+    if not rows:
+        return found
+    index = torch.tensor(rows, device=logits.device)
+    chosen = torch.tensor([tokens[row] for row in rows], device=logits.device)
+    scores = _score(logits.index_select(0, index), chosen, [tops[row] or 0 for row in rows])
+    for row, raw in zip(rows, scores, strict=True):
+        found[row] = raw
+    return found
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], top: int) -> list[RawLogprob]:
+    """Each prompt token's log-probability given the tokens before it, from the prefill's logits
+    [prompt, vocab] (row i predicts token i + 1); the first token has none."""
+    found = [RawLogprob(None)]
+    targets = torch.tensor(list(prompt_ids[1:]), device=logits.device)
+    for start in range(0, len(targets), _PROMPT_CHUNK):
+        end = start + _PROMPT_CHUNK
+        found.extend(_score(logits[start:end], targets[start:end], [top] * len(targets[start:end])))
+    return found
+
+
+def _score(logits: torch.Tensor, chosen: torch.Tensor, tops: list[int]) -> list[RawLogprob]:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+    most = max(tops, default=0)
+    if not most:
+        return [RawLogprob(value) for value in values]
+    top_values, top_ids = (t.tolist() for t in logprobs.topk(most, dim=-1))
+    return [
+        RawLogprob(value, tuple(zip(ids[:top], row_values[:top], strict=True)))
+        for value, ids, row_values, top in zip(values, top_ids, top_values, tops, strict=True)
+    ]
+
+
+Decode = Callable[[list[int], bool], str]
+
+
+def describe(
+    decode: Decode, ids: Sequence[int], raws: Sequence[RawLogprob], text: str, skip_special: bool
+) -> tuple[TokenLogprob, ...]:
+    """The TokenLogprobs of `ids`, whose text (decoded, possibly cut at a stop string) is `text`.
+    decode(ids, skip_special_tokens) is the tokenizer's decode."""
+    pieces = _pieces(decode, ids, text, skip_special)
+    return tuple(
+        TokenLogprob(
+            token_id=token,
+            token=decode([token], False),
+            text=piece,
+            logprob=raw.logprob,
+            top=tuple((top_id, decode([top_id], False), value) for top_id, value in raw.top),
+        )
+        for token, raw, piece in zip(ids, raws, pieces, strict=True)
+    )
+
+
+def _pieces(decode: Decode, ids: Sequence[int], text: str, skip_special: bool) -> list[str]:
+    """What each token adds to `text`; the pieces concatenate to `text` exactly."""
+    pieces, used = [], 0
+    for index in range(len(ids)):
+        window = list(ids[max(0, index - _DECODE_WINDOW) : index + 1])
+        # A trailing U+FFFD is half a character: it is added by the token that completes it.
+        added = len(decode(window, skip_special).rstrip("\ufffd")) - len(
+            decode(window[:-1], skip_special).rstrip("\ufffd")
+        )
+        end = min(len(text), used + max(0, added))
+        pieces.append(text[used:end])
+        used = end
+    if pieces and used < len(text):
+        pieces[-1] += text[used:]
+    return pieces
+
+
+def finite(value: float) -> float:
+    """A log-probability JSON can carry (-inf, from a banned token, becomes vLLM's -9999.0)."""
+    return value if math.isfinite(value) else -9999.0
