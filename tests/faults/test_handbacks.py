@@ -43,17 +43,18 @@ async def test_a_job_handed_back_late_in_its_window_still_runs(
     make_settings, redis_client: redis.Redis, start_worker
 ) -> None:
     """Drained near its queue deadline, a job gets a fresh one: the next worker runs it instead
-    of failing it as 'timeout before it ran'."""
-    slow = make_settings(placeholder_step_s=0.2, drain_timeout_s=3, job_timeout_s=5)
-    worker = start_worker(slow)
-    async with api_client(slow) as api:
+    of failing it as 'timeout before it ran'. The API gives jobs 5 s in the queue; the workers
+    (whose hand-back sets the fresh deadline) 60 s, so a slow start of the second one on a busy
+    machine cannot expire the job a second time."""
+    worker = start_worker(make_settings(placeholder_step_s=0.2, drain_timeout_s=3, job_timeout_s=60))
+    async with api_client(make_settings(job_timeout_s=5)) as api:
         job_id = (await api.post("/v1/jobs", json={"prompt": "late", "max_tokens": 40})).json()["id"]
         submitted = time.monotonic()
         await wait_until_running(redis_client, [job_id])
         await asyncio.to_thread(worker.terminate)
         assert redis_client.hget(f"genq:job:{job_id}", "status") == "queued"
         await asyncio.sleep(max(0.0, 5.5 - (time.monotonic() - submitted)))  # past the first deadline
-        start_worker(make_settings(placeholder_step_s=0.01, job_timeout_s=5))
+        start_worker(make_settings(placeholder_step_s=0.01, job_timeout_s=60))
         job = (await api.get(f"/v1/jobs/{job_id}", params={"wait": 30})).json()
     assert job["status"] == "succeeded", job
     assert redis_client.hget(f"genq:job:{job_id}", "attempts") == "1"  # a drain is not an attempt

@@ -65,7 +65,8 @@ class PlaceholderEngine:
             return future
         params = request.params
         scores = params.logprobs is not None or params.prompt_logprobs is not None
-        if scores or params.n != 1 or params.best_of or params.json_schema is not None:
+        several = params.n != 1 or (params.best_of or 1) > 1  # best_of 1 is one sample, as by default
+        if scores or several or params.json_schema is not None:
             # An echo has no model, so no probabilities, samples or grammar: say so rather than fake them.
             message = "logprobs, n, best_of and response_format need a model; the placeholder engine has none"
             future.set_exception(RequestError("invalid_request", message))
