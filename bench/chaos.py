@@ -313,9 +313,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     line = report["timeline"]
     seconds = range(len(line["in_flight"]))
     figure, (rates, flight) = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
-    rates.plot(seconds, line["completed_per_s"], label="jobs terminal / s", linewidth=0.9)
-    rates.plot(seconds, line["accepted_per_s"], label="jobs accepted / s", linewidth=0.9, alpha=0.7)
-    flight.plot(seconds, line["in_flight"], color="tab:purple", label="in flight (accepted, not terminal)")
+    rates.plot(seconds, line["completed_per_s"], color="black", label="jobs terminal / s", linewidth=0.9)
+    rates.plot(seconds, line["accepted_per_s"], color="grey", label="jobs accepted / s", linewidth=0.9)
+    flight.plot(seconds, line["in_flight"], color="black", label="in flight (accepted, not terminal)")
+    for axis in (rates, flight):
+        axis.axvline(report["chaos_s"], color="black", linestyle="--", linewidth=0.8)  # faults stop here
     colors = dict(zip(sorted(report["faults"]["by_kind"]), [f"C{i}" for i in range(10)], strict=False))
     for kind, color in colors.items():
         moments = [f["at_s"] for f in report["faults"]["list"] if f["kind"] == kind]
@@ -324,7 +326,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
                         linewidth=0.8, label=kind if axis is rates else None)  # fmt: skip
     rates.set(ylabel="jobs per second", title=f"Chaos soak: {report['faults']['total']} faults, "
               f"{report['jobs']['accepted']} jobs, {report['violations']} violations")  # fmt: skip
-    flight.set(xlabel="seconds since the first fault window opened", ylabel="jobs")
+    flight.set(
+        xlabel="seconds since traffic and faults began (dashed: faults stop, the stack settles)",
+        ylabel="jobs",
+    )
     rates.legend(fontsize=7, ncol=4, loc="upper right")
     flight.legend(fontsize=7, loc="upper right")
     figure.tight_layout()
