@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from redis.asyncio.retry import Retry
@@ -28,7 +29,8 @@ from shared import keys
 from shared.autopipeline import AutoPipeline
 from shared.config import Settings
 from shared.logging import configure_logging
-from shared.store import JobStore
+from shared.reaper import Reaper
+from shared.store import JobStore, OwnerBounds
 from shared.streams import OutputStreams
 
 
@@ -42,6 +44,13 @@ def redis_client(settings: Settings) -> aioredis.Redis:
         socket_timeout=5.0,
         retry=Retry(NoBackoff(), 0),
         max_connections=512,
+    )
+
+
+def sync_redis_client(settings: Settings) -> redis.Redis:
+    """The reaper's own blocking client (it runs on a thread of its own, off the event loop)."""
+    return redis.Redis.from_url(
+        settings.require_redis_url(), decode_responses=True, socket_connect_timeout=1.0, socket_timeout=5.0
     )
 
 
@@ -68,7 +77,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         client = redis_client(settings)
         events = JobEvents(client)
         commands = AutoPipeline(client)
-        store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s)
+        bounds = OwnerBounds(settings.max_live_jobs_per_key, settings.max_stored_bytes_per_key)
+        store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds)
+        reaper = Reaper.from_settings(sync_redis_client(settings), settings)
+        reaper.start()
         app.state.settings = settings
         app.state.redis = client
         app.state.rate_limiter = RateLimiter(client, commands, settings)
@@ -86,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             gc.unfreeze()
+            reaper.stop()
             await events.stop()
             await cache.close()
             await commands.aclose()

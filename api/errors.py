@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.responses import json_response
-from shared import errors
+from shared import errors, metrics
 from shared.schemas import error_body
 
 log = logging.getLogger("genq.api")
@@ -46,6 +46,22 @@ def genq_error_response(exc: errors.GenqError) -> Response:
 def redis_down_response(exc: Exception) -> Response:
     log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
     return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
+
+
+def redis_error_response(exc: redis.exceptions.ResponseError) -> Response:
+    """A Redis error reply: a refused write (full, read-only, cannot persist) is 503 with
+    Retry-After; anything else is a bug, answered as a JSON 500 and logged."""
+    refusal = errors.storage_refusal(exc)
+    if refusal is None:
+        return internal_error_response(exc)
+    metrics.STORAGE_REFUSED.labels("api").inc()
+    log.warning(json.dumps({"event": "store_write_refused", "error": refusal.message}))
+    return genq_error_response(refusal)
+
+
+def internal_error_response(exc: BaseException) -> Response:
+    log.error(json.dumps({"event": "internal_error", "error": type(exc).__name__}), exc_info=exc)
+    return genq_error_response(errors.GenqError("an internal error occurred; it was logged"))
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -85,5 +101,15 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(errors.GenqError, on_genq_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
+
+    async def on_redis_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, redis.exceptions.ResponseError)
+        return redis_error_response(exc)
+
+    async def on_anything_else(_: Request, exc: Exception) -> Response:
+        return internal_error_response(exc)
+
     app.add_exception_handler(redis.exceptions.ConnectionError, on_redis_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, on_redis_down)
+    app.add_exception_handler(redis.exceptions.ResponseError, on_redis_error)
+    app.add_exception_handler(Exception, on_anything_else)

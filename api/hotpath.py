@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.asgi import read_body, replay
 from api.auth import owner_of
-from api.errors import genq_error_response, redis_down_response
+from api.errors import genq_error_response, redis_down_response, redis_error_response
 from api.observability import extra_headers, observe, request_id_of
 from api.ratelimit import Kind
 from api.responses import json_response
@@ -124,6 +124,8 @@ class HotPaths:
                 response = genq_error_response(exc)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 response = redis_down_response(exc)
+            except redis.exceptions.ResponseError as exc:
+                response = redis_error_response(exc)
             status = response.status_code
             request_id = request_id_of(headers.get(b"x-request-id"))
             response_headers = [*response.raw_headers, *extra_headers(request_id, rate_headers)]

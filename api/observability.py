@@ -102,6 +102,6 @@ async def metrics(request: Request) -> Response:
     reader: QueueStatsReader = request.app.state.queue_stats
     stats, unacked = await reader.read()
     registry = CollectorRegistry()
-    registry.register(QueueStatsCollector(stats, unacked))
+    registry.register(QueueStatsCollector(stats, unacked, reader.memory))
     body = generate_latest(_registry()) + generate_latest(registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

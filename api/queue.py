@@ -21,7 +21,7 @@ from api.events import JobEvents
 from api.queue_stats import QueueStatsReader
 from shared import keys, metrics
 from shared.config import Settings
-from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded
+from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
@@ -99,6 +99,7 @@ class JobQueue:
             metadata_json=orjson.dumps(create.metadata),
             created_at=now,
             deadline=now + self._settings.job_timeout_s,
+            priority=create.priority.broker_priority,
             webhook_messages=_webhook_messages(job_id, create),
             cache_key=lookup.request.cache_key if lookup else "",
         )
@@ -150,7 +151,9 @@ class JobQueue:
         configured: then it goes to the fallback model's queue (its record names that model).
         """
         bound = self._settings.max_queue_length
-        if not bound or await self._queue_stats.length(keys.queue_for_model(model)) < bound:
+        length = await self._queue_stats.length(keys.queue_for_model(model))  # also refreshes memory
+        self._check_storage()
+        if not bound or length < bound:
             return model
         fallback = self._settings.fallback_model
         fallback_open = (
@@ -168,6 +171,18 @@ class JobQueue:
             + ("" if create.allow_fallback else ", or allow a fallback model with allow_fallback"),
             retry_after_s=self._settings.overload_retry_after_s,
         )
+
+    def _check_storage(self) -> None:
+        """Storage back-pressure: past GENQ_STORAGE_HEADROOM of Redis's maxmemory, new jobs wait
+        (503, Retry-After), so jobs already accepted can still finish and reads still work."""
+        memory = self._queue_stats.memory
+        if memory.fraction() > self._settings.storage_headroom:
+            metrics.SHED.labels("storage_full").inc()
+            raise StorageRefused(
+                f"the job store is {memory.fraction():.0%} full (GENQ_STORAGE_HEADROOM "
+                f"{self._settings.storage_headroom:g} of Redis maxmemory); retry shortly",
+                retry_after_s=self._settings.overload_retry_after_s,
+            )
 
     async def get(self, job_id: str, owner: str) -> dict[str, Any]:
         record = await self._store.get(job_id, owner)

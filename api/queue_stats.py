@@ -9,7 +9,7 @@ import time
 import redis.asyncio as aioredis
 
 from shared import keys
-from shared.metrics import UNACKED_BY_QUEUE_LUA, QueueStats, queue_list_keys
+from shared.metrics import UNACKED_BY_QUEUE_LUA, QueueStats, RedisMemory, queue_list_keys
 from shared.store import as_text
 
 
@@ -20,6 +20,8 @@ class QueueStatsReader:
         self._max_age_s = max_age_s
         self._unacked_script = client.register_script(UNACKED_BY_QUEUE_LUA)
         self._cached: tuple[float, list[QueueStats], int] | None = None
+        #: The job store's Redis memory as last read: (used bytes, maxmemory; 0 = no limit).
+        self.memory = RedisMemory(0, 0)
         #: One read in flight per process, however many requests find the cache stale together
         #: (as ModelFingerprints in api/cache.py).
         self._refreshing: asyncio.Task[None] | None = None
@@ -47,7 +49,10 @@ class QueueStatsReader:
                     pipe.llen(key)
                 pipe.scard(keys.running(queue))
             await self._unacked_script(keys=[keys.KOMBU_UNACKED], client=pipe)  # queued, not run yet
+            pipe.info("memory")
             replies = await pipe.execute()
+        memory = replies.pop()
+        self.memory = RedisMemory(int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)))
         total, flat = replies[-1]
         unacked = {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         stats = []

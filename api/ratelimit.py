@@ -19,7 +19,7 @@ from api.deps import OwnerDep
 from shared import keys, metrics
 from shared.autopipeline import AutoPipeline
 from shared.config import Settings
-from shared.errors import RateLimited, Unavailable, rate_limit_headers
+from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
 
 log = logging.getLogger("genq.api")
 Kind = Literal["submit", "read"]
@@ -93,6 +93,8 @@ class RateLimiter:
             )
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             return self._redis_down(kind, exc)
+        except redis.exceptions.ResponseError as exc:
+            return self._write_refused(kind, exc)
         remaining = int(left_milli) // 1000
         if not allowed:
             metrics.RATE_LIMITED.labels(kind).inc()
@@ -105,6 +107,17 @@ class RateLimiter:
                 retry_after_s=wait_ms / 1000,
             )
         return rate_limit_headers(bucket.capacity, remaining, full_ms / 1000)
+
+    @staticmethod
+    def _write_refused(kind: Kind, exc: redis.exceptions.ResponseError) -> dict[str, str]:
+        """The bucket cannot be written (Redis full, read-only): reads go on unlimited, since
+        they store nothing; a submission could not be stored either, so it is refused (503)."""
+        refusal = storage_refusal(exc)
+        if refusal is None:
+            raise exc
+        if kind == "read":
+            return {}
+        raise refusal from exc
 
     def _redis_down(self, kind: Kind, exc: Exception) -> dict[str, str]:
         fail_open = (

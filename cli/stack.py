@@ -1,5 +1,5 @@
 """`genq up`: the whole local stack in the foreground — embedded Redis (unless GENQ_REDIS_URL is
-set), the API, one worker and Flower, each its own process. Ctrl-C stops all of it, in order:
+set), the API, one model worker, one webhook worker and Flower, each its own process. Ctrl-C stops all of it, in order:
 the API, worker and Flower get one SIGTERM each (the worker finishes the jobs it runs, within
 GENQ_DRAIN_TIMEOUT_S), and Redis stops last, so what they write on the way out is kept.
 
@@ -18,6 +18,7 @@ import time
 
 from cli.processes import start_supervised
 from cli.redis_server import EmbeddedRedis
+from shared import keys
 from shared.config import Settings
 
 
@@ -36,6 +37,8 @@ def run_stack(settings: Settings) -> int:
     children = [
         _spawn(["api", "--host", settings.api_host, "--port", str(settings.api_port)], env),
         _spawn(["worker"], env),
+        # Webhook deliveries wait on receivers for seconds: their own process, never the model's threads.
+        _spawn(["worker", "--queues", keys.WEBHOOK_QUEUE], env),
         _spawn(["flower", "--port", str(settings.flower_port)], env),
     ]
     print(f"genq: API on http://{settings.api_host}:{settings.api_port}, Flower on "

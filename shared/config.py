@@ -122,6 +122,21 @@ class Settings(BaseSettings):
     killed worker's jobs come back after this). Must exceed job_timeout_s, or a long job is
     delivered twice."""
 
+    max_attempts: int = Field(3, ge=1, le=100)
+    """Most times a job is started. A job whose worker is lost (its lease lapsed: a crash, a kill,
+    a hang) is handed back to the queue until it has been started this often, then failed with a
+    `worker_lost` error. A drain's hand-back does not count."""
+
+    lease_ttl_s: float = Field(30.0, gt=0)
+    """A running job's lease: its worker renews it with each heartbeat; a job whose lease is older
+    than this is handed back by the reaper (or taken over by a worker that receives it). Must
+    exceed heartbeat_interval_s."""
+
+    reaper_interval_s: float = Field(2.0, gt=0, le=60)
+    """How often the reaper runs (in every API process; a Redis lock lets one run per period):
+    hands back jobs with lapsed leases, fails queued jobs past their deadline, re-pushes the
+    message of a queued job the broker lost, and promotes followers of a vanished leader."""
+
     # --- Protection -----------------------------------------------------------------------------
     max_queue_length: int = Field(10_000, ge=0)
     """Admission bound: while genq_queue_length of a model's queue is at or over this, new jobs
@@ -133,6 +148,20 @@ class Settings(BaseSettings):
 
     overload_retry_after_s: float = Field(5.0, gt=0)
     """Retry-After sent with a 503 `overloaded`."""
+
+    max_live_jobs_per_key: int = Field(10_000, ge=0)
+    """Most queued and running jobs one API key may hold; past it, submissions get 429
+    `quota_exceeded` (param `live_jobs`). 0: no bound."""
+
+    max_stored_bytes_per_key: int = Field(1 << 30, ge=0)
+    """Most bytes of job input (prompt, messages, metadata) one API key may have stored while its
+    records live (GENQ_JOB_TTL_S, counted per UTC day); past it, submissions get 429
+    `quota_exceeded` (param `stored_bytes`), so one key cannot fill Redis for all. 0: no bound."""
+
+    storage_headroom: float = Field(0.9, gt=0, le=1)
+    """Submissions get 503 `unavailable` (with Retry-After) while the job store's Redis uses more
+    than this fraction of its maxmemory, leaving the rest for running jobs to finish and for
+    reads. 1: only Redis's own refusal."""
 
     rate_limit_submit: str = "60/10"
     """Token bucket for job submissions per API key: `capacity/refill per second`. Empty: off."""
@@ -211,6 +240,10 @@ class Settings(BaseSettings):
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
     use it to hold jobs running for a known while."""
 
+    fault_engine_fatal_file: Path | None = None
+    """TEST-ONLY fault hook (the chaos benchmark): when this file exists, the worker's engine
+    deletes it and fails fatally at its next step. Unset in any real deployment."""
+
     # --- Webhooks -----------------------------------------------------------------------------------
     webhook_secret: SecretStr | None = None
     """Signing secrets `whsec_<base64>`, space-separated while rotating (every delivery carries a
@@ -283,6 +316,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"GENQ_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) exceeds "
                 f"GENQ_MAX_TOKENS_CAP ({self.max_tokens_cap})"
+            )
+        if self.lease_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"GENQ_LEASE_TTL_S ({self.lease_ttl_s}) must exceed "
+                f"GENQ_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}), or leases lapse between renewals"
             )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError(

@@ -50,6 +50,47 @@ class Unavailable(GenqError):
     type = "unavailable"
 
 
+class StorageRefused(Unavailable):
+    """The job store refused a write (out of memory, a read-only replica after a failover, a failed
+    snapshot): nothing was written; reads still work."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class QuotaExceeded(GenqError):
+    """The API key holds as many live jobs, or stored bytes, as its bound allows; `param` names
+    the bound. Other keys are not affected."""
+
+    type = "quota_exceeded"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
+#: What Redis says when it refuses a write while up (also inside a script's error message).
+WRITE_REFUSALS = {
+    "OOM command not allowed": "the job store is full (Redis maxmemory)",
+    "READONLY": "the job store is read-only (a replica, or a failover in progress)",
+    "MISCONF": "the job store cannot persist (Redis snapshot failing)",
+}
+
+
+def storage_refusal(error: Exception) -> StorageRefused | None:
+    """The StorageRefused a Redis error reply means, or None when it means something else."""
+    text = str(error)
+    for marker, meaning in WRITE_REFUSALS.items():
+        if marker in text:
+            return StorageRefused(f"{meaning}; nothing was written, retry shortly")
+    return None
+
+
 class RateLimited(GenqError):
     type = "rate_limited"
 

@@ -36,9 +36,38 @@ RUNNING = PREFIX + ":running:{queue}"
 #: bucket takes to refill, plus a second (a full bucket needs no key).
 RATE_LIMIT = PREFIX + ":ratelimit:{owner}:{kind}"
 
-#: Sorted set of worker ids scored by their last heartbeat (Unix seconds). No TTL: readers
+#: Sorted set of model-worker ids scored by their last heartbeat (Unix seconds). No TTL: readers
 #: only count members newer than heartbeat_ttl_s, and workers remove themselves on exit.
+#: `/readyz` counts these: only a worker with an engine can run jobs.
 WORKERS = PREFIX + ":workers"
+
+#: Sorted set of webhook-only worker ids scored by their last heartbeat, as WORKERS.
+WEBHOOK_WORKERS = PREFIX + ":workers:webhooks"
+
+#: Sorted set of running job ids scored by their lease's end (Unix seconds). A worker renews the
+#: leases of the jobs it runs with each heartbeat; the reaper hands back a job whose lease lapsed.
+#: Claim adds; renewals update; the scripts that end or hand back a job remove. No TTL.
+LEASES = PREFIX + ":leases"
+
+#: Sorted set of queued job ids (followers included) scored by their queue deadline: the reaper
+#: fails those still queued past it. Submit and hand-back add; claim and the end of a job remove.
+DEADLINES = PREFIX + ":deadlines"
+
+#: Sorted set of queued job ids scored by when the reaper next checks that the job's message is
+#: somewhere a worker will find it (a queue list or kombu's unacked hash), or that a follower's
+#: leader is still alive. Same life as DEADLINES.
+ORPHAN_CHECKS = PREFIX + ":orphan-checks"
+
+#: Set of one owner's live (queued or running) job ids: the per-key live-job bound counts it.
+#: The scripts that accept a job add; every script that ends one removes. TTL: job_ttl_s.
+OWNER_LIVE = PREFIX + ":owner:{owner}:live"
+
+#: Integer: bytes of job input one owner submitted on one UTC day (days since the epoch). The
+#: per-key stored-bytes bound sums the days a record lives. TTL: job_ttl_s plus a day.
+OWNER_BYTES = PREFIX + ":owner:{owner}:bytes:{day}"
+
+#: String: the id of the process running the reaper this period (SET NX PX: one at a time).
+REAPER_LOCK = PREFIX + ":reaper:lock"
 
 #: Pub/sub channel: a job id each time a job reaches a terminal state (long-pollers wake on it).
 JOB_EVENTS_CHANNEL = PREFIX + ":events:jobs"
@@ -109,6 +138,10 @@ def idempotency(owner: str, key: str) -> str:
 
 def rate_limit(owner: str, kind: str) -> str:
     return RATE_LIMIT.format(owner=owner, kind=kind)
+
+
+def owner_live(owner: str) -> str:
+    return OWNER_LIVE.format(owner=owner)
 
 
 def running(queue: str) -> str:

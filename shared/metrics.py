@@ -38,6 +38,19 @@ HTTP_DURATION = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 JOBS = Counter("genq_jobs_total", "Jobs by how they ended (or were accepted).", ["status"])
+REAPER_ACTIONS = Counter(
+    "genq_reaper_actions_total",
+    "Jobs the reaper rescued or ended, by action: requeued (lease lapsed), failed (lease lapsed "
+    "past GENQ_MAX_ATTEMPTS), expired (queued past its deadline), repushed (its message was lost), "
+    "promoted (a follower whose leader vanished).",
+    ["action"],
+)
+HANDED_BACK = Counter(
+    "genq_jobs_handed_back_total", "Jobs a worker handed back to the queue, by why.", ["reason"]
+)
+STORAGE_REFUSED = Counter(
+    "genq_storage_refused_total", "Writes the job store refused (maxmemory, read-only, snapshot).", ["tier"]
+)
 RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
 SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
 
@@ -112,12 +125,24 @@ class QueueStats:
         return self.waiting + max(0, self.unacked - self.running)
 
 
+@dataclass(frozen=True, slots=True)
+class RedisMemory:
+    used: int
+    #: Redis's maxmemory; 0: no limit.
+    limit: int
+
+    def fraction(self) -> float:
+        """Share of maxmemory in use (0 without a limit)."""
+        return self.used / self.limit if self.limit else 0.0
+
+
 class QueueStatsCollector(Collector):
     """Exposes the last computed queue statistics (computed async by the /metrics route)."""
 
-    def __init__(self, stats: list[QueueStats], unacked_total: int) -> None:
+    def __init__(self, stats: list[QueueStats], unacked_total: int, memory: RedisMemory) -> None:
         self._stats = stats
         self._unacked_total = unacked_total
+        self._memory = memory
 
     def collect(self) -> list[Metric]:
         length = GaugeMetricFamily(
@@ -133,7 +158,11 @@ class QueueStatsCollector(Collector):
             "genq_queue_unacked", "Messages delivered to workers and not yet acknowledged (all queues)."
         )
         unacked.add_metric([], self._unacked_total)
-        return [length, running, unacked]
+        used = GaugeMetricFamily("genq_redis_used_memory_bytes", "The job store Redis's used_memory.")
+        used.add_metric([], self._memory.used)
+        limit = GaugeMetricFamily("genq_redis_maxmemory_bytes", "The job store Redis's maxmemory (0: none).")
+        limit.add_metric([], self._memory.limit)
+        return [length, running, unacked, used, limit]
 
 
 def queue_list_keys(queue: str) -> list[str]:

@@ -58,6 +58,8 @@ def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., 
             "data_dir": tmp_path / "genq",
             "heartbeat_interval_s": 0.5,
             "heartbeat_ttl_s": 3.0,
+            "lease_ttl_s": 3.0,
+            "reaper_interval_s": 0.5,
             "worker_metrics_port": 0,
             # Limits far above what a test sends; tests/api/test_ratelimit.py sets tight ones.
             "rate_limit_submit": "100000/100000",

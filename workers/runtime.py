@@ -1,9 +1,13 @@
-"""One worker process's state: its engine, the jobs it holds, its heartbeat and cancel listener.
+"""One worker process's state: its engine, the jobs it holds, its heartbeat, leases and cancel
+listener, and a reaper.
 
 Celery task threads call `run(job_id)`; everything else here runs on small daemon threads.
 The job store's atomic claim decides whether this worker may run a job (first delivery, or a
-redelivery whose previous worker stopped heart-beating); finishing is checked-and-set too, so
-a job that was canceled, or taken over, is never overwritten.
+redelivery whose lease lapsed); each heartbeat renews the leases of the jobs it runs (a job it
+no longer holds is stopped); finishing is checked-and-set too, so a job that was canceled, or
+handed to another worker, is never overwritten. A drain's timeout and an engine's death hand
+the jobs back through the store (a new message, a fresh deadline); nothing held is recorded as
+failed because this process stops.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from redis.retry import Retry
 from shared import keys, metrics
 from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
-from shared.store import WorkerJobs, as_text
+from shared.errors import storage_refusal
+from shared.reaper import Reaper
+from shared.store import ClaimOutcome, WorkerJobs, as_text
 from workers import scalein
 from workers.engine import (
     Engine,
@@ -56,9 +62,10 @@ class HandBack(Exception):
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings, engine: Engine | None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.engine = engine
+        #: The model's engine; None for a worker that only delivers webhooks (attach_engine).
+        self.engine: Engine | None = None
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis = redis.Redis.from_url(
             settings.require_redis_url(),
@@ -68,11 +75,17 @@ class WorkerRuntime:
             health_check_interval=10,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
         )
-        self.jobs = WorkerJobs(self.redis, settings.heartbeat_ttl_s)
+        self.jobs = WorkerJobs(
+            self.redis, settings.lease_ttl_s, settings.max_attempts, settings.job_timeout_s
+        )
+        self.reaper = Reaper(
+            self.redis, settings.max_attempts, settings.job_timeout_s, settings.reaper_interval_s
+        )
         #: A dedicated Redis for the response cache (None: it shares the job store's).
         self.cache_redis = cache_client(settings.cache_redis_url)
         self.ready_file = settings.worker_ready_file or settings.data_dir / f"worker-{os.getpid()}.ready"
-        self._inflight: set[str] = set()
+        #: The records of the jobs this worker runs, by id (hand-backs rebuild their messages).
+        self._inflight: dict[str, dict[str, str]] = {}
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -84,8 +97,17 @@ class WorkerRuntime:
         )
 
     # --- life cycle -------------------------------------------------------------------------------
+    def attach_engine(self, engine: Engine) -> None:
+        """Serve a model (before start()); the engine's on_fatal should be on_engine_fatal."""
+        self.engine = engine
+
+    @property
+    def registry(self) -> str:
+        """Where this worker heart-beats: /readyz counts only workers that can run jobs."""
+        return keys.WORKERS if self.engine is not None else keys.WEBHOOK_WORKERS
+
     def start(self) -> None:
-        """Load and warm up the engine, then start heart-beating and listening for cancels."""
+        """Load and warm up the engine, then start heart-beating, listening for cancels, reaping."""
         if self.engine is not None:
             self.engine.start()
             if self.engine.fingerprint:  # the API computes cache keys with it (docs/cache.md)
@@ -93,6 +115,25 @@ class WorkerRuntime:
         self._beat()
         threading.Thread(target=self._heartbeat_loop, name="genq-heartbeat", daemon=True).start()
         threading.Thread(target=self._cancel_loop, name="genq-cancels", daemon=True).start()
+        self.reaper.start()
+
+    def on_engine_fatal(self, error: BaseException) -> None:
+        """The engine died (EngineConfig.on_fatal, called before it fails anything in flight):
+        hand every job this worker runs back to the queue, then exit non-zero so the supervisor
+        restarts the worker. A hand-back that cannot be written is left to the job's lease."""
+        log.critical(json.dumps({"event": "engine_fatal", "worker": self.worker_id, "error": repr(error),
+                                 "handing_back": len(self._inflight)}))  # fmt: skip
+        with self._lock:
+            held = dict(self._inflight)
+        for job_id, record in held.items():
+            try:
+                if self.jobs.hand_back(job_id, self.worker_id, record, count_attempt=True):
+                    metrics.HANDED_BACK.labels("engine_fatal").inc()
+            except redis.exceptions.RedisError as exc:
+                log.warning(json.dumps({"event": "hand_back_failed", "job_id": job_id,
+                                        "error": type(exc).__name__}))  # fmt: skip
+        logging.shutdown()
+        os._exit(FATAL_EXIT)
 
     def mark_ready(self) -> None:
         self.ready_file.parent.mkdir(parents=True, exist_ok=True)
@@ -117,10 +158,11 @@ class WorkerRuntime:
 
     def stop(self) -> None:
         self._stopped.set()
+        self.reaper.stop()
         self.output.stop()
         self.ready_file.unlink(missing_ok=True)
         with contextlib.suppress(redis.exceptions.RedisError):
-            self.jobs.leave(self.worker_id)
+            self.jobs.leave(self.worker_id, self.registry)
         if self.engine is not None:
             self.engine.shutdown(timeout=5.0)
 
@@ -134,10 +176,11 @@ class WorkerRuntime:
 
     # --- one job ---------------------------------------------------------------------------------
     def run(self, job_id: str) -> None:
-        """Run one job to a terminal state. Raises HandBack when the job must be redelivered."""
+        """Run one job to a terminal state, or hand it back (drain timeout). Raises HandBack when
+        the store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
-        if claim.outcome != "claimed":
-            log.info(json.dumps({"event": "job_skipped", "job_id": job_id, "outcome": claim.outcome,
+        if claim.outcome is not ClaimOutcome.CLAIMED:
+            log.info(json.dumps({"event": "job_skipped", "job_id": job_id, "outcome": claim.outcome.value,
                                  "status": claim.status}))  # fmt: skip
             return
         record = self._store(lambda: self.jobs.read(job_id))
@@ -145,20 +188,21 @@ class WorkerRuntime:
             wait_s = float(record["started_at"]) - float(record["created_at"])
             metrics.QUEUE_WAIT.labels(record["queue"]).observe(max(0.0, wait_s))
         with self._lock:
-            self._inflight.add(job_id)
+            self._inflight[job_id] = record
         self._report_inflight()
         try:
             fields = self._generate(job_id, record)
         finally:
             with self._lock:
-                self._inflight.discard(job_id)
+                self._inflight.pop(job_id, None)
                 drained = job_id in self._draining
                 self._draining.discard(job_id)
             self._report_inflight()
         if drained:
-            self._store(lambda: self.jobs.requeue(job_id, self.worker_id))
-            raise HandBack(f"job {job_id} handed back at drain timeout")
-        if fields is not None:
+            if self._store(lambda: self.jobs.hand_back(job_id, self.worker_id, record, count_attempt=False)):
+                metrics.HANDED_BACK.labels("drain").inc()
+                log.info(json.dumps({"event": "job_handed_back", "job_id": job_id, "reason": "drain"}))
+        elif fields is not None:
             self._finish(job_id, record, fields)
 
     def _finish(self, job_id: str, record: dict[str, str], fields: dict[str, str | bytes]) -> None:
@@ -195,9 +239,8 @@ class WorkerRuntime:
             error = {"type": exc.type, "message": exc.message}
             metrics.JOBS.labels("failed").inc()
             return label | {"status": "failed", "error": orjson.dumps(error)}
-        except FatalEngineError:
-            log.critical(json.dumps({"event": "engine_fatal", "job_id": job_id}), exc_info=True)
-            os._exit(FATAL_EXIT)
+        except FatalEngineError as exc:  # on_fatal hands every job back and exits; never a failure
+            self.on_engine_fatal(exc)
         finally:
             self.output.forget(job_id)
         self._observe(result)
@@ -234,7 +277,8 @@ class WorkerRuntime:
 
     # --- background ------------------------------------------------------------------------------
     def _store(self, call: Callable[[], T]) -> T:
-        """A job-store call, retried while Redis is unreachable (a restart must not lose jobs)."""
+        """A job-store call, retried while Redis is unreachable or refuses writes (a restart, a
+        full or read-only server must not lose jobs nor stop this worker)."""
         give_up = time.monotonic() + STORE_RETRY_S
         while True:
             try:
@@ -242,7 +286,15 @@ class WorkerRuntime:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 if time.monotonic() > give_up:
                     raise HandBack("Redis unreachable") from exc
-                time.sleep(0.5)
+            except redis.exceptions.ResponseError as exc:
+                refusal = storage_refusal(exc)
+                if refusal is None:
+                    raise
+                metrics.STORAGE_REFUSED.labels("worker").inc()
+                log.warning(json.dumps({"event": "store_write_refused", "error": refusal.message}))
+                if time.monotonic() > give_up:
+                    raise HandBack(refusal.message) from exc
+            time.sleep(0.5)
 
     def _report_inflight(self) -> None:
         """Scale-in removes the pods with the lowest deletion cost first: keep ours = our load.
@@ -252,7 +304,12 @@ class WorkerRuntime:
 
     def _beat(self) -> None:
         self._report_inflight()
-        self.jobs.heartbeat(self.worker_id)
+        self.jobs.heartbeat(self.worker_id, self.registry)
+        for job_id in self.jobs.renew(self.worker_id, list(self._inflight)):
+            # Canceled, ended elsewhere, or handed to another worker: stop generating it.
+            log.info(json.dumps({"event": "lease_lost", "job_id": job_id}))
+            if self.engine is not None:
+                self.engine.cancel(job_id)
         if self.ready_file.exists():
             self.ready_file.touch()
 

@@ -8,9 +8,11 @@ Durability. A failed attempt is retried with Celery's `self.retry(countdown=...)
 publishes a new message with an eta and then acknowledges this one; the new message is
 published before this attempt is recorded, so a crash in between repeats an attempt rather than
 losing the delivery. On the Redis broker a worker holds eta'd messages in memory, unacknowledged,
-until they are due: a worker that dies gives them back after visibility_timeout_s. A message
-held longer than visibility_timeout_s (the later retry delays are hours) is also given back
-while its first holder still waits on it, so several copies of one retry can come due.
+until they are due, and the broker hands back any message held longer than
+visibility_timeout_s. So a wait never outlives half of it: a longer retry delay is made of hops
+(a message that carries the attempt's due time in `due_at`, and only re-publishes itself when it
+arrives early), so no message is ever held long enough to be handed out twice, and the unacked
+hash holds each delivery's message for at most half the visibility timeout.
 
 The claim makes that harmless: each message carries its generation (Celery's retry count), and
 a message may act only for a generation newer than the delivery's, or take over its own
@@ -47,7 +49,7 @@ from shared.ids import new_id
 from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
-from workers import webhook_http
+from workers import context, webhook_http
 
 log = logging.getLogger("genq.webhooks")
 
@@ -62,6 +64,8 @@ LEASE_MARGIN_S = 30.0
 #: Retry delays get up to this fraction added at random, so receivers that failed together are
 #: not all retried in the same second.
 JITTER_FRACTION = 0.1
+#: A hop that arrives this close to its due time makes the attempt instead of hopping again.
+HOP_SLACK_S = 1.0
 #: Least seconds between two `output` deliveries of one job.
 OUTPUT_INTERVAL_S = 1.0
 
@@ -158,6 +162,8 @@ class Deliveries:
         secret = settings.webhook_secret
         self._secrets = signing.parse_secrets(secret.get_secret_value()) if secret else ()
         self._delays = retry_delays(settings)
+        #: The longest a delivery message waits for its eta: half the visibility timeout.
+        self.max_hop_s = settings.visibility_timeout_s / 2
         self._claim = client.register_script(CLAIM_LUA)
         self._record = client.register_script(RECORD_LUA)
 
@@ -290,16 +296,13 @@ def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, o
 
 @functools.cache
 def _deliveries() -> Deliveries:
-    # Imported here: workers.worker imports the runtime, which may import this module (for
-    # OutputWebhooks), so a module-level import would be circular.
-    from workers import worker
-
-    runtime = worker.runtime()
+    runtime = context.runtime()
     return Deliveries(runtime.redis, runtime.settings)
 
 
-def _deliver(task: Task, job_id: str, event: str) -> None:
-    """Deliver one event of job `job_id`: one attempt per message, retried per the schedule."""
+def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
+    """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
+    a message that arrives before `due_at` is a hop of a long wait (see the module docstring)."""
     deliveries = _deliveries()
     delivery = Delivery.of(job_id, event, task.request.id)
     generation = int(task.request.retries)
@@ -309,6 +312,9 @@ def _deliver(task: Task, job_id: str, event: str) -> None:
         # message for a delivery that already has its outcome: nothing to do.
         log.info(json.dumps({"event": "webhook_copy_dropped", "job_id": job_id, "webhook_event": event,
                              "generation": generation, "claim": claim}))  # fmt: skip
+        return
+    if due_at is not None and due_at - time.time() > HOP_SLACK_S:
+        _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
         return
     wait = deliveries.order_wait(delivery)
     if wait is not None:
@@ -343,8 +349,11 @@ def _retry_then_record(
     entry: dict[str, Any] | None = None,
 ) -> None:
     # Publish the next generation first: a crash before the record below repeats this attempt
-    # (its claim's lease runs out) instead of losing the delivery.
-    retry = task.retry(countdown=countdown, throw=False)
+    # (its claim's lease runs out) instead of losing the delivery. A wait longer than a hop
+    # carries its due time; a shorter one drops any it had.
+    hop_s = deliveries.max_hop_s
+    hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
+    retry = task.retry(countdown=min(countdown, hop_s), kwargs=hop, throw=False)
     deliveries.record(delivery, generation, fields, entry)
     raise retry
 
@@ -363,12 +372,10 @@ deliver = shared_task(
 
 def _warn_at_start(sender: Any = None, **_: Any) -> None:
     """A worker consuming the webhooks queue says when its deliveries are less safe than usual."""
-    from workers import worker
-
     consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
     if consumed is not None and keys.WEBHOOK_QUEUE not in consumed.consume_from:
         return
-    settings = worker.runtime().settings
+    settings = context.runtime().settings
     if settings.webhook_allow_private:
         message = (
             "GENQ_WEBHOOK_ALLOW_PRIVATE is on: webhooks may reach loopback, private and link-local "

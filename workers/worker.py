@@ -7,11 +7,13 @@ once Celery is consuming.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -21,20 +23,19 @@ from shared import keys, metrics
 from shared.celery_app import create_celery_app
 from shared.config import Settings
 from shared.logging import configure_logging
-from workers.engine import EngineConfig, StepStats, build_engine
-from workers.runtime import FATAL_EXIT, WorkerRuntime
+from workers import context
+from workers.engine import EngineConfig, FatalEngineError, StepStats, build_engine
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger("genq.worker")
-_runtime: WorkerRuntime | None = None
+
+#: Ports tried after a taken GENQ_WORKER_METRICS_PORT (several workers on one host).
+METRICS_PORT_TRIES = 16
 
 
-def runtime() -> WorkerRuntime:
-    if _runtime is None:
-        raise RuntimeError("the worker runtime is not started (run the worker with `genq worker`)")
-    return _runtime
-
-
-def engine_config(settings: Settings) -> EngineConfig:
+def engine_config(
+    settings: Settings, on_fatal: Callable[[FatalEngineError], None] | None = None
+) -> EngineConfig:
     return EngineConfig(
         model=settings.model,
         model_cache=settings.model_cache,
@@ -45,7 +46,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         torch_threads=settings.torch_threads,
         placeholder_step_s=settings.placeholder_step_s,
         on_step=_observe_step(settings.model),
-        on_fatal=_exit_on_fatal,
+        on_fatal=on_fatal,
+        fault_file=settings.fault_engine_fatal_file,
     )
 
 
@@ -61,25 +63,48 @@ def _observe_step(model: str) -> Callable[[StepStats], None]:
     return observe
 
 
-def _exit_on_fatal(error: BaseException) -> None:
-    """The engine cannot go on: exit non-zero so the supervisor restarts the worker. The jobs this
-    worker held stay unacknowledged and come back after the visibility timeout."""
-    log.critical(json.dumps({"event": "engine_fatal", "error": repr(error)}))
-    logging.shutdown()
-    os._exit(FATAL_EXIT)
+def serve_metrics(port: int) -> int | None:
+    """Serve this worker's /metrics on `port`, or on the next free one when another process on
+    this host holds it (said in one log line); None when none of them is free."""
+    for candidate in range(port, port + METRICS_PORT_TRIES):
+        try:
+            prometheus_client.start_http_server(candidate, addr="0.0.0.0")  # noqa: S104
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            continue
+        if candidate != port:
+            message = (
+                f"GENQ_WORKER_METRICS_PORT {port} is taken (another worker here?); /metrics on {candidate}"
+            )
+            log.warning(json.dumps({"event": "metrics_port_taken", "port": candidate, "message": message}))
+        return candidate
+    last = port + METRICS_PORT_TRIES - 1
+    message = f"GENQ_WORKER_METRICS_PORT {port} to {last} are all taken: this worker serves no /metrics"
+    log.warning(json.dumps({"event": "metrics_off", "message": message}))
+    return None
+
+
+def _pidfile(settings: Settings, serves_model: bool) -> Path:
+    """Where `genq drain` finds the model worker; a webhook-only worker beside it keeps its own."""
+    if settings.worker_pidfile is not None:
+        return settings.worker_pidfile
+    return settings.data_dir / ("worker.pid" if serves_model else "webhook-worker.pid")
 
 
 def run_worker(settings: Settings, queues: list[str] | None = None, concurrency: int | None = None) -> None:
     """Start a worker in this process (blocks until it is shut down)."""
-    global _runtime  # noqa: PLW0603  (one runtime per worker process; tasks reach it here)
     configure_logging(settings.log_level)
     queues = queues or [keys.queue_for_model(settings.model)]
     serves_model = keys.queue_for_model(settings.model) in queues
-    _runtime = WorkerRuntime(settings, build_engine(engine_config(settings)) if serves_model else None)
-    _runtime.start()
+    runtime = WorkerRuntime(settings)
+    if serves_model:
+        runtime.attach_engine(build_engine(engine_config(settings, on_fatal=runtime.on_engine_fatal)))
+    context.install(runtime)
+    runtime.start()
     if settings.worker_metrics_port:
-        prometheus_client.start_http_server(settings.worker_metrics_port, addr="0.0.0.0")  # noqa: S104
-    pidfile = settings.worker_pidfile or settings.data_dir / "worker.pid"
+        serve_metrics(settings.worker_metrics_port)
+    pidfile = _pidfile(settings, serves_model)
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(str(os.getpid()))
     app = create_celery_app(settings)
@@ -89,12 +114,12 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     argv = [
         "worker", "--pool=threads", f"--concurrency={concurrency or settings.concurrency}",
         f"--queues={','.join(queues)}", "--without-gossip", "--without-mingle",
-        f"--hostname=genq-{_runtime.worker_id}", f"--loglevel={settings.log_level}", "--task-events",
+        f"--hostname=genq-{runtime.worker_id}", f"--loglevel={settings.log_level}", "--task-events",
     ]  # fmt: skip
     try:
         app.worker_main(argv)
     finally:
-        _runtime.stop()
+        runtime.stop()
         pidfile.unlink(missing_ok=True)
 
 
@@ -104,13 +129,12 @@ def _on_ready(**_: Any) -> None:
     # model). Freezing them keeps the cyclic GC from traversing them: a full collection took
     # ~330 ms on this 2-core VM otherwise, a pause in the middle of every batch it hit.
     gc.freeze()
-    if _runtime is not None:
-        _runtime.mark_ready()
+    context.runtime().mark_ready()
 
 
 @signals.worker_shutting_down.connect
 def _on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
-    if _runtime is not None:
-        log.info(json.dumps({"event": "worker_draining", "signal": sig, "how": how,
-                             "inflight": _runtime.inflight}))  # fmt: skip
-        _runtime.drain(_runtime.settings.drain_timeout_s)
+    runtime = context.runtime()
+    log.info(json.dumps({"event": "worker_draining", "signal": sig, "how": how,
+                         "inflight": runtime.inflight}))  # fmt: skip
+    runtime.drain(runtime.settings.drain_timeout_s)

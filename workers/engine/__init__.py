@@ -12,8 +12,9 @@ continuous-batching engine (workers/engine/continuous.py) for every other model 
 Metrics hooks: EngineConfig.on_step(StepStats) after every engine step (batch_size, tokens,
 prefill_tokens, duration_s, first_token_ms from submit); TransformersEngine.stats() -> EngineStats
 counters; every GenerationResult carries queued_ms, time_to_first_token_ms and batch_size.
-Fatal errors: TransformersEngine.fatal_error is set and EngineConfig.on_fatal is called once; all
-held futures fail with RequestError("unavailable"). Exit non-zero then.
+Fatal errors: fatal_error is set and EngineConfig.on_fatal is called once, before anything else (a
+worker hands its jobs back and exits non-zero there); then every held future fails with the
+FatalEngineError (both engines; EngineConfig.fault_file injects one in tests).
 """
 
 from __future__ import annotations

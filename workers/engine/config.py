@@ -42,9 +42,13 @@ class EngineConfig:
     #: Compute small-batch products of fp32 CPU linear layers as (W @ x^T)^T, which MKL runs 1.3-3x
     #: faster than F.linear for decode-sized batches here (see cpu_linear.py). Patches the model in place.
     fast_cpu_linear: bool = True
+    #: TEST-ONLY fault hook: when this file exists at a step, the engine deletes it and dies as if
+    #: the step had failed fatally (the chaos benchmark uses it). None in any real deployment.
+    fault_file: Path | None = None
     #: Called on the engine thread after every step with its StepStats (metrics export). Must be cheap.
     on_step: Callable[[StepStats], None] | None = None
-    #: Called once, on the engine thread, when the engine dies (the worker should exit non-zero).
+    #: Called once, on the engine thread, when the engine dies, before any in-flight request is
+    #: failed (the worker hands its jobs back to the queue and exits non-zero).
     on_fatal: Callable[[FatalEngineError], None] | None = None
 
     def __post_init__(self) -> None:

@@ -37,10 +37,11 @@ Results carry queued_ms, time_to_first_token_ms (from admission) and the largest
 
 Failures: a bad request (prompt too long for the context, empty, bad parameters) fails that future
 with `invalid_request` and nothing else. A failing prefill fails only its own request
-(`unavailable`). A failing decode step (after one retry for an out-of-memory error) is fatal: every
-held future fails with `unavailable`, `engine.fatal_error` is set to a FatalEngineError,
-EngineConfig.on_fatal is called with it, later submits fail at once with `unavailable`, and the
-worker is expected to exit non-zero so its orchestrator restarts it. start() raises
+(`unavailable`). A failing decode step (after one retry for an out-of-memory error) is fatal:
+`engine.fatal_error` is set to a FatalEngineError, EngineConfig.on_fatal is called with it first
+(a worker hands its jobs back to the queue and exits there, so no job is recorded as failed for
+it), then every held future fails with that FatalEngineError, and later submits fail at once with
+`unavailable`. start() raises
 FatalEngineError when the model cannot load or its warm-up output is not finite.
 """
 
@@ -72,6 +73,8 @@ from workers.engine.types import (
     GenerationResult,
     RequestError,
     StepStats,
+    call_on_fatal,
+    check_fault_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -262,6 +265,7 @@ class TransformersEngine:
         self._warm_up(self._batch)
 
     def _step(self) -> None:
+        check_fault_file(self._config.fault_file)
         self._take_new(block=not self._running and not self._waiting)
         now = time.monotonic()
         self._apply_aborts(now)
@@ -403,7 +407,7 @@ class TransformersEngine:
         sequence.succeed(text, reason, time.monotonic())
         return True
 
-    def _finish_failed(self, sequence: Sequence, error: RequestError) -> None:
+    def _finish_failed(self, sequence: Sequence, error: RequestError | FatalEngineError) -> None:
         self._forget(sequence)
         self._counters.requests_failed += 1
         sequence.fail(error)
@@ -468,20 +472,18 @@ class TransformersEngine:
             batch.leave(batch.rows - 1)
 
     def _die(self, exc: Exception) -> None:
+        """on_fatal first (a worker hands its jobs back and exits there), then every future in
+        flight fails with the FatalEngineError: never as a failure of the request itself."""
         fatal = FatalEngineError(f"engine loop failed: {exc!r}")
         fatal.__cause__ = exc
         logger.error(json.dumps({"event": "engine_fatal", "model": self.model_id, "error": repr(exc)}))
         self.fatal_error = fatal
         with self._lock:
             self._accepting = False
-        self._fail_everything(RequestError("unavailable", f"the engine failed: {exc}"))
-        if self._config.on_fatal is not None:
-            try:
-                self._config.on_fatal(fatal)
-            except Exception as hook_exc:  # the engine is dead either way
-                logger.error(json.dumps({"event": "on_fatal_failed", "error": repr(hook_exc)}))
+        call_on_fatal(self._config.on_fatal, fatal)
+        self._fail_everything(fatal)
 
-    def _fail_everything(self, error: RequestError) -> None:
+    def _fail_everything(self, error: RequestError | FatalEngineError) -> None:
         self._take_new(block=False)
         for sequence in [*self._running, *self._waiting]:
             self._finish_failed(sequence, error)

@@ -17,7 +17,15 @@ import time
 from dataclasses import dataclass, field
 
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
-from workers.engine.types import GenerationRequest, GenerationResult, RequestError, StepStats
+from workers.engine.types import (
+    FatalEngineError,
+    GenerationRequest,
+    GenerationResult,
+    RequestError,
+    StepStats,
+    call_on_fatal,
+    check_fault_file,
+)
 
 
 @dataclass
@@ -39,6 +47,7 @@ class PlaceholderEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.model_id = PLACEHOLDER_MODEL
         self.fingerprint = hashlib.sha256(b"placeholder-echo/v1").hexdigest()[:16]
+        self.fatal_error: FatalEngineError | None = None
         self._config = config
         self._inbox: queue.Queue[_Sequence] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -51,6 +60,9 @@ class PlaceholderEngine:
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
+        if self.fatal_error is not None:
+            future.set_exception(RequestError("unavailable", "the engine failed"))
+            return future
         text = request.prompt or " ".join(m["content"] for m in request.messages or [])
         self._inbox.put(_Sequence(request, future, text.split() or ["..."]))
         return future
@@ -65,14 +77,30 @@ class PlaceholderEngine:
 
     def _loop(self) -> None:
         running: list[_Sequence] = []
+        try:
+            self._run(running)
+        except Exception as exc:  # as the real engine: anything escaping a step is fatal
+            self._die(exc, running)
+
+    def _die(self, exc: Exception, running: list[_Sequence]) -> None:
+        fatal = FatalEngineError(f"engine loop failed: {exc!r}")
+        self.fatal_error = fatal
+        call_on_fatal(self._config.on_fatal, fatal)
+        while not self._inbox.empty():
+            running.append(self._inbox.get_nowait())
+        for seq in running:
+            seq.future.set_exception(fatal)
+
+    def _run(self, running: list[_Sequence]) -> None:
         while not self._stop.is_set():
+            check_fault_file(self._config.fault_file)
             self._admit(running)
             if not running:
                 time.sleep(0.002)
                 continue
             time.sleep(self._config.placeholder_step_s)
             batch = len(running)
-            running = [seq for seq in running if not self._step(seq, batch)]
+            running[:] = [seq for seq in running if not self._step(seq, batch)]
             if self._config.on_step is not None:
                 self._config.on_step(
                     StepStats(batch_size=batch, tokens=batch, prefill_tokens=0, duration_s=0.0)

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.engine.types import FinishReason, GenerationRequest, GenerationResult, RequestError
+from workers.engine.types import (
+    FatalEngineError,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RequestError,
+)
 
 
 @dataclass(eq=False)
@@ -37,7 +43,7 @@ class Sequence:
     def request_id(self) -> str:
         return self.request.request_id
 
-    def fail(self, error: RequestError) -> None:
+    def fail(self, error: RequestError | FatalEngineError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
 

@@ -7,8 +7,11 @@ thread calls, and these types are the whole contract between the two.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
@@ -103,7 +106,33 @@ class RequestError(EngineError):
 
 
 class FatalEngineError(EngineError):
-    """The engine cannot go on (OOM that does not clear, broken device): the process must exit."""
+    """The engine cannot go on (OOM that does not clear, broken device): the process must exit.
+    The futures of requests in flight fail with it: they did not fail, their engine did."""
+
+
+def call_on_fatal(on_fatal: Callable[[FatalEngineError], None] | None, error: FatalEngineError) -> None:
+    """Run the engine's on_fatal hook; a failing hook is logged (the engine is dead either way)."""
+    if on_fatal is None:
+        return
+    try:
+        on_fatal(error)
+    except Exception as hook_exc:
+        logging.getLogger(__name__).error(json.dumps({"event": "on_fatal_failed", "error": repr(hook_exc)}))
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an engine step when the test-only fault file exists (EngineConfig.fault_file)."""
+
+
+def check_fault_file(path: Path | None) -> None:
+    """Raise InjectedFault once per creation of the fault file (it is deleted here)."""
+    if path is None:
+        return
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    raise InjectedFault(f"fault injected through {path}")
 
 
 class Engine(Protocol):

@@ -1,0 +1,143 @@
+-- Functions every job-store script shares. The prelude before this file (shared/scripts.py)
+-- defines K (every constant key name, from shared/keys.py) and the key builders job_key,
+-- followers_key, inflight_key, running_key, owner_live_key and owner_bytes_key.
+
+local NO_INFERENCE_METRICS = '{"inference_ms":0}'
+
+-- Push a job's pre-built webhook message for `event` onto the webhook queue, once.
+local function push_webhook(job_key_, event)
+  local field = 'webhook_message:' .. event
+  local message = redis.call('HGET', job_key_, field)
+  if message then
+    redis.call('LPUSH', K.webhook_queue, message)
+    redis.call('HDEL', job_key_, field)
+  end
+end
+
+local function running_set(job_key_)
+  return running_key(redis.call('HGET', job_key_, 'queue') or '')
+end
+
+-- Forget the broker's copy of the message a job was claimed with (kombu's unacked entry), so a
+-- job handed back by the store is never also restored by the broker's visibility timeout.
+local function forget_delivery(job_key_)
+  local tag = redis.call('HGET', job_key_, 'delivery_tag')
+  if tag and tag ~= '' then
+    redis.call('HDEL', K.unacked, tag)
+    redis.call('ZREM', K.unacked_index, tag)
+    redis.call('HDEL', job_key_, 'delivery_tag')
+  end
+end
+
+-- The job is no longer waiting for a worker: out of the reaper's queued indexes.
+local function leave_queue(job_id)
+  redis.call('ZREM', K.deadlines, job_id)
+  redis.call('ZREM', K.orphan_checks, job_id)
+end
+
+-- The job no longer runs: out of the running set and the lease index.
+local function leave_running(job_key_, job_id)
+  redis.call('SREM', running_set(job_key_), job_id)
+  redis.call('ZREM', K.leases, job_id)
+  redis.call('HDEL', job_key_, 'lease')
+end
+
+-- Bookkeeping of every move to a terminal status (the caller has set the status and fields).
+local function ended(job_key_, job_id)
+  leave_queue(job_id)
+  leave_running(job_key_, job_id)
+  redis.call('HDEL', job_key_, 'message', 'queue_key', 'missing_since')
+  local owner = redis.call('HGET', job_key_, 'owner')
+  if owner then redis.call('SREM', owner_live_key(owner), job_id) end
+  redis.call('PUBLISH', K.job_events, job_id)
+  push_webhook(job_key_, 'completed')
+end
+
+-- Put a job (back) in the queue: its message onto the broker's list, its deadline and its next
+-- orphan check into the reaper's indexes. The message stays in the record until a claim, so
+-- the reaper can tell whether the broker still holds it.
+local function enqueue(job_key_, job_id, message, queue_list, deadline, now)
+  redis.call('HSET', job_key_, 'status', 'queued', 'message', message, 'queue_key', queue_list,
+             'deadline', deadline)
+  redis.call('LPUSH', queue_list, message)
+  redis.call('ZADD', K.deadlines, deadline, job_id)
+  redis.call('ZADD', K.orphan_checks, tonumber(now) + ORPHAN_CHECK_S, job_id)
+end
+
+local function fail(job_key_, job_id, error_json, now)
+  redis.call('HSET', job_key_, 'status', 'failed', 'error', error_json, 'completed_at', now)
+end
+
+-- Coalescing (docs/cache.md). A cacheable job that finds no job in flight for its cache key
+-- becomes the leader (K inflight key names it); identical submissions meanwhile become
+-- followers, listed under the leader. The scripts that end the leader resolve its followers:
+-- its result or failure is copied into each one still queued; when the leader is canceled or
+-- expires in the queue, the oldest follower is promoted (its own message goes onto its queue)
+-- and the rest follow it.
+local function release_inflight(leader_key, leader_id)
+  local cache_key = redis.call('HGET', leader_key, 'cache_key')
+  if cache_key and redis.call('GET', inflight_key(cache_key)) == leader_id then
+    redis.call('DEL', inflight_key(cache_key))
+  end
+end
+
+local function resolve_followers(leader_key, leader_id)
+  local list = followers_key(leader_id)
+  local r = redis.call('HMGET', leader_key, 'status', 'output', 'error', 'model_label', 'completed_at')
+  for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local key = job_key(id)
+    if redis.call('HGET', key, 'status') == 'queued' then
+      redis.call('HSET', key, 'status', r[1], 'model_label', r[4] or '', 'started_at', r[5],
+                 'completed_at', r[5])
+      if r[1] == 'succeeded' then
+        redis.call('HSET', key, 'output', r[2], 'cached', '1', 'metrics', NO_INFERENCE_METRICS)
+      else
+        redis.call('HSET', key, 'error', r[3] or '')
+      end
+      push_webhook(key, 'start')
+      ended(key, id)
+    end
+  end
+  redis.call('DEL', list)
+end
+
+-- Make a queued follower a leader of its own: its own message goes onto its queue.
+local function lead(key, id, now)
+  local rec = redis.call('HMGET', key, 'message', 'queue_key', 'cache_key', 'deadline')
+  local ttl = math.max(redis.call('TTL', key), 1)
+  redis.call('HDEL', key, 'follows')
+  enqueue(key, id, rec[1], rec[2], rec[4], now)
+  if rec[3] then redis.call('SET', inflight_key(rec[3]), id, 'NX', 'EX', ttl) end
+  redis.call('EXPIRE', followers_key(id), ttl)
+end
+
+local function promote_followers(leader_key, leader_id, now)
+  local list = followers_key(leader_id)
+  local ids = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  release_inflight(leader_key, leader_id)
+  local leader = nil
+  for _, id in ipairs(ids) do
+    local key = job_key(id)
+    local rec = redis.call('HMGET', key, 'status', 'message')
+    if rec[1] == 'queued' and rec[2] then
+      if leader == nil then
+        leader = id
+        lead(key, id, now)
+      else
+        redis.call('HSET', key, 'follows', leader)
+        redis.call('RPUSH', followers_key(leader), id)
+      end
+    end
+  end
+end
+
+-- A queued job that will never run: failed (timeout), its followers promoted; a follower also
+-- leaves its leader's list.
+local function expire_queued(job_key_, job_id, error_json, now)
+  local leader = redis.call('HGET', job_key_, 'follows')
+  if leader then redis.call('LREM', followers_key(leader), 0, job_id) end
+  fail(job_key_, job_id, error_json, now)
+  ended(job_key_, job_id)
+  promote_followers(job_key_, job_id, now)
+end

@@ -1,0 +1,15 @@
+-- The reaper fails a job still queued past its deadline (promptly, not only when a worker
+-- happens to receive its message). KEYS: job. ARGV: job id, now, timeout error JSON.
+-- Returns 'expired', 'held' (not due: its deadline moved) or 'stale' (not queued any more).
+local job, job_id, now = KEYS[1], ARGV[1], ARGV[2]
+local rec = redis.call('HMGET', job, 'status', 'deadline')
+if rec[1] ~= 'queued' then
+  redis.call('ZREM', K.deadlines, job_id)
+  return 'stale'
+end
+if tonumber(rec[2]) >= tonumber(now) then
+  redis.call('ZADD', K.deadlines, rec[2], job_id)
+  return 'held'
+end
+expire_queued(job, job_id, ARGV[3], now)
+return 'expired'

@@ -1,0 +1,25 @@
+-- The reaper hands back a running job whose lease lapsed (its worker died, hung, or dropped it
+-- without ending it): queued again with a fresh deadline and a new message, or, once it has
+-- been started max-attempts times, failed (`worker_lost`).
+-- KEYS: job. ARGV: job id, now, max attempts, message, queue list, new deadline, error JSON.
+-- Returns 'requeued', 'failed', 'held' (renewed meanwhile) or 'stale' (not running any more).
+local job, job_id, now = KEYS[1], ARGV[1], ARGV[2]
+local rec = redis.call('HMGET', job, 'status', 'lease', 'attempts')
+if rec[1] ~= 'running' then
+  redis.call('ZREM', K.leases, job_id)
+  return 'stale'
+end
+if tonumber(rec[2] or '0') >= tonumber(now) then return 'held' end
+forget_delivery(job)
+if tonumber(rec[3] or '0') >= tonumber(ARGV[3]) then
+  fail(job, job_id, ARGV[7], now)
+  ended(job, job_id)
+  release_inflight(job, job_id)
+  resolve_followers(job, job_id)
+  return 'failed'
+end
+leave_running(job, job_id)
+redis.call('HSET', job, 'worker', '')
+redis.call('HDEL', job, 'started_at')
+enqueue(job, job_id, ARGV[4], ARGV[5], ARGV[6], now)
+return 'requeued'

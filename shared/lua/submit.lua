@@ -1,0 +1,99 @@
+-- Accept a job: write its record and enqueue its message, atomically (an outbox in one step).
+-- KEYS: job, owner index, queue list, idempotency key ('' for none), in-flight key ('' when the
+-- job is not cacheable), cache entry to look up ('' for none), owner's live set.
+-- ARGV: job id, score, job ttl, message, idem ttl, idem value, trim-below score, now, known
+-- cached output ('' for none), its model label, the record's field/value pairs as one JSON array
+-- (one argument, not dozens: redis-py packs each argument in Python, and that showed in
+-- profiles), most live jobs of the owner (0: no bound), most stored bytes of the owner (0: no
+-- bound), this job's input bytes, today (days since the epoch), days a record lives.
+-- Returns {0, idem value} (a replay: nothing written), {1} (queued: enqueued), {2, record...}
+-- (a cache hit: succeeded at once), {3, leader id} (a follower: waits for the leader's result),
+-- {4, limit name, limit} (the owner is at a bound: nothing written).
+
+local now = ARGV[8]
+
+local function stored_bytes(owner)
+  local total = 0
+  for day = tonumber(ARGV[15]) - tonumber(ARGV[16]), tonumber(ARGV[15]) do
+    total = total + tonumber(redis.call('GET', owner_bytes_key(owner, day)) or '0')
+  end
+  return total
+end
+
+-- Nil when the owner may store this job, else the name of the bound it would pass.
+local function over_bound(owner)
+  local live_limit, bytes_limit = tonumber(ARGV[12]), tonumber(ARGV[13])
+  if live_limit > 0 and redis.call('SCARD', KEYS[7]) >= live_limit then return 'live_jobs', live_limit end
+  if bytes_limit > 0 and stored_bytes(owner) + tonumber(ARGV[14]) > bytes_limit then
+    return 'stored_bytes', bytes_limit
+  end
+  return nil
+end
+
+local function accept(owner, live)
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[5]) end
+  local bytes_key = owner_bytes_key(owner, ARGV[15])
+  redis.call('INCRBY', bytes_key, ARGV[14])
+  redis.call('EXPIRE', bytes_key, ARGV[3] + 86400)
+  if live then
+    redis.call('SADD', KEYS[7], ARGV[1])
+    redis.call('EXPIRE', KEYS[7], ARGV[3])
+  end
+end
+
+local function cached_response()
+  if ARGV[9] ~= '' or KEYS[6] == '' then return ARGV[9], ARGV[10] end
+  local entry = redis.call('HMGET', KEYS[6], 'output', 'model_label')
+  return entry[1] or '', entry[2] or ''
+end
+
+local function live_leader()
+  local leader = redis.call('GET', KEYS[5])
+  if not leader then return nil end
+  local status = redis.call('HGET', job_key(leader), 'status')
+  if status == 'queued' or status == 'running' then return leader end
+  return nil
+end
+
+if KEYS[4] ~= '' then
+  local existing = redis.call('GET', KEYS[4])
+  if existing then return {0, existing} end
+end
+local fields = cjson.decode(ARGV[11])
+local owner = nil
+for i = 1, #fields, 2 do if fields[i] == 'owner' then owner = fields[i + 1] end end
+local bound, limit = over_bound(owner)
+if bound then return {4, bound, limit} end
+redis.call('HSET', KEYS[1], unpack(fields))
+local output, label = cached_response()
+if output ~= '' then
+  redis.call('HSET', KEYS[1], 'status', 'succeeded', 'cached', '1', 'output', output, 'model_label', label,
+             'metrics', NO_INFERENCE_METRICS, 'started_at', now, 'completed_at', now)
+  accept(owner, false)
+  push_webhook(KEYS[1], 'start')
+  push_webhook(KEYS[1], 'completed')
+  local record = redis.call('HGETALL', KEYS[1])
+  table.insert(record, 1, 2)
+  return record
+end
+local deadline = redis.call('HGET', KEYS[1], 'deadline')
+if KEYS[5] ~= '' then
+  local leader = live_leader()
+  if leader then
+    redis.call('HSET', KEYS[1], 'follows', leader, 'message', ARGV[4], 'queue_key', KEYS[3])
+    redis.call('RPUSH', followers_key(leader), ARGV[1])
+    redis.call('EXPIRE', followers_key(leader), ARGV[3])
+    redis.call('ZADD', K.deadlines, deadline, ARGV[1])
+    redis.call('ZADD', K.orphan_checks, tonumber(now) + ORPHAN_CHECK_S, ARGV[1])
+    accept(owner, true)
+    return {3, leader}
+  end
+  redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3])
+end
+enqueue(KEYS[1], ARGV[1], ARGV[4], KEYS[3], deadline, now)
+accept(owner, true)
+return {1}

@@ -1,0 +1,117 @@
+"""The reaper: what rescues a job nobody holds any more, independent of whoever held it.
+
+Each period it runs the store's reaper scripts (shared/lua/reap_*.lua) over what is due:
+- running jobs whose lease lapsed (their worker died, hung, or dropped them): handed back to the
+  queue with a fresh deadline, or failed (`worker_lost`) once started GENQ_MAX_ATTEMPTS times;
+- queued jobs past their deadline: failed (`timeout`) at once, not when a worker next looks;
+- queued jobs whose message the broker lost (kombu moves a message out of its list before it
+  records it as unacknowledged; a worker killed in between loses it): pushed again;
+- followers whose leader vanished: promoted to run on their own.
+
+It runs in every API process and every model worker; a Redis lock (SET NX PX) lets one of them
+work per period, and each script checks its job's state itself, so two reapers at once are safe
+anyway. Every action is counted (genq_reaper_actions_total) and logged with the job id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import cast
+
+import redis
+import redis.exceptions
+
+from shared import keys, metrics, scripts
+from shared.config import Settings
+from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
+
+log = logging.getLogger("genq.reaper")
+
+#: Most jobs of each kind handled per period (a backlog is worked off over several periods).
+BATCH = 200
+#: Outcomes of the scripts that are actions (the others: 'held', 'suspect', 'stale').
+ACTIONS = frozenset({"requeued", "failed", "expired", "repushed", "promoted"})
+
+
+class Reaper:
+    def __init__(
+        self, client: redis.Redis, max_attempts: int, job_timeout_s: float, interval_s: float
+    ) -> None:
+        self._redis = client
+        self._max_attempts = max_attempts
+        self._job_timeout_s = job_timeout_s
+        self._interval_s = interval_s
+        self._id = uuid.uuid4().hex
+        self._lease = client.register_script(scripts.source("reap_lease"))
+        self._deadline = client.register_script(scripts.source("reap_deadline"))
+        self._orphan = client.register_script(scripts.source("reap_orphan"))
+        self._stopped = threading.Event()
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Settings) -> Reaper:
+        return cls(client, settings.max_attempts, settings.job_timeout_s, settings.reaper_interval_s)
+
+    def run_once(self, now: float | None = None) -> dict[str, int]:
+        """One period's work, if this process holds the lock; the actions taken, by kind."""
+        now = time.time() if now is None else now
+        lock_ms = max(1, int(self._interval_s * 900))  # released by expiry, a little before the next period
+        if not self._redis.set(keys.REAPER_LOCK, self._id, nx=True, px=lock_ms):
+            return {}
+        done: dict[str, int] = {}
+        for job_id in self._due(keys.LEASES, now):
+            self._act(done, job_id, self._reap_lease(job_id, now))
+        for job_id in self._due(keys.DEADLINES, now):
+            outcome = self._deadline(keys=[keys.job(job_id)], args=[job_id, repr(now), TIMEOUT_ERROR])
+            self._act(done, job_id, as_text(outcome))
+        for job_id in self._due(keys.ORPHAN_CHECKS, now):
+            self._act(done, job_id, self._reap_orphan(job_id, now))
+        return done
+
+    def run_forever(self) -> None:
+        """Run a period every interval_s until stop(); a Redis error skips one period."""
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self.run_once()
+            except redis.exceptions.RedisError as exc:
+                log.warning(json.dumps({"event": "reaper_skipped", "error": type(exc).__name__}))
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run_forever, name="genq-reaper", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _due(self, index: str, now: float) -> list[str]:
+        due = cast(list[str | bytes], self._redis.zrangebyscore(index, "-inf", now, start=0, num=BATCH))
+        return [as_text(job_id) for job_id in due]
+
+    def _fresh_message(self, job_id: str) -> tuple[bytes, str]:
+        queue, priority = cast(list[str | None], self._redis.hmget(keys.job(job_id), "queue", "priority"))
+        return job_message(job_id, as_text(queue or ""), int(priority or 0))
+
+    def _reap_lease(self, job_id: str, now: float) -> str:
+        message, queue_list = self._fresh_message(job_id)
+        outcome = self._lease(
+            keys=[keys.job(job_id)],
+            args=[job_id, repr(now), self._max_attempts, message, queue_list,
+                  repr(now + self._job_timeout_s), WORKER_LOST_ERROR],
+        )  # fmt: skip
+        return as_text(outcome)
+
+    def _reap_orphan(self, job_id: str, now: float) -> str:
+        message, _ = self._fresh_message(job_id)
+        return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message]))
+
+    @staticmethod
+    def _act(done: dict[str, int], job_id: str, outcome: str) -> None:
+        if outcome not in ACTIONS:
+            return
+        done[outcome] = done.get(outcome, 0) + 1
+        metrics.REAPER_ACTIONS.labels(outcome).inc()
+        log.warning(json.dumps({"event": "reaper_action", "action": outcome, "job_id": job_id}))

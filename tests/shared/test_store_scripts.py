@@ -1,0 +1,360 @@
+"""The job store's Lua scripts as state machines: each case sets a job's state in a real Redis,
+runs one script, and checks the state after (record, indexes, queue list, kombu's unacked hash).
+Jobs are accepted through the real submit script, so every case starts from what the API writes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from shared import keys, scripts
+from shared.reaper import Reaper
+from shared.store import (
+    TIMEOUT_ERROR,
+    WORKER_LOST_ERROR,
+    ClaimOutcome,
+    NewJob,
+    WorkerJobs,
+    job_message,
+)
+
+QUEUE = keys.queue_for_model("placeholder-echo")
+LIST = keys.queue_key(QUEUE, 0)
+OWNER = "key-a"
+LEASE_S = 30.0
+MAX_ATTEMPTS = 3
+TIMEOUT_S = 600.0
+
+Script = Callable[..., Any]
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
+
+
+@pytest.fixture
+def jobs(client: redis.Redis) -> WorkerJobs:
+    return WorkerJobs(client, LEASE_S, MAX_ATTEMPTS, TIMEOUT_S)
+
+
+def script(client: redis.Redis, name: str) -> Script:
+    return client.register_script(scripts.source(name))
+
+
+def submit(
+    client: redis.Redis,
+    job_id: str,
+    *,
+    deadline_in: float = TIMEOUT_S,
+    cache_key: str = "",
+    bounds: tuple[int, int] = (0, 0),
+    owner: str = OWNER,
+) -> list[Any]:
+    """Accept a job through the submit script, as JobStore.submit does."""
+    now = time.time()
+    job = NewJob(job_id=job_id, owner=owner, model="placeholder-echo", queue=QUEUE,
+                 input_json=b'{"prompt":"hi"}', metadata_json=b"{}", created_at=now,
+                 deadline=now + deadline_in, cache_key=cache_key)  # fmt: skip
+    message, queue_list = job_message(job_id, QUEUE, 0)
+    inflight = keys.inflight(cache_key) if cache_key else ""
+    return list(script(client, "submit")(
+        keys=[keys.job(job_id), keys.owner_jobs(owner), queue_list, "", inflight, "", keys.owner_live(owner)],
+        args=[job_id, int(now * 1e6), 86_400, message, 60, "", "(0", repr(now), "", "", job.fields_json(),
+              bounds[0], bounds[1], job.stored_bytes, int(now // 86_400), 1],
+    ))  # fmt: skip
+
+
+def record(client: redis.Redis, job_id: str) -> dict[str, str]:
+    return client.hgetall(keys.job(job_id))  # type: ignore[return-value]
+
+
+def indexed(client: redis.Redis, job_id: str) -> set[str]:
+    """The reaper's indexes and the owner's live set that hold the job."""
+    found = {name for name, key in [("leases", keys.LEASES), ("deadlines", keys.DEADLINES),
+                                    ("orphan_checks", keys.ORPHAN_CHECKS)]
+             if client.zscore(key, job_id) is not None}  # fmt: skip
+    return found | ({"live"} if client.sismember(keys.owner_live(OWNER), job_id) else set())
+
+
+def messages_in_list(client: redis.Redis, job_id: str) -> int:
+    return sum(orjson.loads(m)["headers"]["id"] == job_id for m in client.lrange(LIST, 0, -1))
+
+
+def deliver(client: redis.Redis, job_id: str) -> str:
+    """What a Celery worker does when it takes the job's message: list -> kombu's unacked hash."""
+    raw = client.rpop(LIST)
+    assert raw is not None and orjson.loads(raw)["headers"]["id"] == job_id
+    tag = orjson.loads(raw)["properties"]["delivery_tag"]
+    client.hset(keys.KOMBU_UNACKED, tag, orjson.dumps([orjson.loads(raw), "", QUEUE]))
+    client.zadd(keys.KOMBU_UNACKED_INDEX, {tag: time.time()})
+    return str(tag)
+
+
+def lapse(client: redis.Redis, job_id: str) -> None:
+    """The job's worker stopped renewing its lease (died, hung, or dropped the job)."""
+    client.hset(keys.job(job_id), "lease", "1")
+    client.zadd(keys.LEASES, {job_id: 1})
+
+
+# --- submit ----------------------------------------------------------------------------------------
+
+
+def test_submit_queues_the_job_and_indexes_it(client: redis.Redis) -> None:
+    assert submit(client, "j1") == [1]
+    rec = record(client, "j1")
+    assert rec["status"] == "queued" and rec["queue_key"] == LIST and rec["message"]
+    assert messages_in_list(client, "j1") == 1
+    assert indexed(client, "j1") == {"deadlines", "orphan_checks", "live"}
+
+
+@pytest.mark.parametrize(
+    ("bounds", "bound"), [((2, 0), "live_jobs"), ((0, 2 * len(b'{"prompt":"hi"}{}') + 1), "stored_bytes")]
+)
+def test_submit_past_an_owner_bound_writes_nothing(
+    client: redis.Redis, bounds: tuple[int, int], bound: str
+) -> None:
+    assert submit(client, "j1", bounds=bounds) == [1]
+    assert submit(client, "j2", bounds=bounds) == [1]
+    assert submit(client, "j3", bounds=bounds) == [4, bound, max(bounds)]
+    assert record(client, "j3") == {} and client.llen(LIST) == 2
+    # Another key is not held to this key's bound.
+    assert submit(client, "j4", bounds=bounds, owner="key-b") == [1]
+
+
+def test_a_finished_job_no_longer_counts_as_live(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1", bounds=(1, 0))
+    assert submit(client, "j2", bounds=(1, 0))[0] == 4
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"})
+    assert submit(client, "j2", bounds=(1, 0)) == [1]
+
+
+# --- claim -----------------------------------------------------------------------------------------
+
+
+def test_claim_of_a_queued_job(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    tag = deliver(client, "j1")
+    claim = jobs.claim("j1", "w1")
+    assert claim.outcome is ClaimOutcome.CLAIMED
+    rec = record(client, "j1")
+    assert (rec["status"], rec["worker"], rec["attempts"], rec["delivery_tag"]) == ("running", "w1", "1", tag)
+    assert float(rec["lease"]) > time.time() + LEASE_S - 5 and "message" not in rec
+    assert indexed(client, "j1") == {"leases", "live"}
+
+
+def test_claim_past_the_deadline_fails_the_job(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1", deadline_in=-1)
+    deliver(client, "j1")
+    assert jobs.claim("j1", "w1").outcome is ClaimOutcome.EXPIRED
+    rec = record(client, "j1")
+    assert rec["status"] == "failed" and orjson.loads(rec["error"])["type"] == "timeout"
+    assert indexed(client, "j1") == set()
+
+
+def test_claim_of_a_job_whose_lease_holds_is_skipped(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    assert jobs.claim("j1", "w2").outcome is ClaimOutcome.SKIP
+    assert record(client, "j1")["worker"] == "w1"
+
+
+def test_a_lapsed_lease_is_taken_over_even_while_its_worker_heart_beats(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """The worker is alive but dropped the job (acked on an error, a lost finish write): the
+    lease, not the heartbeat, says whether the job is held."""
+    submit(client, "j1")
+    tag = deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    jobs.heartbeat("w1")
+    lapse(client, "j1")
+    assert jobs.claim("j1", "w2").outcome is ClaimOutcome.CLAIMED
+    rec = record(client, "j1")
+    assert (rec["worker"], rec["attempts"]) == ("w2", "2")
+    assert not client.hexists(keys.KOMBU_UNACKED, tag)  # the first worker's copy is gone
+
+
+def test_a_lapsed_lease_past_max_attempts_fails_the_job(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    client.hset(keys.job("j1"), "attempts", MAX_ATTEMPTS)
+    lapse(client, "j1")
+    assert jobs.claim("j1", "w2").outcome is ClaimOutcome.EXHAUSTED
+    rec = record(client, "j1")
+    assert rec["status"] == "failed" and rec["error"] == WORKER_LOST_ERROR.decode()
+    assert indexed(client, "j1") == set()
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "canceled"])
+def test_claim_of_an_ended_job_is_skipped(client: redis.Redis, jobs: WorkerJobs, status: str) -> None:
+    submit(client, "j1")
+    client.hset(keys.job("j1"), "status", status)
+    assert jobs.claim("j1", "w1").outcome is ClaimOutcome.SKIP
+    assert record(client, "j1")["status"] == status
+
+
+def test_claim_of_a_missing_job(jobs: WorkerJobs) -> None:
+    assert jobs.claim("nope", "w1").outcome is ClaimOutcome.MISSING
+
+
+# --- renew, finish, hand back ----------------------------------------------------------------------
+
+
+def test_renew_extends_held_leases_and_names_the_lost(client: redis.Redis, jobs: WorkerJobs) -> None:
+    for job_id in ("j1", "j2"):
+        submit(client, job_id)
+        deliver(client, job_id)
+        jobs.claim(job_id, "w1")
+        lapse(client, job_id)
+    client.hset(keys.job("j2"), "status", "canceled")
+    assert jobs.renew("w1", ["j1", "j2"]) == ["j2"]
+    assert float(record(client, "j1")["lease"]) > time.time() + LEASE_S - 5
+
+
+def test_finish_after_a_hand_back_writes_nothing(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    lapse(client, "j1")
+    Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once()
+    assert not jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"})
+    assert record(client, "j1")["status"] == "queued"
+
+
+@pytest.mark.parametrize(("count_attempt", "attempts"), [(False, "0"), (True, "1")])
+def test_hand_back_queues_the_job_again_with_a_fresh_deadline(
+    client: redis.Redis, jobs: WorkerJobs, count_attempt: bool, attempts: str
+) -> None:
+    submit(client, "j1", deadline_in=1)
+    tag = deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    assert jobs.hand_back("j1", "w1", record(client, "j1"), count_attempt=count_attempt)
+    rec = record(client, "j1")
+    assert (rec["status"], rec["worker"], rec["attempts"]) == ("queued", "", attempts)
+    assert float(rec["deadline"]) > time.time() + TIMEOUT_S - 5
+    assert messages_in_list(client, "j1") == 1 and not client.hexists(keys.KOMBU_UNACKED, tag)
+    assert indexed(client, "j1") == {"deadlines", "orphan_checks", "live"}
+
+
+def test_hand_back_of_a_job_held_elsewhere_changes_nothing(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    before = record(client, "j1")
+    assert not jobs.hand_back("j1", "w2", before, count_attempt=False)
+    assert record(client, "j1") == before
+
+
+# --- coalescing ------------------------------------------------------------------------------------
+
+
+def test_finishing_a_leader_resolves_its_followers(client: redis.Redis, jobs: WorkerJobs) -> None:
+    assert submit(client, "lead", cache_key="k") == [1]
+    assert submit(client, "follow", cache_key="k") == [3, "lead"]
+    assert indexed(client, "follow") == {"deadlines", "orphan_checks", "live"}
+    deliver(client, "lead")
+    jobs.claim("lead", "w1")
+    assert jobs.finish("lead", "w1", {"status": "succeeded", "output": '{"text":"x"}'})
+    rec = record(client, "follow")
+    assert (rec["status"], rec["cached"], rec["output"]) == ("succeeded", "1", '{"text":"x"}')
+    assert indexed(client, "follow") == set() and not client.exists(keys.inflight("k"))
+
+
+def test_canceling_a_leader_promotes_its_oldest_follower(client: redis.Redis) -> None:
+    submit(client, "lead", cache_key="k")
+    submit(client, "f1", cache_key="k")
+    submit(client, "f2", cache_key="k")
+    script(client, "cancel")(keys=[keys.job("lead")], args=[OWNER, repr(time.time()), "lead"])
+    assert "follows" not in record(client, "f1") and messages_in_list(client, "f1") == 1
+    assert record(client, "f2")["follows"] == "f1"
+    assert client.get(keys.inflight("k")) == "f1"
+
+
+# --- the reaper ------------------------------------------------------------------------------------
+
+
+def test_reaper_requeues_a_lapsed_job(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    tag = deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    lapse(client, "j1")
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once() == {"requeued": 1}
+    rec = record(client, "j1")
+    assert rec["status"] == "queued" and messages_in_list(client, "j1") == 1
+    assert not client.hexists(keys.KOMBU_UNACKED, tag)
+
+
+def test_reaper_fails_a_lapsed_leader_past_max_attempts_and_its_followers(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    submit(client, "lead", cache_key="k")
+    submit(client, "follow", cache_key="k")
+    deliver(client, "lead")
+    jobs.claim("lead", "w1")
+    client.hset(keys.job("lead"), "attempts", MAX_ATTEMPTS)
+    lapse(client, "lead")
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once() == {"failed": 1}
+    for job_id in ("lead", "follow"):
+        assert orjson.loads(record(client, job_id)["error"])["type"] == "worker_lost"
+
+
+def test_reaper_expires_a_follower_past_its_deadline(client: redis.Redis, jobs: WorkerJobs) -> None:
+    """A stuck leader strands no follower: each has a deadline of its own."""
+    submit(client, "lead", cache_key="k")
+    submit(client, "follow", cache_key="k", deadline_in=-1)
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(time.time()) == {"expired": 1}
+    assert record(client, "follow")["error"] == TIMEOUT_ERROR.decode()
+    assert client.lrange(keys.followers("lead"), 0, -1) == []
+    assert record(client, "lead")["status"] == "queued"
+
+
+def test_reaper_promotes_a_follower_whose_leader_vanished(client: redis.Redis) -> None:
+    submit(client, "lead", cache_key="k")
+    submit(client, "follow", cache_key="k")
+    client.delete(keys.job("lead"))
+    later = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(later) == {"promoted": 1}
+    assert "follows" not in record(client, "follow") and messages_in_list(client, "follow") == 1
+
+
+@pytest.mark.parametrize("where", ["list", "unacked"])
+def test_reaper_leaves_a_message_that_a_worker_will_find(client: redis.Redis, where: str) -> None:
+    submit(client, "j1")
+    if where == "unacked":
+        deliver(client, "j1")
+    later = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(later) == {}
+    assert messages_in_list(client, "j1") == (1 if where == "list" else 0)
+
+
+def test_reaper_pushes_a_lost_message_again_after_two_checks(client: redis.Redis) -> None:
+    """kombu moves a message out of the list before it records it unacked: a worker killed in
+    between loses it while the record says queued."""
+    submit(client, "j1")
+    client.rpop(LIST)  # taken, never recorded as unacked
+    reaper = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)
+    first = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert reaper.run_once(first) == {}  # suspect: maybe between the two steps right now
+    client.delete(keys.REAPER_LOCK)
+    assert reaper.run_once(first + scripts.ORPHAN_RECHECK_S + 1) == {"repushed": 1}
+    assert messages_in_list(client, "j1") == 1 and record(client, "j1")["status"] == "queued"
+
+
+def test_reaper_runs_in_one_process_per_period(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    lapse(client, "j1")
+    first, second = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 5.0), Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 5.0)
+    assert first.run_once() == {"requeued": 1}
+    assert second.run_once() == {}  # the lock is held for this period
