@@ -60,14 +60,15 @@ class Plan:
     job_timeout_s: float
     #: The documented bound: an accepted job must be terminal by created_at + job_timeout_s +
     #: bound_s. It covers what a correct stack needs beyond the queue deadline: a run (< 1 s
-    #: here), noticing a dead holder (heartbeat TTL 3 s, plus a lease/reaper period), a drain
-    #: (DRAIN_TIMEOUT_S), a Redis restart (<= 2 s down), and the supervisor's restart delay.
+    #: here), noticing a lost holder (LEASE_TTL_S 5 s plus a reaper period of 1 s), a drain
+    #: (DRAIN_TIMEOUT_S 5 s), a Redis restart (<= 2 s down), and the supervisor's restart delay.
     bound_s: float = 15.0
 
 
 QUICK = Plan(40.0, Shape(apis=2, model_workers=2), rate_per_s=6.0, mean_fault_gap_s=2.0, job_timeout_s=20.0)
 FULL = Plan(600.0, Shape(apis=2, model_workers=3), rate_per_s=6.0, mean_fault_gap_s=1.6, job_timeout_s=60.0)
 DRAIN_TIMEOUT_S = 5.0
+LEASE_TTL_S = 5.0
 WEBHOOK_TIMEOUT_S = 2.0
 WEBHOOK_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 STARTUP_TIMEOUT_S = 120.0
@@ -88,6 +89,10 @@ def stack_settings(plan: Plan, redis_url: str, scratch: Path, secret: str) -> di
         "VISIBILITY_TIMEOUT_S": str(int(plan.job_timeout_s * 1.5)),
         "HEARTBEAT_INTERVAL_S": "0.5",
         "HEARTBEAT_TTL_S": "3",
+        # A lost worker's jobs are handed back once their lease lapses (the reaper looks each
+        # second): short, so recoveries fit in the bound below.
+        "LEASE_TTL_S": str(LEASE_TTL_S),
+        "REAPER_INTERVAL_S": "1",
         "DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S),
         "WEBHOOK_SECRET": secret,
         "WEBHOOK_ALLOW_PRIVATE": "1",
