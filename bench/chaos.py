@@ -163,7 +163,7 @@ async def _soak(plan: Plan, seed: int, scratch: Path, settings: dict[str, str], 
     return {
         "t0": t0, "chaos_s": round(chaos_end - t0, 1), "settle": settle, "kinds": kinds,
         "client": client, "injector": injector, "supervisor": supervisor, "receiver": receiver,
-        "left_dead": left_dead,
+        "left_dead": left_dead, "logs": scratch,
     }  # fmt: skip
 
 
@@ -231,11 +231,17 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
         if exit_["fault"] is None:
             verdicts.fail("no_unexpected_exits", exit_)
     invariants = verdicts.as_json()
-    annotate(invariants, redis_url, exits, injector.faults, t0)
+    failed = check.failed_examples(jobs, records)
+    examples = [e for item in invariants.values() for e in item["examples"] if "job_id" in e]
+    annotate([*examples, *failed], redis_url, exits, injector.faults, t0)
+    lines = check.log_lines(run["logs"], [e["job_id"] for e in [*examples, *failed]])
+    for example in [*examples, *failed]:
+        example["log_lines"] = lines[example["job_id"]]
     return {
         "invariants": invariants,
         "violations": sum(item["violations"] for item in invariants.values()),
         "jobs": check.job_counts(jobs, records),
+        "failed_examples": failed,
         "answers": client.report(),
         "webhooks": webhooks,
         "faults": fault_summary(injector.faults, t0),
@@ -248,11 +254,10 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def annotate(invariants: dict[str, Any], redis_url: str, exits: list[dict[str, Any]], faults: list[Any],
+def annotate(examples: list[dict[str, Any]], redis_url: str, exits: list[dict[str, Any]], faults: list[Any],
              t0: float) -> None:  # fmt: skip
     """Add to each example job what explains it: where its task message is, the exit of the process
     that held it (genq's worker ids are host:pid:suffix), and the faults injected around it."""
-    examples = [e for item in invariants.values() for e in item["examples"] if "job_id" in e]
     where = check.message_whereabouts(redis_url, [e["job_id"] for e in examples])
     by_pid = {e["pid"]: e for e in exits if e["pid"] is not None}
     for example in examples:

@@ -7,6 +7,7 @@ in genq's store cannot hide itself from the check.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -199,3 +200,38 @@ def message_whereabouts(redis_url: str, job_ids: list[str]) -> dict[str, list[st
         job_id: [name for name, messages in places.items() if any(job_id in str(m) for m in messages)]
         for job_id in job_ids
     }
+
+
+def failed_examples(jobs: list[dict[str, Any]], records: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """A few failed jobs of each error type, with their evidence: not invariant violations (a job
+    may fail), but a `timeout` or `worker_lost` under faults says where a job waited or was lost."""
+    kept: Counter[str] = Counter()
+    examples = []
+    for job in jobs:
+        record = records.get(job["id"]) or {}
+        if record.get("status") != "failed":
+            continue
+        try:
+            error_type = str(json.loads(record["error"])["type"])
+        except (ValueError, TypeError, KeyError):
+            error_type = "unreadable"
+        kept[error_type] += 1
+        if kept[error_type] <= 5:
+            examples.append({**evidence(job, record), "error_type": error_type})
+    return examples
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def log_lines(logs: Path, job_ids: list[str], per_job: int = 8) -> dict[str, list[str]]:
+    """The first lines of the processes' logs that name each job (one pass over every log)."""
+    wanted = set(job_ids)
+    found: dict[str, list[str]] = {job_id: [] for job_id in job_ids}
+    for path in sorted(logs.glob("*.log")):
+        with path.open(errors="replace") as log:
+            for line in log:
+                for job_id in set(_UUID.findall(line)) & wanted:
+                    if len(found[job_id]) < per_job:
+                        found[job_id].append(f"{path.stem}: {line.strip()[:400]}")
+    return found

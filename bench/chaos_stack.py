@@ -45,6 +45,7 @@ class Exit:
     #: For an unexpected exit: the fault aimed at the process, if any (it ended otherwise).
     note: str = ""
     log_tail: str = ""
+    last_error: str = ""
 
 
 @dataclass
@@ -91,6 +92,15 @@ class Managed:
 
     def log_tail(self, chars: int = 1500) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def last_error(self) -> str:
+        """The last CRITICAL or ERROR line of this process's log (the tail alone often shows only
+        the tasks that ended after the cause)."""
+        if not self.log_path.exists():
+            return ""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        found = [line for line in lines if '"level": "CRITICAL"' in line or '"level": "ERROR"' in line]
+        return found[-1][:3000] if found else ""
 
 
 class Supervisor:
@@ -156,8 +166,8 @@ class Supervisor:
         code, expect = process.returncode, managed.expect
         fault = expect[0] if expect is not None and code in expect[1] else None
         note = expect[0] if expect is not None and fault is None else ""
-        tail = "" if fault else managed.log_tail()
-        self.exits.append(Exit(managed.name, process.pid, now, code, fault, note, tail))
+        tail, error = ("", "") if fault else (managed.log_tail(), managed.last_error())
+        self.exits.append(Exit(managed.name, process.pid, now, code, fault, note, tail, error))
         managed.expect, managed.term_deadline = None, None
         managed.state, managed.restart_at = "down", now + RESTART_DELAY_S
 
