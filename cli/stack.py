@@ -1,7 +1,8 @@
 """`genq up`: the whole local stack in the foreground — embedded Redis (unless GENQ_REDIS_URL is
-set), the API, one model worker, one webhook worker and Flower, each its own process. Ctrl-C stops all of it, in order:
-the API, worker and Flower get one SIGTERM each (the worker finishes the jobs it runs, within
-GENQ_DRAIN_TIMEOUT_S), and Redis stops last, so what they write on the way out is kept.
+set), the API, one model worker, one webhook worker and Flower, each its own process. Ctrl-C
+stops all of it, in order: the API, workers and Flower get one SIGTERM each (the model worker
+finishes the jobs it runs, within GENQ_DRAIN_TIMEOUT_S), and Redis stops last, so what they
+write on the way out is kept.
 
 The children run in process groups of their own (cli.processes.start_supervised): a terminal's
 Ctrl-C goes to the whole foreground group, and would otherwise stop Redis at once, under a

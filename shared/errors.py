@@ -74,10 +74,15 @@ class QuotaExceeded(GenqError):
         return {"Retry-After": "5"}
 
 
-#: What Redis says when it refuses a write while up (also inside a script's error message).
+_FULL = "the job store is full (Redis maxmemory)"
+_READ_ONLY = "the job store is read-only (a replica, or a failover in progress)"
+#: What Redis says when it refuses a write while up (redis-py drops the error code of the
+#: classes it knows, so their messages are matched too; a script's error embeds them).
 WRITE_REFUSALS = {
-    "OOM command not allowed": "the job store is full (Redis maxmemory)",
-    "READONLY": "the job store is read-only (a replica, or a failover in progress)",
+    "OOM command not allowed": _FULL,
+    "command not allowed when used memory": _FULL,
+    "READONLY": _READ_ONLY,
+    "You can't write against a read only replica": _READ_ONLY,
     "MISCONF": "the job store cannot persist (Redis snapshot failing)",
 }
 

@@ -108,6 +108,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(str(os.getpid()))
     app = create_celery_app(settings)
+    app.conf.broker_transport = "workers.broker:Transport"  # records taken messages patiently
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
     from workers import webhooks  # noqa: F401  (registers the webhook delivery task)
 

@@ -1,0 +1,63 @@
+"""Redis at maxmemory with `noeviction` (what the shipped manifests set): submissions get 503 in
+the JSON error shape with Retry-After, never a bare 500; reads keep working; the worker stays
+up and every job accepted before finishes once memory is back (real Redis, real worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from cli.redis_server import EmbeddedRedis
+from tests.conftest import api_client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+PROMPT = "x " * 1000  # ~2 KB per job, as the issue's reproduction
+
+
+async def test_a_full_redis_answers_503_and_loses_nothing(make_settings, start_worker, tmp_path) -> None:
+    server = EmbeddedRedis(tmp_path / "full", appendonly=False)
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    settings = make_settings(redis_url=server.url, placeholder_step_s=0.05)
+    try:
+        worker = start_worker(settings, "--concurrency=4")
+        async with api_client(settings) as api:
+            first = (await api.post("/v1/jobs", json={"prompt": "before", "max_tokens": 2})).json()["id"]
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", used + 400_000)
+            accepted, refusals = await _submit_until_refused(api)
+            assert accepted, "nothing fit before the store filled"
+            for response in refusals:
+                assert response.status_code == 503, response.text
+                assert response.json()["error"]["type"] == "unavailable", response.text
+                assert int(response.headers["retry-after"]) >= 1
+            # Reads keep working while writes are refused.
+            read = await api.get(f"/v1/jobs/{first}")
+            assert read.status_code == 200 and read.json()["id"] == first
+            await asyncio.sleep(3)  # the worker meets the full store too
+            assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
+            client.config_set("maxmemory", 0)
+            finished = [(await api.get(f"/v1/jobs/{i}", params={"wait": 60})).json() for i in accepted]
+        assert [job["status"] for job in finished] == ["succeeded"] * len(accepted)
+        assert worker.process.poll() is None
+    finally:
+        client.close()
+        server.stop()
+
+
+async def _submit_until_refused(api) -> tuple[list[str], list]:  # type: ignore[no-untyped-def]
+    accepted: list[str] = []
+    refusals = []
+    deadline = time.monotonic() + 60
+    while len(refusals) < 5 and time.monotonic() < deadline:
+        response = await api.post("/v1/jobs", json={"prompt": PROMPT, "max_tokens": 40, "cache": False})
+        if response.status_code == 202:
+            accepted.append(response.json()["id"])
+        else:
+            refusals.append(response)
+    return accepted, refusals

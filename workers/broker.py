@@ -1,0 +1,57 @@
+"""kombu's Redis transport, patient with a store that refuses writes.
+
+When a worker takes a message, kombu moves it from the queue list into its unacknowledged hash in
+two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noeviction`), or
+read-only during a failover, the pop succeeds and the record is refused; stock kombu raises, and
+Celery takes that as an unrecoverable error: the worker stops consuming for good. Here the
+record is retried until the store takes it, holding the message in memory meanwhile (the worker
+can do nothing useful while the store refuses writes anyway). Were the worker killed in that
+window, the message is in no list and no hash: the reaper's orphan check pushes it again
+(shared/lua/reap_orphan.lua).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import redis.exceptions
+from kombu.transport import redis as kombu_redis
+
+from shared import metrics
+from shared.errors import storage_refusal
+
+log = logging.getLogger("genq.worker")
+
+#: Seconds between two tries to record a taken message while the store refuses writes.
+RETRY_S = 0.5
+
+
+class PatientQoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: str) -> None:
+        warned = False
+        while True:
+            try:
+                super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+                return
+            except redis.exceptions.ResponseError as exc:
+                refusal = storage_refusal(exc)
+                if refusal is None:
+                    raise
+                if not warned:  # once per message: the store's refusal is logged elsewhere too
+                    log.warning(json.dumps({"event": "broker_record_refused", "error": refusal.message}))
+                    warned = True
+                metrics.STORAGE_REFUSED.labels("broker").inc()
+                time.sleep(RETRY_S)
+
+
+class Channel(kombu_redis.Channel):
+    QoS = PatientQoS
+
+
+class Transport(kombu_redis.Transport):
+    """Set as the worker app's `broker_transport` (workers/worker.py)."""
+
+    Channel = Channel
