@@ -242,6 +242,7 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
         "violations": sum(item["violations"] for item in invariants.values()),
         "jobs": check.job_counts(jobs, records),
         "failed_examples": failed,
+        "unknown_records": check.unknown_records(redis_url, {job["id"] for job in jobs}),
         "answers": client.report(),
         "webhooks": webhooks,
         "faults": fault_summary(injector.faults, t0),
@@ -362,6 +363,10 @@ def print_summary(report: dict[str, Any]) -> None:
     print(f"answers: {json.dumps(report['answers']['submissions_by_status'])}; refused "
           f"{report['answers']['connections_refused']}; transport errors "
           f"{json.dumps(report['answers']['transport_errors'])}")  # fmt: skip
+    print(f"failed with `timeout` after they had started (handed back, not rerun in time): "
+          f"{jobs['timed_out_after_start']}")  # fmt: skip
+    unknown = report["unknown_records"]
+    print(f"records the client never learned of: {unknown['count']} {json.dumps(unknown['by_status'])}")
     print(f"{'FAIL' if report['violations'] else 'PASS'}: {report['violations']} invariant violations")
 
 

@@ -163,15 +163,17 @@ def job_counts(jobs: list[dict[str, Any]], records: dict[str, dict[str, str]]) -
     statuses: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     attempts: Counter[str] = Counter()
+    timed_out_after_start = 0
     for job in jobs:
         record = records.get(job["id"]) or {}
         statuses[record.get("status", "missing")] += 1
         attempts[record.get("attempts", "?")] += 1
         if record.get("status") == "failed":
-            try:
-                errors[json.loads(record["error"])["type"]] += 1
-            except (ValueError, TypeError, KeyError):
-                errors["unreadable"] += 1
+            error_type = _error_type(record)
+            errors[error_type] += 1
+            # "reached its deadline before it ran", said of a job that had started: it was handed
+            # back (or lost) and not run again in time. Allowed (terminal), but worth a look.
+            timed_out_after_start += error_type == "timeout" and record.get("attempts", "0") != "0"
     return {
         "accepted": len(jobs),
         "by_status": dict(statuses),
@@ -180,7 +182,15 @@ def job_counts(jobs: list[dict[str, Any]], records: dict[str, dict[str, str]]) -
         "with_webhook": sum(1 for job in jobs if job["webhook"]),
         "cancel_requested": sum(1 for job in jobs if job["cancel_requested_at"] is not None),
         "by_attempts": dict(sorted(attempts.items())),
+        "timed_out_after_start": timed_out_after_start,
     }
+
+
+def _error_type(record: dict[str, str]) -> str:
+    try:
+        return str(json.loads(record["error"])["type"])
+    except (ValueError, TypeError, KeyError):
+        return "unreadable"
 
 
 def message_whereabouts(redis_url: str, job_ids: list[str]) -> dict[str, list[str]]:
@@ -211,10 +221,7 @@ def failed_examples(jobs: list[dict[str, Any]], records: dict[str, dict[str, str
         record = records.get(job["id"]) or {}
         if record.get("status") != "failed":
             continue
-        try:
-            error_type = str(json.loads(record["error"])["type"])
-        except (ValueError, TypeError, KeyError):
-            error_type = "unreadable"
+        error_type = _error_type(record)
         kept[error_type] += 1
         if kept[error_type] <= 5:
             examples.append({**evidence(job, record), "error_type": error_type})
@@ -235,3 +242,22 @@ def log_lines(logs: Path, job_ids: list[str], per_job: int = 8) -> dict[str, lis
                     if len(found[job_id]) < per_job:
                         found[job_id].append(f"{path.stem}: {line.strip()[:400]}")
     return found
+
+
+def unknown_records(redis_url: str, known: set[str]) -> dict[str, Any]:
+    """Job records the client never learned of (its request was cut off, or answered with an
+    error after the record was written): not accepted, so no invariant covers them, but one that is
+    still queued or running after settling is a job in limbo all the same."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+    try:
+        ids = [str(key).split(":", 2)[2] for key in client.scan_iter(match="genq:job:*", count=1000)]
+        unknown = [job_id for job_id in ids if _UUID.fullmatch(job_id) and job_id not in known]
+        statuses = [client.hget(f"genq:job:{job_id}", "status") for job_id in unknown]
+    finally:
+        client.close()
+    limbo = [job_id for job_id, status in zip(unknown, statuses, strict=True) if status not in TERMINAL]
+    return {
+        "count": len(unknown),
+        "by_status": dict(Counter(str(s) for s in statuses)),
+        "not_terminal": limbo[:20],
+    }
