@@ -26,6 +26,7 @@ STATUS_OF: dict[type[errors.GenqError], int] = {
     errors.PayloadTooLarge: 413,
     errors.InvalidRequest: 422,
     errors.RateLimited: 429,
+    errors.QuotaExceeded: 429,
     errors.Unavailable: 503,
     errors.Overloaded: 503,
 }

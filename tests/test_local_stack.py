@@ -1,15 +1,18 @@
-"""`genq up` (what `make run` runs) stops cleanly: Ctrl-C lets the worker finish the job it runs
-before Redis stops, so the job ends succeeded, not stuck in `running`; and a `genq up` killed
-outright leaves nothing running. Real processes: the stack's own Redis, API, worker, Flower."""
+"""`genq up` (what `make run` runs) delivers webhooks, and stops cleanly: Ctrl-C lets the worker
+finish the job it runs before Redis stops, so the job ends succeeded, not stuck in `running`; and
+a `genq up` killed outright leaves nothing running. Real processes: the stack's own Redis, API,
+model worker, webhook worker, Flower."""
 
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +41,8 @@ class Stack:
             "GENQ_PLACEHOLDER_STEP_S": str(STEP_S), "GENQ_API_PORT": str(self.api_port),
             "GENQ_FLOWER_PORT": str(self.flower_port), "GENQ_WORKER_METRICS_PORT": "0",
             "GENQ_DRAIN_TIMEOUT_S": "30",
+            # Only so the test's receiver may listen on loopback; everything else is the default.
+            "GENQ_WEBHOOK_ALLOW_PRIVATE": "1",
         }  # fmt: skip
         self._log = log.open("w")
         # Its own process group, as a shell gives a foreground job: Ctrl-C signals the whole group.
@@ -92,6 +97,34 @@ def wait_closed(ports: list[int], timeout_s: float) -> list[int]:
     while (still := [p for p in ports if listening(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     return still
+
+
+def test_webhooks_are_delivered_on_the_local_stack(stack: Stack) -> None:
+    received: list[bytes] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["content-length"])))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        stack.wait_ready()
+        hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        body = {"prompt": "ping", "max_tokens": 2, "webhook": hook}
+        job_id = httpx.post(f"{stack.url}/v1/jobs", json=body).json()["id"]
+        deadline = time.monotonic() + 60
+        while not any(b'"job.completed"' in r for r in received):
+            assert time.monotonic() < deadline, f"no delivery:\n{stack.log.read_text()[-3000:]}"
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+    assert job_id.encode() in received[-1]
 
 
 def test_ctrl_c_lets_the_running_job_finish_before_redis_stops(stack: Stack) -> None:

@@ -1,0 +1,42 @@
+"""Per-key bounds on what one key keeps in the shared store: past its bound a key gets 429
+`quota_exceeded` naming the bound, nothing is written, and other keys go on as before."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from tests.conftest import api_client
+
+pytestmark = pytest.mark.anyio
+
+ALICE, BOB = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer bob-key"}
+
+
+async def test_live_job_bound_is_per_key(make_settings, redis_client: redis.Redis) -> None:
+    settings = make_settings(api_keys=["alice-key", "bob-key"], max_live_jobs_per_key=2)
+    async with api_client(settings) as api:  # no worker: every accepted job stays queued
+        for i in range(2):
+            assert (await api.post("/v1/jobs", json={"prompt": f"a{i}"}, headers=ALICE)).status_code == 202
+        refused = await api.post("/v1/jobs", json={"prompt": "a2"}, headers=ALICE)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert (error["type"], error["param"]) == ("quota_exceeded", "live_jobs")
+        assert "GENQ_MAX_LIVE_JOBS_PER_KEY" in error["message"] and refused.headers["retry-after"]
+        listed = (await api.get("/v1/jobs", headers=ALICE)).json()["data"]
+        assert len(listed) == 2  # nothing written for the refused one
+        assert (await api.post("/v1/jobs", json={"prompt": "b"}, headers=BOB)).status_code == 202
+        # A canceled job no longer counts.
+        await api.post(f"/v1/jobs/{listed[0]['id']}/cancel", headers=ALICE)
+        assert (await api.post("/v1/jobs", json={"prompt": "a3"}, headers=ALICE)).status_code == 202
+
+
+async def test_stored_bytes_bound_is_per_key(make_settings, redis_client: redis.Redis) -> None:
+    settings = make_settings(api_keys=["alice-key", "bob-key"], max_stored_bytes_per_key=20_000)
+    async with api_client(settings) as api:
+        big = {"prompt": "x" * 9_000}
+        assert (await api.post("/v1/jobs", json=big, headers=ALICE)).status_code == 202
+        assert (await api.post("/v1/jobs", json=big, headers=ALICE)).status_code == 202
+        refused = await api.post("/v1/jobs", json=big, headers=ALICE)
+        assert refused.status_code == 429 and refused.json()["error"]["param"] == "stored_bytes"
+        assert (await api.post("/v1/jobs", json=big, headers=BOB)).status_code == 202
