@@ -69,6 +69,8 @@ QUICK = Plan(40.0, Shape(apis=2, model_workers=2), rate_per_s=6.0, mean_fault_ga
 FULL = Plan(600.0, Shape(apis=2, model_workers=3), rate_per_s=6.0, mean_fault_gap_s=1.6, job_timeout_s=60.0)
 DRAIN_TIMEOUT_S = 5.0
 LEASE_TTL_S = 5.0
+REAPER_INTERVAL_S = 1.0
+MAX_ATTEMPTS = 3
 WEBHOOK_TIMEOUT_S = 2.0
 WEBHOOK_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 STARTUP_TIMEOUT_S = 120.0
@@ -92,7 +94,8 @@ def stack_settings(plan: Plan, redis_url: str, scratch: Path, secret: str) -> di
         # A lost worker's jobs are handed back once their lease lapses (the reaper looks each
         # second): short, so recoveries fit in the bound below.
         "LEASE_TTL_S": str(LEASE_TTL_S),
-        "REAPER_INTERVAL_S": "1",
+        "REAPER_INTERVAL_S": str(REAPER_INTERVAL_S),
+        "MAX_ATTEMPTS": str(MAX_ATTEMPTS),
         "DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S),
         "WEBHOOK_SECRET": secret,
         "WEBHOOK_ALLOW_PRIVATE": "1",
@@ -220,7 +223,8 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
     jobs = client.jobs_json()
     records = check.read_records(redis_url, [job["id"] for job in jobs])
     verdicts = check.Verdicts(check.INVARIANTS)
-    check.check_jobs(jobs, records, check.Limits(plan.job_timeout_s, plan.bound_s), verdicts)
+    limits = check.Limits(plan.job_timeout_s, plan.bound_s, LEASE_TTL_S, REAPER_INTERVAL_S, MAX_ATTEMPTS)
+    past_queue_due = check.check_jobs(jobs, records, limits, verdicts)
     webhooks = check.check_webhooks(jobs, records, check.read_deliveries(receiver.log_path), verdicts)
     for example in client.answers.bare_5xx:
         verdicts.fail("no_bare_5xx", example)
@@ -240,7 +244,7 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
     return {
         "invariants": invariants,
         "violations": sum(item["violations"] for item in invariants.values()),
-        "jobs": check.job_counts(jobs, records),
+        "jobs": {**check.job_counts(jobs, records), "started_then_past_queue_due": past_queue_due},
         "failed_examples": failed,
         "unknown_records": check.unknown_records(redis_url, {job["id"] for job in jobs}),
         "answers": client.report(),

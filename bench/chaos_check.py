@@ -25,10 +25,30 @@ EXAMPLES = 20
 
 @dataclass(frozen=True)
 class Limits:
-    """What "in time" means: terminal by created_at + job_timeout_s + bound_s."""
+    """What "in time" means. A job that never started must be terminal by created_at +
+    job_timeout_s + bound_s (the queue deadline). A job that started may be handed back (a lost
+    worker, a drain) with a fresh queue deadline; README's contract for it is max_attempts x
+    (job timeout + lease + reaper period), plus the queue wait of each hand-back (each at most a
+    job timeout), after its start, itself within a job timeout of created_at."""
 
     job_timeout_s: float
     bound_s: float
+    lease_ttl_s: float
+    reaper_interval_s: float
+    max_attempts: int
+
+    def due(self, record: dict[str, str]) -> float:
+        created = float(record["created_at"])
+        if not started(record):
+            return created + self.job_timeout_s + self.bound_s
+        per_attempt = 2 * self.job_timeout_s + self.lease_ttl_s + self.reaper_interval_s
+        return created + self.job_timeout_s + self.max_attempts * per_attempt + self.bound_s
+
+
+def started(record: dict[str, str]) -> bool:
+    """Ever claimed by a worker: the claim writes `worker` (a hand-back empties it, never removes
+    it) and counts an attempt."""
+    return "worker" in record or record.get("attempts", "0") != "0"
 
 
 def read_records(redis_url: str, job_ids: list[str]) -> dict[str, dict[str, str]]:
@@ -93,7 +113,10 @@ def evidence(job: dict[str, Any], record: dict[str, str]) -> dict[str, Any]:
 
 
 def check_jobs(jobs: list[dict[str, Any]], records: dict[str, dict[str, str]], limits: Limits,
-               verdicts: Verdicts) -> None:  # fmt: skip
+               verdicts: Verdicts) -> int:  # fmt: skip
+    """Check each accepted job's record; returns how many jobs that had started ended later than
+    the never-started jobs' due time (allowed by the contract, but shown)."""
+    past_queue_due = 0
     for job in jobs:
         record = records.get(job["id"]) or {}
         if not record:
@@ -102,11 +125,13 @@ def check_jobs(jobs: list[dict[str, Any]], records: dict[str, dict[str, str]], l
         if record.get("status") not in TERMINAL:
             verdicts.fail("no_stuck_jobs", evidence(job, record))
             continue
-        due = float(record["created_at"]) + limits.job_timeout_s + limits.bound_s
-        if float(record.get("completed_at") or "inf") > due:
+        completed, due = float(record.get("completed_at") or "inf"), limits.due(record)
+        if completed > due:
             verdicts.fail("terminal_in_time", {**evidence(job, record), "due": due})
+        past_queue_due += completed > float(record["created_at"]) + limits.job_timeout_s + limits.bound_s
         if record["status"] == "succeeded":
             check_output(job, record, verdicts)
+    return past_queue_due
 
 
 def check_output(job: dict[str, Any], record: dict[str, str], verdicts: Verdicts) -> None:
