@@ -264,10 +264,13 @@ def annotate(examples: list[dict[str, Any]], redis_url: str, exits: list[dict[st
     """Add to each example job what explains it: where its task message is, the exit of the process
     that held it (genq's worker ids are host:pid:suffix), and the faults injected around it."""
     where = check.message_whereabouts(redis_url, [e["job_id"] for e in examples])
+    webhooks = check.delivery_states(redis_url, [e["job_id"] for e in examples if e["webhook"]])
     by_pid = {e["pid"]: e for e in exits if e["pid"] is not None}
     for example in examples:
         record = example["record"]
         example["message_in"] = where[example["job_id"]]
+        if example["webhook"]:
+            example["webhook_state"] = webhooks[example["job_id"]]
         holder = (record.get("worker") or "").split(":")
         if len(holder) == 3 and holder[1].isdigit() and int(holder[1]) in by_pid:
             held = by_pid[int(holder[1])]

@@ -219,15 +219,18 @@ def _error_type(record: dict[str, str]) -> str:
 
 
 def message_whereabouts(redis_url: str, job_ids: list[str]) -> dict[str, list[str]]:
-    """Where each job's task message is now: which queue lists (kombu keeps a queue `Q` in lists
-    `Q` and `Q\\x06\\x16<priority>`) and whether the unacked hash (messages a worker took and has
-    not acknowledged) holds it. A non-terminal job whose message is nowhere can never finish."""
+    """Where each job's task messages are now (its generation task, its webhook deliveries): which
+    queue lists (kombu keeps a queue `Q` in lists `Q` and `Q\\x06\\x16<priority>`; model queues are
+    `genq.<model>`, webhook deliveries `webhooks`) and whether the unacked hash (messages a worker
+    took and has not acknowledged) holds one. A non-terminal job whose message is nowhere can never
+    finish."""
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     try:
         places: dict[str, list[bytes | str]] = {}
-        for key in client.scan_iter(match=b"genq.*", count=1000):
-            if client.type(key) == b"list":
-                places[key.decode(errors="replace")] = client.lrange(key, 0, -1)
+        for pattern in (b"genq.*", b"webhooks*"):
+            for key in client.scan_iter(match=pattern, count=1000):
+                if client.type(key) == b"list":
+                    places[key.decode(errors="replace")] = client.lrange(key, 0, -1)
         places["unacked"] = list(client.hvals("unacked"))
     finally:
         client.close()
@@ -286,3 +289,21 @@ def unknown_records(redis_url: str, known: set[str]) -> dict[str, Any]:
         "by_status": dict(Counter(str(s) for s in statuses)),
         "not_terminal": limbo[:20],
     }
+
+
+def delivery_states(redis_url: str, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each job's webhook state in Redis: the completed delivery's hash (genq:job:<id>:webhook:
+    completed, without its body) and any webhook message still waiting in the record to be pushed
+    (a `webhook_message:<event>` field: the event was never enqueued)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+    try:
+        states = {}
+        for job_id in job_ids:
+            delivery = client.hgetall(f"genq:job:{job_id}:webhook:completed")
+            delivery.pop("body", None)
+            fields = [str(field) for field in client.hkeys(f"genq:job:{job_id}")]
+            waiting = [field for field in fields if field.startswith("webhook_message:")]
+            states[job_id] = {"completed_delivery": delivery, "never_enqueued": waiting}
+        return states
+    finally:
+        client.close()

@@ -67,6 +67,7 @@ class Managed:
     restart_at: float = 0.0
     term_deadline: float | None = None
     restarts: int = 0
+    log_offset: int = 0
     #: Every pid this process had, in order (genq's worker ids carry the pid: evidence links a
     #: stuck job's holder to its exit).
     pids: list[int] = field(default_factory=list)
@@ -76,6 +77,7 @@ class Managed:
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         with self.log_path.open("ab") as log:
+            self.log_offset = log.tell()
             self.process = subprocess.Popen(
                 self.argv,
                 env=self.env,
@@ -90,15 +92,21 @@ class Managed:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signum)
 
-    def log_tail(self, chars: int = 1500) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-    def last_error(self) -> str:
-        """The last CRITICAL or ERROR line of this process's log (the tail alone often shows only
-        the tasks that ended after the cause)."""
+    def _own_log(self) -> str:
+        """What this incarnation wrote (every restart appends to the same file)."""
         if not self.log_path.exists():
             return ""
-        lines = self.log_path.read_text(errors="replace").splitlines()
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
+
+    def log_tail(self, chars: int = 1500) -> str:
+        return self._own_log()[-chars:]
+
+    def last_error(self) -> str:
+        """The last CRITICAL or ERROR line of this incarnation's log (the tail alone often shows
+        only the tasks that ended after the cause)."""
+        lines = self._own_log().splitlines()
         found = [line for line in lines if '"level": "CRITICAL"' in line or '"level": "ERROR"' in line]
         return found[-1][:3000] if found else ""
 
