@@ -79,7 +79,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         commands = AutoPipeline(client)
         bounds = OwnerBounds(settings.max_live_jobs_per_key, settings.max_stored_bytes_per_key)
         store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds)
-        reaper = Reaper.from_settings(sync_redis_client(settings), settings)
+        reaper_client = sync_redis_client(settings)
+        reaper = Reaper.from_settings(reaper_client, settings)
         reaper.start()
         app.state.settings = settings
         app.state.redis = client
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             gc.unfreeze()
             reaper.stop()
+            reaper_client.close()
             await events.stop()
             await cache.close()
             await commands.aclose()

@@ -9,8 +9,7 @@ import time
 import redis.asyncio as aioredis
 
 from shared import keys
-from shared.metrics import UNACKED_BY_QUEUE_LUA, QueueStats, RedisMemory, queue_list_keys
-from shared.store import as_text
+from shared.metrics import QueueStats, RedisMemory
 
 
 class QueueStatsReader:
@@ -18,7 +17,6 @@ class QueueStatsReader:
         self._redis = client
         self._queues = queues
         self._max_age_s = max_age_s
-        self._unacked_script = client.register_script(UNACKED_BY_QUEUE_LUA)
         self._cached: tuple[float, list[QueueStats], int] | None = None
         #: The job store's Redis memory as last read: (used bytes, maxmemory; 0 = no limit).
         self.memory = RedisMemory(0, 0)
@@ -43,21 +41,19 @@ class QueueStatsReader:
         return next((item.length for item in stats if item.queue == queue), 0)
 
     async def _fetch(self) -> tuple[list[QueueStats], int]:
+        """Constant work per queue: counts the job store keeps, never a scan of the messages."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for queue in self._queues:
-                for key in queue_list_keys(queue):
-                    pipe.llen(key)
+                pipe.zcard(keys.queued(queue))
                 pipe.scard(keys.running(queue))
-            await self._unacked_script(keys=[keys.KOMBU_UNACKED], client=pipe)  # queued, not run yet
+            pipe.hlen(keys.KOMBU_UNACKED)
             pipe.info("memory")
             replies = await pipe.execute()
         memory = replies.pop()
         self.memory = RedisMemory(int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0)))
-        total, flat = replies[-1]
-        unacked = {as_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        stats = []
-        per_queue = len(queue_list_keys("")) + 1
-        for index, queue in enumerate(self._queues):
-            chunk = replies[index * per_queue : (index + 1) * per_queue]
-            stats.append(QueueStats(queue, sum(chunk[:-1]), unacked.get(queue, 0), int(chunk[-1])))
-        return stats, int(total)
+        unacked = int(replies.pop())
+        stats = [
+            QueueStats(queue, int(replies[2 * i]), int(replies[2 * i + 1]))
+            for i, queue in enumerate(self._queues)
+        ]
+        return stats, unacked

@@ -49,6 +49,12 @@ WEBHOOK_WORKERS = PREFIX + ":workers:webhooks"
 #: Claim adds; renewals update; the scripts that end or hand back a job remove. No TTL.
 LEASES = PREFIX + ":leases"
 
+#: Sorted set of one queue's jobs that wait for a worker with a message in the broker (followers
+#: excluded), scored by when they were (re)queued. ZCARD is genq_queue_length: O(1), where
+#: counting the messages workers reserved meant scanning kombu's whole unacked hash. The scripts
+#: that enqueue add; claim and the end of a job remove. No TTL.
+QUEUED = PREFIX + ":queued:{queue}"
+
 #: Sorted set of queued job ids (followers included) scored by their queue deadline: the reaper
 #: fails those still queued past it. Submit and hand-back add; claim and the end of a job remove.
 DEADLINES = PREFIX + ":deadlines"
@@ -142,6 +148,10 @@ def rate_limit(owner: str, kind: str) -> str:
 
 def owner_live(owner: str) -> str:
     return OWNER_LIVE.format(owner=owner)
+
+
+def queued(queue: str) -> str:
+    return QUEUED.format(queue=queue)
 
 
 def running(queue: str) -> str:

@@ -16,8 +16,6 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared import keys
-
 #: Jobs accepted and not yet running, wherever their message sits (the autoscaling signal).
 QUEUE_LENGTH_METRIC = "genq_queue_length"
 
@@ -91,38 +89,14 @@ QUEUE_WAIT = Histogram(
     "genq_queue_wait_seconds", "From acceptance to the start of a run.", ["queue"], buckets=_LATENCY_BUCKETS
 )
 
-# Counts kombu's unacked messages per routing key inside Redis (values are JSON arrays
-# [message, exchange, routing_key]); returns {queue, count, ...} and the total.
-UNACKED_BY_QUEUE_LUA = """
-local counts = {}
-local total = 0
-for _, value in ipairs(redis.call('HVALS', KEYS[1])) do
-  local queue = string.match(value, '"([^"]*)"%]$')
-  if queue then counts[queue] = (counts[queue] or 0) + 1 end
-  total = total + 1
-end
-local flat = {}
-for queue, count in pairs(counts) do
-  table.insert(flat, queue)
-  table.insert(flat, count)
-end
-return {total, flat}
-"""
-
-PRIORITY_STEPS = (0, 3, 6, 9)
-
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     queue: str
-    waiting: int
-    unacked: int
+    #: Accepted and not running: waiting in the queue's lists, or reserved by a worker and not
+    #: yet started (the job store's index of the queue's queued jobs, keys.QUEUED).
+    length: int
     running: int
-
-    @property
-    def length(self) -> int:
-        """Accepted and not running: waiting in lists, or delivered and not yet started."""
-        return self.waiting + max(0, self.unacked - self.running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +137,3 @@ class QueueStatsCollector(Collector):
         limit = GaugeMetricFamily("genq_redis_maxmemory_bytes", "The job store Redis's maxmemory (0: none).")
         limit.add_metric([], self._memory.limit)
         return [length, running, unacked, used, limit]
-
-
-def queue_list_keys(queue: str) -> list[str]:
-    return [keys.queue_key(queue, step) for step in PRIORITY_STEPS]

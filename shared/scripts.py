@@ -39,6 +39,7 @@ TEMPLATES = {
     "followers_key": keys.FOLLOWERS,
     "inflight_key": keys.INFLIGHT,
     "running_key": keys.RUNNING,
+    "queued_key": keys.QUEUED,
     "owner_live_key": keys.OWNER_LIVE,
     "owner_bytes_key": keys.OWNER_BYTES,
 }

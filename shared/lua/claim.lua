@@ -36,7 +36,7 @@ redis.call('HSET', job, 'status', 'running', 'worker', ARGV[1], 'started_at', no
 redis.call('HDEL', job, 'message', 'missing_since')
 redis.call('SADD', running_set(job), job_id)
 redis.call('ZADD', K.leases, lease, job_id)
-leave_queue(job_id)
+leave_queue(job, job_id)
 push_webhook(job, 'start')
 redis.call('HINCRBY', job, 'attempts', 1)
 return {'claimed', status}

@@ -1,6 +1,6 @@
 -- Functions every job-store script shares. The prelude before this file (shared/scripts.py)
 -- defines K (every constant key name, from shared/keys.py) and the key builders job_key,
--- followers_key, inflight_key, running_key, owner_live_key and owner_bytes_key.
+-- followers_key, inflight_key, running_key, queued_key, owner_live_key and owner_bytes_key.
 
 local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 
@@ -29,8 +29,9 @@ local function forget_delivery(job_key_)
   end
 end
 
--- The job is no longer waiting for a worker: out of the reaper's queued indexes.
-local function leave_queue(job_id)
+-- The job is no longer waiting for a worker: out of its queue's index and the reaper's.
+local function leave_queue(job_key_, job_id)
+  redis.call('ZREM', queued_key(redis.call('HGET', job_key_, 'queue') or ''), job_id)
   redis.call('ZREM', K.deadlines, job_id)
   redis.call('ZREM', K.orphan_checks, job_id)
 end
@@ -44,7 +45,7 @@ end
 
 -- Bookkeeping of every move to a terminal status (the caller has set the status and fields).
 local function ended(job_key_, job_id)
-  leave_queue(job_id)
+  leave_queue(job_key_, job_id)
   leave_running(job_key_, job_id)
   redis.call('HDEL', job_key_, 'message', 'queue_key', 'missing_since')
   local owner = redis.call('HGET', job_key_, 'owner')
@@ -60,6 +61,7 @@ local function enqueue(job_key_, job_id, message, queue_list, deadline, now)
   redis.call('HSET', job_key_, 'status', 'queued', 'message', message, 'queue_key', queue_list,
              'deadline', deadline)
   redis.call('LPUSH', queue_list, message)
+  redis.call('ZADD', queued_key(redis.call('HGET', job_key_, 'queue')), now, job_id)
   redis.call('ZADD', K.deadlines, deadline, job_id)
   redis.call('ZADD', K.orphan_checks, tonumber(now) + ORPHAN_CHECK_S, job_id)
 end

@@ -75,9 +75,9 @@ def record(client: redis.Redis, job_id: str) -> dict[str, str]:
 
 
 def indexed(client: redis.Redis, job_id: str) -> set[str]:
-    """The reaper's indexes and the owner's live set that hold the job."""
+    """The queue's and the reaper's indexes, and the owner's live set, that hold the job."""
     found = {name for name, key in [("leases", keys.LEASES), ("deadlines", keys.DEADLINES),
-                                    ("orphan_checks", keys.ORPHAN_CHECKS)]
+                                    ("orphan_checks", keys.ORPHAN_CHECKS), ("queued", keys.queued(QUEUE))]
              if client.zscore(key, job_id) is not None}  # fmt: skip
     return found | ({"live"} if client.sismember(keys.owner_live(OWNER), job_id) else set())
 
@@ -110,7 +110,7 @@ def test_submit_queues_the_job_and_indexes_it(client: redis.Redis) -> None:
     rec = record(client, "j1")
     assert rec["status"] == "queued" and rec["queue_key"] == LIST and rec["message"]
     assert messages_in_list(client, "j1") == 1
-    assert indexed(client, "j1") == {"deadlines", "orphan_checks", "live"}
+    assert indexed(client, "j1") == {"queued", "deadlines", "orphan_checks", "live"}
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ def test_hand_back_queues_the_job_again_with_a_fresh_deadline(
     assert (rec["status"], rec["worker"], rec["attempts"]) == ("queued", "", attempts)
     assert float(rec["deadline"]) > time.time() + TIMEOUT_S - 5
     assert messages_in_list(client, "j1") == 1 and not client.hexists(keys.KOMBU_UNACKED, tag)
-    assert indexed(client, "j1") == {"deadlines", "orphan_checks", "live"}
+    assert indexed(client, "j1") == {"queued", "deadlines", "orphan_checks", "live"}
 
 
 def test_hand_back_of_a_job_held_elsewhere_changes_nothing(client: redis.Redis, jobs: WorkerJobs) -> None:
@@ -261,7 +261,7 @@ def test_hand_back_of_a_job_held_elsewhere_changes_nothing(client: redis.Redis, 
 def test_finishing_a_leader_resolves_its_followers(client: redis.Redis, jobs: WorkerJobs) -> None:
     assert submit(client, "lead", cache_key="k") == [1]
     assert submit(client, "follow", cache_key="k") == [3, "lead"]
-    assert indexed(client, "follow") == {"deadlines", "orphan_checks", "live"}
+    assert indexed(client, "follow") == {"deadlines", "orphan_checks", "live"}  # no message: not in the queue
     deliver(client, "lead")
     jobs.claim("lead", "w1")
     assert jobs.finish("lead", "w1", {"status": "succeeded", "output": '{"text":"x"}'})
@@ -276,6 +276,7 @@ def test_canceling_a_leader_promotes_its_oldest_follower(client: redis.Redis) ->
     submit(client, "f2", cache_key="k")
     script(client, "cancel")(keys=[keys.job("lead")], args=[OWNER, repr(time.time()), "lead"])
     assert "follows" not in record(client, "f1") and messages_in_list(client, "f1") == 1
+    assert "queued" in indexed(client, "f1") and "queued" not in indexed(client, "f2")
     assert record(client, "f2")["follows"] == "f1"
     assert client.get(keys.inflight("k")) == "f1"
 
