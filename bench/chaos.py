@@ -233,7 +233,9 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
     exits = [exit_.__dict__ for exit_ in supervisor.exits]
     for exit_ in exits:
         if exit_["fault"] is None:
-            verdicts.fail("no_unexpected_exits", exit_)
+            before = [f.as_json(t0) for f in injector.faults if exit_["at"] - 10 <= f.at <= exit_["at"]]
+            verdicts.fail("no_unexpected_exits", {**exit_, "at_s": round(exit_["at"] - t0, 3),
+                                                  "faults_in_10_s_before": before})  # fmt: skip
     invariants = verdicts.as_json()
     failed = check.failed_examples(jobs, records)
     examples = [e for item in invariants.values() for e in item["examples"] if "job_id" in e]
