@@ -232,7 +232,7 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
         verdicts.fail("no_process_left_dead", {"process": name})
     exits = [exit_.__dict__ for exit_ in supervisor.exits]
     for exit_ in exits:
-        if exit_["fault"] is None:
+        if exit_["fault"] is None and not exit_["while_starting"]:
             before = [f.as_json(t0) for f in injector.faults if exit_["at"] - 10 <= f.at <= exit_["at"]]
             verdicts.fail("no_unexpected_exits", {**exit_, "at_s": round(exit_["at"] - t0, 3),
                                                   "faults_in_10_s_before": before})  # fmt: skip
@@ -255,6 +255,7 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
         "processes": {
             "exits": [{**e, "at_s": round(e["at"] - t0, 3)} for e in exits],
             "restarts": {m.name: m.restarts for m in supervisor.processes},
+            "failed_starts": sum(1 for e in exits if e["fault"] is None and e["while_starting"]),
             "redis_unexpected_restarts": supervisor.redis_restarts_unexpected,
         },
         "timeline": timeline(jobs, records, t0),

@@ -46,6 +46,9 @@ class Exit:
     note: str = ""
     log_tail: str = ""
     last_error: str = ""
+    #: It exited before it was ready (a start that failed, e.g. while Redis was down): it held no
+    #: jobs, and the supervisor's restart is the remedy, as a kubelet's would be.
+    while_starting: bool = False
 
 
 @dataclass
@@ -175,7 +178,8 @@ class Supervisor:
         fault = expect[0] if expect is not None and code in expect[1] else None
         note = expect[0] if expect is not None and fault is None else ""
         tail, error = ("", "") if fault else (managed.log_tail(), managed.last_error())
-        self.exits.append(Exit(managed.name, process.pid, now, code, fault, note, tail, error))
+        starting = managed.state == "starting"
+        self.exits.append(Exit(managed.name, process.pid, now, code, fault, note, tail, error, starting))
         managed.expect, managed.term_deadline = None, None
         managed.state, managed.restart_at = "down", now + RESTART_DELAY_S
 
