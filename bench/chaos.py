@@ -119,7 +119,23 @@ def fault_kinds() -> list[str]:
 # --- The run ------------------------------------------------------------------------------------
 
 
-async def soak(plan: Plan, seed: int, scratch: Path, redis_server: EmbeddedRedis) -> dict[str, Any]:
+@dataclass
+class Run:
+    """What a soak leaves for the checker and the report."""
+
+    t0: float
+    chaos_s: float
+    settle: dict[str, Any]
+    kinds: list[str]
+    client: Client
+    injector: Injector
+    supervisor: Supervisor
+    receiver: Receiver
+    left_dead: list[str]
+    logs: Path
+
+
+async def soak(plan: Plan, seed: int, scratch: Path, redis_server: EmbeddedRedis) -> Run:
     await set_policy(redis_server.url)
     key = os.urandom(24)
     secret = "whsec_" + base64.b64encode(key).decode()
@@ -137,7 +153,7 @@ async def soak(plan: Plan, seed: int, scratch: Path, redis_server: EmbeddedRedis
 
 
 async def _soak(plan: Plan, seed: int, scratch: Path, settings: dict[str, str], supervisor: Supervisor,
-                receiver: Receiver, ports: list[int]) -> dict[str, Any]:  # fmt: skip
+                receiver: Receiver, ports: list[int]) -> Run:  # fmt: skip
     for index in range(plan.shape.model_workers):
         supervisor.add(worker_managed(f"worker-{index}", "model_worker", settings, scratch, None))
     supervisor.add(worker_managed("webhook-worker", "webhook_worker", settings, scratch, "webhooks"))
@@ -158,16 +174,13 @@ async def _soak(plan: Plan, seed: int, scratch: Path, settings: dict[str, str], 
         chaos_end = time.time()
         print(f"faults stopped after {len(injector.faults)}; settling")
         settle = await settle_jobs(plan, settings["REDIS_URL"], client, receiver)
-        left_dead = await supervisor.wait_all_up(30.0)
     finally:
         stop.set()
         await supervising
         await client.close()
-    return {
-        "t0": t0, "chaos_s": round(chaos_end - t0, 1), "settle": settle, "kinds": kinds,
-        "client": client, "injector": injector, "supervisor": supervisor, "receiver": receiver,
-        "left_dead": left_dead, "logs": scratch,
-    }  # fmt: skip
+    left_dead = await supervisor.wait_all_up(30.0)  # after the loop stopped: one ticker at a time
+    return Run(t0, round(chaos_end - t0, 1), settle, kinds, client, injector, supervisor, receiver,
+               left_dead, scratch)  # fmt: skip
 
 
 async def settle_jobs(plan: Plan, redis_url: str, client: Client, receiver: Receiver) -> dict[str, Any]:
@@ -212,35 +225,21 @@ def _delivered_completions(log_path: Path) -> set[str]:
 # --- Checking and reporting -------------------------------------------------------------------------
 
 
-def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
-    client, injector, supervisor, receiver = (
-        run["client"],
-        run["injector"],
-        run["supervisor"],
-        run["receiver"],
-    )
-    t0 = run["t0"]
-    jobs = client.jobs_json()
+def judge(plan: Plan, redis_url: str, run: Run) -> dict[str, Any]:
+    """Run every check; the report's verdicts, counts and evidence."""
+    jobs = run.client.jobs_json()
     records = check.read_records(redis_url, [job["id"] for job in jobs])
     verdicts = check.Verdicts(check.INVARIANTS)
     limits = check.Limits(plan.job_timeout_s, plan.bound_s, LEASE_TTL_S, REAPER_INTERVAL_S, MAX_ATTEMPTS)
     past_queue_due = check.check_jobs(jobs, records, limits, verdicts)
-    webhooks = check.check_webhooks(jobs, records, check.read_deliveries(receiver.log_path), verdicts)
-    for example in client.answers.bare_5xx:
-        verdicts.fail("no_bare_5xx", example)
-    for name in run["left_dead"]:
-        verdicts.fail("no_process_left_dead", {"process": name})
-    exits = [exit_.__dict__ for exit_ in supervisor.exits]
-    for exit_ in exits:
-        if exit_["fault"] is None and not exit_["while_starting"]:
-            before = [f.as_json(t0) for f in injector.faults if exit_["at"] - 10 <= f.at <= exit_["at"]]
-            verdicts.fail("no_unexpected_exits", {**exit_, "at_s": round(exit_["at"] - t0, 3),
-                                                  "faults_in_10_s_before": before})  # fmt: skip
+    webhooks = check.check_webhooks(jobs, records, check.read_deliveries(run.receiver.log_path), verdicts)
+    exits = [exit_.__dict__ for exit_ in run.supervisor.exits]
+    check_answers_and_processes(run, exits, verdicts)
     invariants = verdicts.as_json()
     failed = check.failed_examples(jobs, records)
     examples = [e for item in invariants.values() for e in item["examples"] if "job_id" in e]
-    annotate([*examples, *failed], redis_url, exits, injector.faults, t0)
-    lines = check.log_lines(run["logs"], [e["job_id"] for e in [*examples, *failed]])
+    annotate([*examples, *failed], redis_url, exits, run.injector.faults, run.t0)
+    lines = check.log_lines(run.logs, [e["job_id"] for e in [*examples, *failed]])
     for example in [*examples, *failed]:
         example["log_lines"] = lines[example["job_id"]]
     return {
@@ -249,16 +248,33 @@ def judge(plan: Plan, redis_url: str, run: dict[str, Any]) -> dict[str, Any]:
         "jobs": {**check.job_counts(jobs, records), "started_then_past_queue_due": past_queue_due},
         "failed_examples": failed,
         "unknown_records": check.unknown_records(redis_url, {job["id"] for job in jobs}),
-        "answers": client.report(),
+        "answers": run.client.report(),
         "webhooks": webhooks,
-        "faults": fault_summary(injector.faults, t0),
-        "processes": {
-            "exits": [{**e, "at_s": round(e["at"] - t0, 3)} for e in exits],
-            "restarts": {m.name: m.restarts for m in supervisor.processes},
-            "failed_starts": sum(1 for e in exits if e["fault"] is None and e["while_starting"]),
-            "redis_unexpected_restarts": supervisor.redis_restarts_unexpected,
-        },
-        "timeline": timeline(jobs, records, t0),
+        "faults": fault_summary(run.injector.faults, run.t0),
+        "processes": process_summary(run, exits),
+        "timeline": timeline(jobs, records, run.t0),
+    }
+
+
+def check_answers_and_processes(run: Run, exits: list[dict[str, Any]], verdicts: check.Verdicts) -> None:
+    for example in run.client.answers.bare_5xx:
+        verdicts.fail("no_bare_5xx", example)
+    for name in run.left_dead:
+        verdicts.fail("no_process_left_dead", {"process": name})
+    for exit_ in exits:
+        if exit_["fault"] is None and not exit_["while_starting"]:
+            at = exit_["at"]
+            before = [f.as_json(run.t0) for f in run.injector.faults if at - 10 <= f.at <= at]
+            verdicts.fail("no_unexpected_exits", {**exit_, "at_s": round(at - run.t0, 3),
+                                                  "faults_in_10_s_before": before})  # fmt: skip
+
+
+def process_summary(run: Run, exits: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "exits": [{**e, "at_s": round(e["at"] - run.t0, 3)} for e in exits],
+        "restarts": {m.name: m.restarts for m in run.supervisor.processes},
+        "failed_starts": sum(1 for e in exits if e["fault"] is None and e["while_starting"]),
+        "redis_unexpected_restarts": run.supervisor.redis_restarts_unexpected,
     }
 
 
@@ -398,7 +414,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         redis_server.start()
         stack.callback(redis_server.stop)
         run = run_async(soak(plan, args.seed, scratch, redis_server))
-        report |= {"fault_kinds": run["kinds"], "chaos_s": run["chaos_s"], "settle": run["settle"]}
+        report |= {"fault_kinds": run.kinds, "chaos_s": run.chaos_s, "settle": run.settle}
         report |= judge(plan, redis_server.url, run)
         if report["violations"]:
             keep_logs(scratch, args.out)
