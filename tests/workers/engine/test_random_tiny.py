@@ -201,8 +201,16 @@ def test_on_step_reports_batches(random_engine: EngineFactory) -> None:
 def test_fatal_forward_error_fails_everything(
     random_engine: EngineFactory, random_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """on_fatal runs before anything in flight fails (a worker hands its jobs back there), and
+    what was in flight fails with the FatalEngineError, never as a failure of its own."""
     fatal: list[FatalEngineError] = []
-    engine = random_engine(on_fatal=fatal.append)
+    running_done_at_fatal: list[bool] = []
+
+    def on_fatal(error: FatalEngineError) -> None:
+        running_done_at_fatal.append(running.done())
+        fatal.append(error)
+
+    engine = random_engine(on_fatal=on_fatal)
     running = engine.submit(_request("victim", "a", max_tokens=100_000 - 1, ignore_eos=True))
     time.sleep(0.1)
     broken = threading.Event()
@@ -213,10 +221,12 @@ def test_fatal_forward_error_fails_everything(
 
     # Fault injection, not a model mock: the real model ran until now and the next step fails.
     monkeypatch.setattr(random_model.model, "forward", broken_device)
-    assert _error(running).type == "unavailable"
+    with pytest.raises(FatalEngineError):
+        running.result(timeout=30)
     assert broken.is_set()
     assert isinstance(engine.fatal_error, FatalEngineError)
     assert fatal == [engine.fatal_error]
+    assert running_done_at_fatal == [False]
     assert _error(engine.submit(_request("after", "b"))).type == "unavailable"
 
 
