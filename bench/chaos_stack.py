@@ -107,11 +107,14 @@ class Managed:
         return self._own_log()[-chars:]
 
     def last_error(self) -> str:
-        """The last CRITICAL or ERROR line of this incarnation's log (the tail alone often shows
-        only the tasks that ended after the cause)."""
+        """The last CRITICAL line of this incarnation's log, else its last ERROR line (the tail alone
+        often shows only the tasks that ended after the cause)."""
         lines = self._own_log().splitlines()
-        found = [line for line in lines if '"level": "CRITICAL"' in line or '"level": "ERROR"' in line]
-        return found[-1][:3000] if found else ""
+        for level in ("CRITICAL", "ERROR"):  # a CRITICAL line names the cause, ERRORs follow it
+            found = [line for line in lines if f'"level": "{level}"' in line]
+            if found:
+                return found[-1][:3000]
+        return ""
 
 
 class Supervisor:
