@@ -1,4 +1,4 @@
-"""kombu's Redis transport, patient with a store that refuses writes.
+"""kombu's Redis transport, patient with a store that refuses writes, and with a restart.
 
 When a worker takes a message, kombu moves it from the queue list into its unacknowledged hash in
 two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noeviction`), or
@@ -49,6 +49,17 @@ class PatientQoS(kombu_redis.QoS):
 
 class Channel(kombu_redis.Channel):
     QoS = PatientQoS
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # After Redis drops the connection, Celery closes the channel, and closing restores the
+        # unacknowledged messages through a connection whose `client` kombu already cleared: an
+        # AttributeError there is "unrecoverable" and stopped the worker for good (seen in the
+        # chaos soak on a Redis restart). As a connection error it is what it is: Celery ignores
+        # it while closing and reconnects; the messages stay unacked until the visibility timeout.
+        if self.connection is None or self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the broker connection is closed")
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+        return params
 
 
 class Transport(kombu_redis.Transport):
