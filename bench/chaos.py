@@ -86,9 +86,12 @@ def stack_settings(plan: Plan, redis_url: str, scratch: Path, secret: str) -> di
         "MODEL": MODEL,
         "PLACEHOLDER_STEP_S": "0.01",
         "JOB_TIMEOUT_S": str(plan.job_timeout_s),
-        # Above the job timeout, as the settings require; a killed worker's messages come back
-        # after this long unless something (a lease, a reaper) hands them back sooner.
-        "VISIBILITY_TIMEOUT_S": str(int(plan.job_timeout_s * 1.5)),
+        # 3x the job timeout, the shipped defaults' ratio (1800 / 600 s). A killed worker's messages
+        # come back after this long unless a lease and the reaper hand them back sooner. It also
+        # stays above a webhook attempt's claim lease (timeout + 30 s), as in production: at 1.5x
+        # (30 s), restored copies of a dead worker's deliveries arrived while that lease still
+        # held and were dropped as stale, losing the delivery (see bench/README.md).
+        "VISIBILITY_TIMEOUT_S": str(int(plan.job_timeout_s * 3)),
         "HEARTBEAT_INTERVAL_S": "0.5",
         "HEARTBEAT_TTL_S": "3",
         # A lost worker's jobs are handed back once their lease lapses (the reaper looks each
