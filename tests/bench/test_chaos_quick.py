@@ -1,4 +1,4 @@
-"""The chaos soak, quick: a real stack under every kind of fault for 40 s, then its independent
+"""The chaos soak, quick: a real stack under every kind of fault for 35 s, then its independent
 checker. Passes only when the stack kept genq's promise: 0 lost, 0 stuck, 0 duplicate completions,
 0 bare 500s, nothing left dead (issue 14)."""
 
