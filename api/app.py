@@ -85,7 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.redis = client
         app.state.rate_limiter = RateLimiter(client, commands, settings)
-        queue_stats = QueueStatsReader(client, [keys.queue_for_model(m) for m in settings.served_models])
+        # The webhook queue too: its length is the delivery backlog operators watch.
+        queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
+        queue_stats = QueueStatsReader(client, queues)
         app.state.queue_stats = queue_stats
         cache = ResponseCache(settings, client)
         app.state.cache = cache

@@ -98,10 +98,9 @@ def _registry() -> CollectorRegistry:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus exposition: this process's (or all API processes') instruments plus the queue
-    statistics, read from Redis at most once a second."""
+    statistics and Redis's memory, read from Redis at most once a second."""
     reader: QueueStatsReader = request.app.state.queue_stats
-    stats, unacked = await reader.read()
     registry = CollectorRegistry()
-    registry.register(QueueStatsCollector(stats, unacked, reader.memory))
+    registry.register(QueueStatsCollector(await reader.read()))
     body = generate_latest(_registry()) + generate_latest(registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

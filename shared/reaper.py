@@ -34,7 +34,7 @@ log = logging.getLogger("genq.reaper")
 #: Most jobs of each kind handled per period (a backlog is worked off over several periods).
 BATCH = 200
 #: Outcomes of the scripts that are actions (the others: 'held', 'suspect', 'stale').
-ACTIONS = frozenset({"requeued", "failed", "expired", "repushed", "promoted"})
+ACTIONS = frozenset(metrics.REAPER_ACTION_NAMES)
 
 
 class Reaper:

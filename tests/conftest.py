@@ -49,24 +49,29 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     client.close()
 
 
+def suite_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for the suite's processes: the test model, fast heartbeats, no metrics port."""
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "model": TEST_MODEL,
+        "data_dir": data_dir,
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_ttl_s": 3.0,
+        "lease_ttl_s": 3.0,
+        "reaper_interval_s": 0.5,
+        "worker_metrics_port": 0,
+        # Limits far above what a test sends; tests/api/test_ratelimit.py sets tight ones.
+        "rate_limit_submit": "100000/100000",
+        "rate_limit_read": "100000/100000",
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
 @pytest.fixture
 def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {
-            "redis_url": redis_server.url,
-            "model": TEST_MODEL,
-            "data_dir": tmp_path / "genq",
-            "heartbeat_interval_s": 0.5,
-            "heartbeat_ttl_s": 3.0,
-            "lease_ttl_s": 3.0,
-            "reaper_interval_s": 0.5,
-            "worker_metrics_port": 0,
-            # Limits far above what a test sends; tests/api/test_ratelimit.py sets tight ones.
-            "rate_limit_submit": "100000/100000",
-            "rate_limit_read": "100000/100000",
-        }
-        values.update(overrides)
-        return Settings(_env_file=None, **values)
+        return suite_settings(redis_server.url, tmp_path / "genq", **overrides)
 
     return make
 

@@ -103,6 +103,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     context.install(runtime)
     runtime.start()
     if settings.worker_metrics_port:
+        _export_readiness(queues)
         serve_metrics(settings.worker_metrics_port)
     pidfile = _pidfile(settings, serves_model)
     pidfile.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +123,24 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     finally:
         runtime.stop()
         pidfile.unlink(missing_ok=True)
+
+
+def _export_readiness(queues: list[str]) -> None:
+    """genq_worker_ready{queue}: 0 while loading, 1 once Celery consumes, 0 again from the drain
+    on. Summed per queue, it is how many workers serve it (the "no ready worker" alert)."""
+    gauges = [metrics.WORKER_READY.labels(queue) for queue in queues]
+
+    def mark(value: int) -> Callable[..., None]:
+        def handler(**_: Any) -> None:
+            for gauge in gauges:
+                gauge.set(value)
+
+        return handler
+
+    mark(0)()
+    # weak=False: Celery keeps only weak references by default, and these closures have no other.
+    signals.worker_ready.connect(mark(1), weak=False)
+    signals.worker_shutting_down.connect(mark(0), weak=False)
 
 
 @signals.worker_ready.connect

@@ -93,9 +93,26 @@ def test_worker_exports_batch_and_token_metrics(
 
     asyncio.run(run_jobs())
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert samples(text, "genq_worker_ready")[(("queue", QUEUE),)] == 1
     model = (("model", "placeholder-echo"),)
     assert samples(text, "genq_generated_tokens_total")[model] >= 20
     assert samples(text, "genq_batch_size_distribution_count")[model] >= 5
     assert samples(text, "genq_jobs_total")[(("status", "succeeded"),)] == 4
     assert samples(text, "genq_model_inference_duration_seconds_count")[model] == 4
     assert samples(text, "genq_queue_wait_seconds_count")[(("queue", QUEUE),)] == 4
+
+
+async def test_redis_memory_and_the_webhook_backlog_are_exported(
+    api: httpx.AsyncClient, redis_client: redis.Redis
+) -> None:
+    """What the Redis-memory alert and the webhook-backlog panel read, without redis_exporter."""
+    redis_client.config_set("maxmemory", str(512 * 2**20))
+    try:
+        await asyncio.sleep(1.05)  # the statistics are cached for a second
+        text = (await api.get("/metrics")).text
+    finally:
+        redis_client.config_set("maxmemory", "0")
+    used = samples(text, "genq_redis_memory_used_bytes")[()]
+    assert 0 < used == pytest.approx(int(redis_client.info("memory")["used_memory"]), rel=0.5)
+    assert samples(text, "genq_redis_memory_max_bytes")[()] == 512 * 2**20
+    assert samples(text, "genq_queue_length")[(("queue", "webhooks"),)] == 0

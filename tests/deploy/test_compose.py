@@ -92,6 +92,9 @@ def test_prometheus_scrapes_every_metrics_endpoint(compose: dict[str, Any]) -> N
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
     config = load("deploy/prometheus.yml")
+    # The alert rules, mounted where rule_files (relative to the config file) finds them.
+    assert config["rule_files"] == ["genq-rules.yaml"]
+    assert "./deploy/prometheus/genq-rules.yaml:/etc/prometheus/genq-rules.yaml:ro" in mounts
     targets = set()
     for job in config["scrape_configs"]:
         assert job.get("metrics_path", "/metrics") == "/metrics"

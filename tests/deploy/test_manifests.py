@@ -8,6 +8,7 @@ kubernetes-validate's bundled 1.37 schemas, ScaledObject / ServiceMonitor with d
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -27,6 +28,10 @@ CRD_SCHEMAS = {
         "monitoring.coreos.com/v1",
         "ServiceMonitor",
     ): "deploy/schemas/monitoring.coreos.com_servicemonitors_v1.yaml",
+    (
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+    ): "deploy/schemas/monitoring.coreos.com_prometheusrules_v1.yaml",
 }
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
@@ -137,8 +142,15 @@ def test_crd_schemas_reject_typos() -> None:
     del no_selector["spec"]["selector"]
     bad_interval = copy.deepcopy(monitor)
     bad_interval["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    rule = named(render("prod"), "PrometheusRule", "genq")
+    bad_for = copy.deepcopy(rule)
+    bad_for["spec"]["groups"][0]["rules"][0]["for"] = "15 minutes"
+    misspelt_rule = copy.deepcopy(rule)
+    misspelt_rule["spec"]["groups"][0]["rules"][0]["expresion"] = misspelt_rule["spec"]["groups"][0]["rules"][
+        0
+    ].pop("expr")
 
-    for bad in (typo, unquoted, bad_field, bad_port, no_selector, bad_interval):
+    for bad in (typo, unquoted, bad_field, bad_port, no_selector, bad_interval, bad_for, misspelt_rule):
         assert list(crd_validator(bad["apiVersion"], bad["kind"]).iter_errors(bad)), bad
 
 
@@ -412,3 +424,20 @@ def test_prometheus_adapter_serves_the_hpa_metric() -> None:
     assert re.fullmatch(rule["name"]["matches"], QUEUE_LENGTH_METRIC)
     assert rule["metricsQuery"].replace(" ", "") == "maxby(queue)(<<.Series>>{<<.LabelMatchers>>})"
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
+
+
+# ------------------------------------------------------------------------------------ monitoring
+
+
+def test_prod_ships_the_alert_rules_and_the_dashboard() -> None:
+    """The PrometheusRule's groups are genq-rules.yaml's (tests/monitoring checks them with
+    promtool); the Grafana sidecar finds the dashboard by its label, and it is deploy/grafana's."""
+    rules = load("deploy/prometheus/genq-rules.yaml")
+    dashboard = json.loads((ROOT / "deploy/grafana/genq.json").read_text())
+    for overlay in ("prod", "prod-keda"):
+        docs = render(overlay)
+        assert named(docs, "PrometheusRule", "genq")["spec"]["groups"] == rules["groups"]
+        config_map = named(docs, "ConfigMap", "genq-grafana-dashboard")
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(config_map["data"]["genq.json"]) == dashboard
+    assert not of_kind(render("dev"), "PrometheusRule"), "dev clusters may lack the Prometheus Operator"

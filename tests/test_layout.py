@@ -1,0 +1,66 @@
+"""The layout's promises, checked on the source (shared/STYLE.md): the tiers never import each
+other, shared/ imports no tier, the engine imports no Celery, and the worker's modules import
+each other without a circle (its runtime lives in the leaf module workers/context.py)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports_at_run_time(path: Path) -> set[str]:
+    """Modules `path` imports when it runs (any depth of the file, TYPE_CHECKING blocks aside)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("api", "workers"), ("workers", "api"), ("shared", "api"), ("shared", "workers"),
+     ("workers/engine", "celery")],
+)  # fmt: skip
+def test_a_package_does_not_import(package: str, forbidden: str) -> None:
+    offenders = {
+        _module(path): sorted(m for m in imports_at_run_time(path) if m.split(".")[0] == forbidden)
+        for path in sources(package)
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_worker_modules_import_no_circle() -> None:
+    modules = {_module(p): p for p in sorted((ROOT / "workers").glob("*.py"))}
+    graph = {name: {m for m in imports_at_run_time(path) if m in modules and m != name}
+             for name, path in modules.items()}  # fmt: skip
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in graph[start]
+        )
+
+    circles = sorted(name for name in graph if reaches(name, name, {name}))
+    assert circles == [], f"modules in an import circle: {circles}"
