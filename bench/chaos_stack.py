@@ -70,10 +70,8 @@ class Managed:
     restart_at: float = 0.0
     term_deadline: float | None = None
     restarts: int = 0
+    #: Where this incarnation's output starts in the log (every restart appends to it).
     log_offset: int = 0
-    #: Every pid this process had, in order (genq's worker ids carry the pid: evidence links a
-    #: stuck job's holder to its exit).
-    pids: list[int] = field(default_factory=list)
     on_up: list[Callable[[float], None]] = field(default_factory=list)
 
     def spawn(self) -> None:
@@ -183,6 +181,9 @@ class Supervisor:
         tail, error = ("", "") if fault else (managed.log_tail(), managed.last_error())
         starting = managed.state == "starting"
         self.exits.append(Exit(managed.name, process.pid, now, code, fault, note, tail, error, starting))
+        if managed.fault_file is not None:
+            # An engine fault this incarnation never reached must not kill the next one.
+            managed.fault_file.unlink(missing_ok=True)
         managed.expect, managed.term_deadline = None, None
         managed.state, managed.restart_at = "down", now + RESTART_DELAY_S
 
