@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis._parsers import BaseParser
 from redis.commands.core import AsyncScript
-from redis.exceptions import DataError, InvalidResponse, NoScriptError, ResponseError
+from redis.exceptions import DataError, InvalidResponse, NoScriptError, RedisError
 
 from shared.metrics import REDIS_BATCH
 
@@ -194,7 +194,9 @@ class _Link(asyncio.Protocol):
             future, callback, _ = self._waiting.popleft()
             if future.done():
                 continue
-            if isinstance(reply, ResponseError):
+            # Every error reply, ResponseError or not: redis-py parses "-LOADING" (Redis replaying its
+            # AOF after a restart) as BusyLoadingError, a ConnectionError (-> 503 at the API).
+            if isinstance(reply, RedisError):
                 future.set_exception(reply)
             elif callback is None:
                 future.set_result(reply)

@@ -20,6 +20,9 @@ LUA_DIR = Path(__file__).with_name("lua")
 ORPHAN_CHECK_S = 30
 #: A message found nowhere is checked once more after this long before it is pushed again.
 ORPHAN_RECHECK_S = 5
+#: A queued job's message a worker has held this long without claiming the job is pushed again
+#: (its holder died): workers claim what they take at once (prefetch multiplier 1).
+UNACKED_STALE_S = 30
 
 #: Constant keys and channels, as the scripts name them (K.<name>).
 CONSTANTS = {
@@ -66,7 +69,10 @@ def key_function(name: str, template: str) -> str:
 def prelude() -> str:
     constants = ", ".join(f"{name} = {_lua_string(value)}" for name, value in CONSTANTS.items())
     builders = "".join(key_function(name, template) for name, template in TEMPLATES.items())
-    tunables = f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"
+    tunables = (
+        f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"
+        f"local UNACKED_STALE_S = {UNACKED_STALE_S}\n"
+    )
     common = (LUA_DIR / "common.lua").read_text()
     return f"local K = {{{constants}}}\n{builders}{tunables}{common}\n"
 

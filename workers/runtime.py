@@ -33,7 +33,6 @@ from redis.retry import Retry
 from shared import keys, metrics
 from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
-from shared.errors import storage_refusal
 from shared.reaper import Reaper
 from shared.store import ClaimOutcome, WorkerJobs, as_text
 from workers import scalein
@@ -45,6 +44,7 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
+from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
 from workers.webhooks import OutputWebhooks
 
@@ -53,8 +53,6 @@ T = TypeVar("T")
 
 #: Exit status of a worker whose engine failed fatally (the supervisor restarts it).
 FATAL_EXIT = 70
-#: How long a job-store call is retried while Redis is unreachable before the job is handed back.
-STORE_RETRY_S = 120.0
 
 
 class HandBack(Exception):
@@ -276,25 +274,14 @@ class WorkerRuntime:
         )
 
     # --- background ------------------------------------------------------------------------------
-    def _store(self, call: Callable[[], T]) -> T:
+    @staticmethod
+    def _store(call: Callable[[], T]) -> T:
         """A job-store call, retried while Redis is unreachable or refuses writes (a restart, a
         full or read-only server must not lose jobs nor stop this worker)."""
-        give_up = time.monotonic() + STORE_RETRY_S
-        while True:
-            try:
-                return call()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                if time.monotonic() > give_up:
-                    raise HandBack("Redis unreachable") from exc
-            except redis.exceptions.ResponseError as exc:
-                refusal = storage_refusal(exc)
-                if refusal is None:
-                    raise
-                metrics.STORAGE_REFUSED.labels("worker").inc()
-                log.warning(json.dumps({"event": "store_write_refused", "error": refusal.message}))
-                if time.monotonic() > give_up:
-                    raise HandBack(refusal.message) from exc
-            time.sleep(0.5)
+        try:
+            return patiently(call)
+        except StoreUnavailable as exc:
+            raise HandBack(str(exc)) from exc
 
     def _report_inflight(self) -> None:
         """Scale-in removes the pods with the lowest deletion cost first: keep ours = our load.

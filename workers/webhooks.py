@@ -42,6 +42,7 @@ import orjson
 import redis
 import redis.exceptions
 from celery import Task, shared_task, signals
+from celery.exceptions import Reject
 
 from shared import keys, metrics, signing
 from shared.config import Settings
@@ -50,6 +51,7 @@ from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
 from workers import context, webhook_http
+from workers.patience import StoreUnavailable, patiently
 
 log = logging.getLogger("genq.webhooks")
 
@@ -69,11 +71,13 @@ HOP_SLACK_S = 1.0
 #: Least seconds between two `output` deliveries of one job.
 OUTPUT_INTERVAL_S = 1.0
 
-# KEYS: delivery state. ARGV: generation, now, lease until, ttl.
-# 'claimed': act for this generation; 'over': the delivery has its outcome; 'stale': a copy.
+# KEYS: delivery state. ARGV: generation, now, lease until, ttl. Returns {outcome, lease}:
+# 'claimed': act for this generation; 'over': the delivery has its outcome; 'stale': a copy of
+# an older generation; 'busy': a copy of the generation another holder's lease still covers (the
+# holder may have died: the copy looks again when that lease ends, instead of being dropped).
 CLAIM_LUA = """
 local state = redis.call('HMGET', KEYS[1], 'outcome', 'generation', 'lease')
-if state[1] and state[1] ~= 'pending' then return 'over' end
+if state[1] and state[1] ~= 'pending' then return {'over', '0'} end
 local generation = tonumber(ARGV[1])
 local held = tonumber(state[2] or '-1')
 local lease = tonumber(state[3] or '0')
@@ -81,9 +85,10 @@ local abandoned = generation == held and lease > 0 and lease < tonumber(ARGV[2])
 if generation > held or abandoned then
   redis.call('HSET', KEYS[1], 'outcome', 'pending', 'generation', ARGV[1], 'lease', ARGV[3])
   redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return 'claimed'
+  return {'claimed', ARGV[3]}
 end
-return 'stale'
+if generation == held and lease > 0 then return {'busy', state[3]} end
+return {'stale', '0'}
 """
 
 # Ends a generation: releases its claim, sets fields, appends to the delivery log. KEYS: delivery
@@ -135,6 +140,10 @@ class Verdict:
     retry_in: float | None
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def retry_delays(settings: Settings) -> list[float]:
     return [float(delay) for delay in settings.webhook_retry_delays_s]
 
@@ -168,13 +177,14 @@ class Deliveries:
         self._record = client.register_script(RECORD_LUA)
 
     # --- claims and records -------------------------------------------------------------------
-    def claim(self, delivery: Delivery, generation: int) -> str:
+    def claim(self, delivery: Delivery, generation: int) -> tuple[str, float]:
+        """The claim's outcome, and the end of the lease that decided it."""
         now = time.time()
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
-        answer = self._claim(
+        outcome, held_until = self._claim(
             keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery.job_id)]
         )
-        return str(answer)
+        return _text(outcome), float(_text(held_until))
 
     def record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
@@ -302,30 +312,42 @@ def _deliveries() -> Deliveries:
 
 def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
-    a message that arrives before `due_at` is a hop of a long wait (see the module docstring)."""
+    a message that arrives before `due_at` is a hop of a long wait (see the module docstring).
+    Every store call waits out a Redis restart or a full Redis (workers/patience.py); past
+    that, the message goes back on the queue rather than being acknowledged unused."""
+    try:
+        _deliver_once(task, Delivery.of(job_id, event, task.request.id), due_at)
+    except StoreUnavailable as exc:
+        raise Reject(str(exc), requeue=True) from exc
+
+
+def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     deliveries = _deliveries()
-    delivery = Delivery.of(job_id, event, task.request.id)
     generation = int(task.request.retries)
-    claim = deliveries.claim(delivery, generation)
+    claim, held_until = patiently(lambda: deliveries.claim(delivery, generation))
+    if claim == "busy":  # maybe its holder died: look again when the holder's lease ends
+        _look_again_later(task, generation, held_until)
     if claim != "claimed":
         # A copy of a message the broker handed out again (see the module docstring), or a
         # message for a delivery that already has its outcome: nothing to do.
-        log.info(json.dumps({"event": "webhook_copy_dropped", "job_id": job_id, "webhook_event": event,
-                             "generation": generation, "claim": claim}))  # fmt: skip
+        dropped = {"event": "webhook_copy_dropped", "job_id": delivery.job_id,
+                   "webhook_event": delivery.event, "generation": generation, "claim": claim}  # fmt: skip
+        log.info(json.dumps(dropped))
         return
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
         _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
         return
-    wait = deliveries.order_wait(delivery)
+    wait = patiently(lambda: deliveries.order_wait(delivery))
     if wait is not None:
         _retry_then_record(task, deliveries, delivery, generation, wait, {})
         return
-    frozen = deliveries.freeze(delivery)
+    frozen = patiently(lambda: deliveries.freeze(delivery))
     if frozen is None:
-        log.info(json.dumps({"event": "webhook_skipped", "job_id": job_id, "webhook_event": event}))
-        deliveries.record(delivery, generation, {"outcome": "skipped"}, None)
+        log.info(json.dumps({"event": "webhook_skipped", "job_id": delivery.job_id,
+                             "webhook_event": delivery.event}))  # fmt: skip
+        patiently(lambda: deliveries.record(delivery, generation, {"outcome": "skipped"}, None))
         return
-    attempt, result = deliveries.attempt(delivery, frozen)
+    attempt, result = patiently(lambda: deliveries.attempt(delivery, frozen))
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
     metrics.WEBHOOK_ATTEMPTS.labels(delivery.event, outcome.outcome).inc()
@@ -333,10 +355,18 @@ def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -
     fields = {"outcome": "pending" if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
-        deliveries.record(delivery, generation, fields, entry)
+        patiently(lambda: deliveries.record(delivery, generation, fields, entry))
         return
     fields["next_at"] = repr(time.time() + outcome.retry_in)
     _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, fields, entry)
+
+
+def _look_again_later(task: Task, generation: int, held_until: float) -> None:
+    """Publish this message again, same generation, for when the lease that holds it ends."""
+    countdown = max(0.0, held_until - time.time()) + 1
+    request = task.request
+    patiently(lambda: task.apply_async(request.args, request.kwargs, countdown=countdown, retries=generation,
+                                       task_id=request.id))  # fmt: skip
 
 
 def _retry_then_record(
@@ -353,8 +383,8 @@ def _retry_then_record(
     # carries its due time; a shorter one drops any it had.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
-    retry = task.retry(countdown=min(countdown, hop_s), kwargs=hop, throw=False)
-    deliveries.record(delivery, generation, fields, entry)
+    retry = patiently(lambda: task.retry(countdown=min(countdown, hop_s), kwargs=hop, throw=False))
+    patiently(lambda: deliveries.record(delivery, generation, fields, entry))
     raise retry
 
 

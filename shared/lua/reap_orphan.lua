@@ -1,7 +1,12 @@
--- The reaper checks that a queued job can still be reached: its message is in its queue list or
--- held by a worker (kombu's unacked hash), or, for a follower, its leader is alive. A message
--- found nowhere twice, ORPHAN_RECHECK_S apart (a worker moves a message from the list to the
--- unacked hash in two steps), is pushed again; a follower whose leader is gone leads itself.
+-- The reaper checks that a queued job can still be reached: its message is in its queue list, or
+-- held by a worker (kombu's unacked hash) that took it less than UNACKED_STALE_S ago, or, for a
+-- follower, its leader is alive. A message found nowhere twice, ORPHAN_RECHECK_S apart (a worker
+-- moves a message from the list to the unacked hash in two steps), is pushed again. So is one a
+-- worker has held that long without claiming it: a worker runs what it takes at once, so its
+-- holder died (e.g. it took the job's hand-back message just before its engine's death ended
+-- it); its unacked entry is dropped so that the broker never hands it out as well, and were the
+-- holder alive after all, the job's claim makes the second copy harmless. A follower whose
+-- leader is gone leads itself.
 -- KEYS: job. ARGV: job id, now, a new message for the job.
 -- Returns 'held', 'suspect' (missing once), 'repushed', 'promoted' or 'stale' (not queued).
 local job, job_id, now = KEYS[1], ARGV[1], tonumber(ARGV[2])
@@ -21,7 +26,9 @@ if rec[2] then
   return 'promoted'
 end
 local tag = cjson.decode(rec[3])['properties']['delivery_tag']
-if redis.call('HEXISTS', K.unacked, tag) == 1 or redis.call('LPOS', rec[4], rec[3]) then
+local taken_at = tonumber(redis.call('ZSCORE', K.unacked_index, tag) or '0')
+local held = taken_at > 0 and now - taken_at < UNACKED_STALE_S
+if held or (taken_at == 0 and redis.call('LPOS', rec[4], rec[3])) then
   redis.call('HDEL', job, 'missing_since')
   redis.call('ZADD', K.orphan_checks, now + ORPHAN_CHECK_S, job_id)
   return 'held'
@@ -32,5 +39,9 @@ if not rec[5] then
   return 'suspect'
 end
 redis.call('HDEL', job, 'missing_since')
+if taken_at > 0 then
+  redis.call('HDEL', K.unacked, tag)
+  redis.call('ZREM', K.unacked_index, tag)
+end
 enqueue(job, job_id, ARGV[3], rec[4], rec[6], now)
 return 'repushed'

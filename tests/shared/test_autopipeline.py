@@ -158,3 +158,22 @@ def test_packing_refuses_what_redis_py_refuses() -> None:
     for bad in (True, None, object()):
         with pytest.raises(redis.exceptions.DataError):
             pack_command(["SET", "k", bad])
+
+
+async def test_a_loading_reply_fails_its_command(aclient: aioredis.Redis) -> None:
+    """Right after a restart Redis answers "-LOADING ..." while it replays its AOF. redis-py
+    parses that as BusyLoadingError (a ConnectionError, which the API answers with 503), not a
+    ResponseError: the command must fail with it, not return it as its reply (a caller then
+    indexed the error object: a bare 500, seen in the chaos soak). The bytes are Redis's own
+    reply; a live server in that state answers only between chunks of its load (racy to catch)."""
+    from shared.autopipeline import _Link
+
+    connection = aclient.connection_pool.make_connection()
+    await connection.connect()
+    link = _Link.take_over(connection)
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    link._waiting.append((future, None, 0.0))
+    link.data_received(b"-LOADING Redis is loading the dataset in memory\r\n")
+    with pytest.raises(redis.exceptions.BusyLoadingError):
+        await future
+    link._transport.close()

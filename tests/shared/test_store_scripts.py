@@ -331,11 +331,26 @@ def test_reaper_promotes_a_follower_whose_leader_vanished(client: redis.Redis) -
 @pytest.mark.parametrize("where", ["list", "unacked"])
 def test_reaper_leaves_a_message_that_a_worker_will_find(client: redis.Redis, where: str) -> None:
     submit(client, "j1")
-    if where == "unacked":
-        deliver(client, "j1")
     later = time.time() + scripts.ORPHAN_CHECK_S + 1
+    if where == "unacked":  # taken by a worker a moment ago
+        client.zadd(keys.KOMBU_UNACKED_INDEX, {deliver(client, "j1"): later - 1})
     assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(later) == {}
     assert messages_in_list(client, "j1") == (1 if where == "list" else 0)
+
+
+def test_reaper_pushes_again_a_message_held_too_long_without_a_claim(client: redis.Redis) -> None:
+    """A worker took the message and died before claiming the job (e.g. the hand-back message of
+    its own engine's death): the message waits in kombu's unacked hash for the visibility timeout,
+    past the job's deadline. Held UNACKED_STALE_S unclaimed, it is pushed again, and the stale
+    entry dropped so that the broker does not hand it out as well."""
+    submit(client, "j1")
+    tag = deliver(client, "j1")
+    reaper = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)
+    first = time.time() + scripts.UNACKED_STALE_S + 1
+    assert reaper.run_once(first) == {}  # suspect
+    client.delete(keys.REAPER_LOCK)
+    assert reaper.run_once(first + scripts.ORPHAN_RECHECK_S + 1) == {"repushed": 1}
+    assert messages_in_list(client, "j1") == 1 and not client.hexists(keys.KOMBU_UNACKED, tag)
 
 
 def test_reaper_pushes_a_lost_message_again_after_two_checks(client: redis.Redis) -> None:

@@ -1,0 +1,44 @@
+"""The webhook delivery claim as a state machine, against a real Redis: which copy of a delivery
+message may make an attempt."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from tests.workers.test_webhooks import hook_settings
+from workers.webhooks import Deliveries, Delivery
+
+DELIVERY = Delivery.of("job-1", "completed", "task-1")
+
+
+@pytest.fixture
+def deliveries(redis_server, redis_client: redis.Redis, tmp_path) -> Deliveries:
+    return Deliveries(redis_client, hook_settings(redis_server.url, tmp_path / "genq"))
+
+
+def test_the_first_message_of_a_generation_claims_it(deliveries: Deliveries) -> None:
+    assert deliveries.claim(DELIVERY, 0)[0] == "claimed"
+    assert deliveries.claim(DELIVERY, 1)[0] == "claimed"  # the next retry
+    assert deliveries.claim(DELIVERY, 0)[0] == "stale"  # a late copy of an older one
+
+
+def test_a_copy_under_a_live_lease_waits_for_it_instead_of_being_dropped(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    """The broker handed the message out again (its first holder may have died mid-attempt):
+    'busy' until the holder's lease ends, then the copy takes the attempt over."""
+    _, lease = deliveries.claim(DELIVERY, 0)
+    outcome, held_until = deliveries.claim(DELIVERY, 0)
+    assert (outcome, held_until) == ("busy", lease) and lease > time.time()
+    redis_client.hset(DELIVERY.key, "lease", repr(time.time() - 1))  # the holder never came back
+    assert deliveries.claim(DELIVERY, 0)[0] == "claimed"
+
+
+def test_a_delivery_with_its_outcome_takes_no_copy(deliveries: Deliveries) -> None:
+    deliveries.claim(DELIVERY, 0)
+    deliveries.record(DELIVERY, 0, {"outcome": "delivered"}, None)
+    assert deliveries.claim(DELIVERY, 0)[0] == "over"
+    assert deliveries.claim(DELIVERY, 1)[0] == "over"
