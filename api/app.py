@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import redis
@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import observability
+from api.anonymous import AnonymousGuard
 from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
@@ -25,6 +26,8 @@ from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
 from api.ratelimit import RateLimiter
 from api.routes import jobs, openai, ops, playground, stream, webhooks
+from api.server import OneWriteHttpProtocol
+from api.stream_hub import StreamHub
 from shared import keys
 from shared.autopipeline import AutoPipeline
 from shared.config import Settings
@@ -34,7 +37,7 @@ from shared.store import JobStore, OwnerBounds
 from shared.streams import OutputStreams
 
 
-def redis_client(settings: Settings) -> aioredis.Redis:
+def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
     # Short connect timeout and no retries: when Redis is down the API answers 503 at once
     # instead of holding requests; the pool reconnects by itself when it is back.
     return aioredis.Redis.from_url(
@@ -43,7 +46,7 @@ def redis_client(settings: Settings) -> aioredis.Redis:
         socket_connect_timeout=1.0,
         socket_timeout=5.0,
         retry=Retry(NoBackoff(), 0),
-        max_connections=512,
+        max_connections=max_connections,
     )
 
 
@@ -54,12 +57,30 @@ def sync_redis_client(settings: Settings) -> redis.Redis:
     )
 
 
+@contextmanager
+def running_reaper(settings: Settings) -> Iterator[Reaper]:
+    """The reaper on a thread of this process, with a blocking client of its own."""
+    client = sync_redis_client(settings)
+    reaper = Reaper.from_settings(client, settings)
+    reaper.start()
+    try:
+        yield reaper
+    finally:
+        reaper.stop()
+        client.close()
+
+
 class GenqAPI(FastAPI):
     """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py)."""
 
-    def __init__(self, *, hot_paths: bool, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._entry: ASGIApp = HotPaths(self, self._serve, max_body_bytes) if hot_paths else self._serve
+        entry: ASGIApp = self._serve
+        if settings.api_hot_paths:
+            entry = HotPaths(self, entry, settings.max_body_bytes)
+        if not settings.api_key_digests:  # the guard goes first: nothing it refuses reaches either
+            entry = AnonymousGuard(entry, settings.allowed_hosts)
+        self._entry = entry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._entry(scope, receive, send)
@@ -71,6 +92,9 @@ class GenqAPI(FastAPI):
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
+    # uvicorn builds its protocol objects from its own config; this process's answer to how long
+    # a request's headers may take is ours (api/server.py).
+    OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,9 +103,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         commands = AutoPipeline(client)
         bounds = OwnerBounds(settings.max_live_jobs_per_key, settings.max_stored_bytes_per_key)
         store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds)
-        reaper_client = sync_redis_client(settings)
-        reaper = Reaper.from_settings(reaper_client, settings)
-        reaper.start()
         app.state.settings = settings
         app.state.redis = client
         app.state.rate_limiter = RateLimiter(client, commands, settings)
@@ -91,26 +112,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.queue_stats = queue_stats
         cache = ResponseCache(settings, client)
         app.state.cache = cache
-        app.state.queue = JobQueue(settings, store, events, OutputStreams(client), queue_stats, cache)
+        hub = StreamHub(redis_client(settings, max_connections=1))
+        app.state.stream_hub = hub
+        app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
         events.start()
+        hub.start()
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
         # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
         # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
         gc.freeze()
         try:
-            yield
+            with running_reaper(settings):
+                yield
         finally:
             gc.unfreeze()
-            reaper.stop()
-            reaper_client.close()
             await events.stop()
+            await hub.stop()
             await cache.close()
             await commands.aclose()
             await client.aclose()
 
     app = GenqAPI(
-        hot_paths=settings.api_hot_paths,
-        max_body_bytes=settings.max_body_bytes,
+        settings=settings,
         title="genq",
         version="0.1.0",
         summary="LLM inference jobs: submit, poll, stream, cancel.",
@@ -127,6 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(playground.router)
     app.mount("/static", playground.static_files(), name="static")
     app.include_router(webhooks.router)
+    app.include_router(webhooks.secret_router)
     app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(observability.HttpMetrics)

@@ -165,16 +165,17 @@ class ResponseCache:
         if self._dedicated is not None:
             await self._dedicated.aclose()
 
-    async def key_for(self, model: str, job_input: Mapping[str, Any]) -> str | None:
-        """The job's cache key; None when it is not cacheable (not deterministic, opted out, or
-        the model's fingerprint is not known yet: that last one counts as a miss)."""
+    async def key_for(self, model: str, job_input: Mapping[str, Any], scope: str = "") -> str | None:
+        """The job's cache key within `scope` (shared/cache.py); None when it is not cacheable (not
+        deterministic, opted out, or the model's fingerprint is not known yet: that last one
+        counts as a miss)."""
         if not self._enabled or not is_cacheable(job_input):
             return None
         fingerprint = await self.fingerprints.get(model)
         if fingerprint is None:
             MISSES.inc()
             return None
-        return cache_key(model, fingerprint, job_input)
+        return cache_key(model, fingerprint, job_input, scope)
 
     async def lookup(self, key: str) -> Lookup:
         """What the submit script needs: a response found in level 1 (or the dedicated level 2),

@@ -21,12 +21,15 @@ HTTP_ERROR_TYPES = {400: "malformed_request", 404: "not_found", 405: "method_not
 STATUS_OF: dict[type[errors.GenqError], int] = {
     errors.MalformedRequest: 400,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.PayloadTooLarge: 413,
+    errors.UnsupportedMediaType: 415,
     errors.InvalidRequest: 422,
     errors.RateLimited: 429,
     errors.QuotaExceeded: 429,
+    errors.ConcurrencyLimited: 429,
     errors.Unavailable: 503,
     errors.Overloaded: 503,
 }

@@ -2,9 +2,11 @@
 (the /v1/jobs/{id}/stream SSE endpoint, OpenAI-style streaming).
 
 The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record
-turns terminal. So: read what is there (late join), then wait for new entries in short XREAD
-BLOCKs, re-reading the record when the events hub says it changed (or every RECHECK_S); once the
-record is terminal, one more read drains everything left, and `Done` follows. A job that ended
+turns terminal. So: read what is there (late join), then sleep until the process's stream hub
+(api/stream_hub.py: one XREAD for all followers) says new entries came, or the events hub says
+the job ended, and read them with one short XRANGE; a wake that brought no entries, or RECHECK_S
+without any, re-reads the record. Once the record is terminal, one more read drains everything
+left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job that ended
 with text its stream lacks (a cached job, one whose worker could not publish) gets that text as
 one last `Output` with id FINAL_ID.
 """
@@ -12,8 +14,10 @@ one last `Output` with id FINAL_ID.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +33,11 @@ log = logging.getLogger("genq.api")
 
 #: Id of the output event that carries text the stream lacked; resuming after it sends only `Done`.
 FINAL_ID = "final"
-#: Longest single XREAD BLOCK: bounds how late a terminal record is noticed when no delta comes.
-BLOCK_MS = 250
-#: The record is re-read at least this often, whatever the events hub says.
-RECHECK_S = 1.0
+#: The record is re-read at least this often (jittered down to half), whatever the hubs say. The
+#: events hub wakes followers when their job ends, and wakes all of them after it reconnected, so
+#: this only bounds the delay of a lost message: an idle stream costs two commands (XRANGE and
+#: HGETALL, autopipelined) per 15-30 s, and nothing in between but its pings.
+RECHECK_S = 30.0
 #: A comment is sent after this long without any event, so proxies keep the connection open.
 HEARTBEAT_S = 15.0
 
@@ -86,26 +91,42 @@ async def follow(
 async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> AsyncIterator[StreamEvent]:
     loop = asyncio.get_running_loop()
     cursor = after_id
-    with queue.watch(job_id) as changed:
+    with queue.watch(job_id) as woken, queue.follow_stream(job_id, _hub_cursor(after_id), woken):
         job = await queue.get(job_id, owner)
         if cursor == FINAL_ID and not JobStatus(job["status"]).is_terminal():
             cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
-        next_check = loop.time() + RECHECK_S
+        next_check = loop.time() + _recheck_s()
         quiet_since = loop.time()
         while not JobStatus(job["status"]).is_terminal():
-            for entry in await queue.stream_entries(job_id, cursor, BLOCK_MS):
+            woken.clear()  # before the read: a wake during it is not lost
+            entries = await queue.stream_entries(job_id, cursor)
+            for entry in entries:
                 cursor = entry.id
                 quiet_since = loop.time()
                 yield Output(entry.id, entry.delta, entry.tokens)
-            if loop.time() - quiet_since >= HEARTBEAT_S:
-                quiet_since = loop.time()
-                yield Ping()
-            if changed.is_set() or loop.time() >= next_check:
-                changed.clear()
-                job = await queue.get(job_id, owner)
-                next_check = loop.time() + RECHECK_S
+            if entries and loop.time() < next_check:
+                continue  # read again at once: the wake may also have been the job's end
+            job = await queue.get(job_id, owner)
+            next_check = loop.time() + _recheck_s()
+            # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
+            while not (JobStatus(job["status"]).is_terminal() or woken.is_set() or loop.time() >= next_check):
+                wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), max(wake_in, 0.0))
+                if loop.time() - quiet_since >= HEARTBEAT_S:
+                    quiet_since = loop.time()
+                    yield Ping()
     async for event in _finish(queue, job, cursor):
         yield event
+
+
+def _hub_cursor(after_id: str) -> str:
+    return START_ID if after_id == FINAL_ID else after_id
+
+
+def _recheck_s() -> float:
+    # Jittered, so streams opened together do not re-read together.
+    return RECHECK_S * random.uniform(0.5, 1.0)
 
 
 async def _finish(queue: JobQueue, job: dict[str, Any], cursor: str) -> AsyncIterator[StreamEvent]:

@@ -4,6 +4,7 @@ headers that dependencies left in `request.state.response_headers` (rate-limit s
 
 from __future__ import annotations
 
+import hmac
 import os
 import time
 from typing import Any
@@ -13,6 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.queue_stats import QueueStatsReader
+from shared.config import Settings
+from shared.errors import Unauthorized
 from shared.metrics import HTTP_DURATION, HTTP_REQUESTS, REQUESTS_INFLIGHT, QueueStatsCollector
 
 router = APIRouter(tags=["ops"])
@@ -87,6 +90,15 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def _require_metrics_token(settings: Settings, authorization: str | None) -> None:
+    if settings.metrics_token is None:
+        return
+    scheme, _, token = (authorization or "").partition(" ")
+    expected = settings.metrics_token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        raise Unauthorized("/metrics needs `Authorization: Bearer <GENQ_METRICS_TOKEN>`")
+
+
 def _registry() -> CollectorRegistry:
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
@@ -98,7 +110,9 @@ def _registry() -> CollectorRegistry:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus exposition: this process's (or all API processes') instruments plus the queue
-    statistics and Redis's memory, read from Redis at most once a second."""
+    statistics and Redis's memory, read from Redis at most once a second. With GENQ_METRICS_TOKEN,
+    only for a request that sends it as a Bearer token."""
+    _require_metrics_token(request.app.state.settings, request.headers.get("authorization"))
     reader: QueueStatsReader = request.app.state.queue_stats
     registry = CollectorRegistry()
     registry.register(QueueStatsCollector(await reader.read()))

@@ -17,20 +17,25 @@ from typing import Any
 import orjson
 
 from api.cache import Lookup, ResponseCache
+from api.concurrency import ConcurrencyLimits, Held, Slot
 from api.events import JobEvents
 from api.queue_stats import QueueStatsReader
+from api.stream_hub import StreamHub
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
-from shared.ids import new_id
+from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, is_terminal, public_job
+from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
 from shared.streams import OutputEntry, OutputStreams
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000
+
+#: Characters of a job's prompt (or last message) its summary shows in lists.
+PREVIEW_CHARS = 120
 
 #: Long-pollers re-read the record at least this often, whatever pub/sub says. Pub/sub wakes them
 #: when their job ends and the hub wakes everyone after a reconnect, so this only bounds the delay
@@ -59,8 +64,11 @@ class JobQueue:
         streams: OutputStreams,
         queue_stats: QueueStatsReader,
         cache: ResponseCache,
+        hub: StreamHub,
     ) -> None:
         self._settings = settings
+        self._hub = hub
+        self._limits = ConcurrencyLimits(settings)
         self._cache = cache
         self._store = store
         self._events = events
@@ -87,7 +95,8 @@ class JobQueue:
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
             "max_tokens": max_tokens
         }
-        model, lookup = await self._route(create, model, job_input)
+        scope = owner if self._settings.cache_scoped_per_key else ""
+        model, lookup = await self._route(create, model, job_input, scope)
         now = time.time()
         job_id = new_id()
         job = NewJob(
@@ -102,6 +111,8 @@ class JobQueue:
             priority=create.priority.broker_priority,
             webhook_messages=_webhook_messages(job_id, create),
             cache_key=lookup.request.cache_key if lookup else "",
+            cache_scope=scope,
+            preview=job_preview(create),
         )
         priority = create.priority.broker_priority
         message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)
@@ -125,23 +136,23 @@ class JobQueue:
         return Accepted(await self.get(submitted.job_id, owner), created=False)
 
     async def _route(
-        self, create: JobCreate, model: str, job_input: dict[str, Any]
+        self, create: JobCreate, model: str, job_input: dict[str, Any], scope: str
     ) -> tuple[str, Lookup | None]:
         """The model the job goes to and its response-cache lookup (None: not cacheable).
 
         A response already found needs no room in the queue, so admission control is asked
         only otherwise; a fallback model has its own fingerprint, hence its own key.
         """
-        lookup = await self._lookup(model, job_input)
+        lookup = await self._lookup(model, job_input, scope)
         if lookup is not None and lookup.level is not None:
             return model, lookup
         admitted = await self._admit(create, model)
         if admitted != model:
-            lookup = await self._lookup(admitted, job_input)
+            lookup = await self._lookup(admitted, job_input, scope)
         return admitted, lookup
 
-    async def _lookup(self, model: str, job_input: dict[str, Any]) -> Lookup | None:
-        cache_key = await self._cache.key_for(model, job_input)
+    async def _lookup(self, model: str, job_input: dict[str, Any], scope: str) -> Lookup | None:
+        cache_key = await self._cache.key_for(model, job_input, scope)
         return None if cache_key is None else await self._cache.lookup(cache_key)
 
     async def _admit(self, create: JobCreate, model: str) -> str:
@@ -184,6 +195,7 @@ class JobQueue:
             )
 
     async def get(self, job_id: str, owner: str) -> dict[str, Any]:
+        _require_job_id(job_id)
         record = await self._store.get(job_id, owner)
         if record is None:
             raise NotFound(f"no job {job_id!r}", param="id")
@@ -193,6 +205,7 @@ class JobQueue:
         """The job once it is terminal, or as it is when timeout_s has passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
+        _require_job_id(job_id)
         with self._events.watch(job_id) as changed:
             while True:
                 record = await self._store.get(job_id, owner)
@@ -208,12 +221,21 @@ class JobQueue:
                         changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0))
                     )
 
-    async def stream_entries(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
-        """The job's output deltas after entry `after_id`: all of them at once (block_ms 0), or one
-        read that waits up to block_ms for new ones. Callers check the owner with get() first."""
-        if block_ms > 0:
-            return await self._streams.read(job_id, after_id, block_ms)
+    async def stream_entries(self, job_id: str, after_id: str) -> list[OutputEntry]:
+        """The job's output deltas after entry `after_id`, without waiting. Callers check the owner
+        with get() first."""
         return await self._streams.read_all(job_id, after_id)
+
+    def hold(self, owner: str, kind: Held) -> Slot:
+        """A slot for a request held open (a stream, a long-poll), or ConcurrencyLimited when
+        the owner holds its limit already; release it when the request ends."""
+        return self._limits.acquire(owner, kind)
+
+    def follow_stream(
+        self, job_id: str, after_id: str, event: asyncio.Event
+    ) -> contextlib.AbstractContextManager[None]:
+        """Within the block, `event` is set when the job's stream gets entries (api/stream_hub.py)."""
+        return self._hub.follow(job_id, after_id, event)
 
     def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set when the job may have ended (re-read it to know)."""
@@ -225,32 +247,49 @@ class JobQueue:
         return await self._store.webhook_log(job_id, WEBHOOK_LOG_SHOWN)
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
+        _require_job_id(job_id)
         record = await self._store.cancel(job_id, owner)
         if record is None:
             raise NotFound(f"no job {job_id!r}", param="id")
         return public_job(record)
 
     async def list(
-        self, owner: str, status: JobStatus | None, limit: int, cursor: str | None
+        self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """A page of the owner's jobs, newest first; the cursor is the last returned score."""
-        max_score = "+inf" if cursor is None else f"({_parse_cursor(cursor)}"
+        """A page of the owner's job summaries, newest first; the cursor is the last returned
+        score. The page ends early, with a cursor, before its summaries pass list_max_bytes."""
+        max_score = "+inf" if cursor is None else f"({cursor}"
         found: list[dict[str, Any]] = []
+        budget = self._settings.list_max_bytes
         last_score: float | None = None
         for _ in range(20):  # bounds the work of a status filter over a long history
             page = await self._store.page(owner, max_score, max(limit * 2, 50))
             if not page:
                 return found, None
-            records = {r["id"]: r for r in await self._store.get_many([job_id for job_id, _ in page])}
+            records = {r["id"]: r for r in await self._store.get_summaries([job_id for job_id, _ in page])}
             for job_id, score in page:
                 record = records.get(job_id)
-                last_score = score
                 if record is not None and (status is None or record["status"] == status):
-                    found.append(public_job(record))
+                    summary = job_summary(record)
+                    budget -= len(orjson.dumps(summary))
+                    if budget < 0 and found:
+                        return found, _cursor(last_score)
+                    found.append(summary)
                     if len(found) == limit:
                         return found, str(int(score))
+                last_score = score
             max_score = f"({int(page[-1][1])}"
-        return found, None if last_score is None else str(int(last_score))
+        return found, _cursor(last_score)
+
+
+def _cursor(score: float | None) -> str | None:
+    return None if score is None else str(int(score))
+
+
+def job_preview(create: JobCreate) -> str:
+    """The start of what the job was asked (lists show it instead of the whole input)."""
+    text = create.prompt if create.prompt is not None else (create.messages or [])[-1].content
+    return text[:PREVIEW_CHARS]
 
 
 def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes], ...]:
@@ -268,7 +307,7 @@ def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes]
     )
 
 
-def _parse_cursor(cursor: str) -> int:
-    if not cursor.isdigit():
-        raise InvalidRequest("cursor is not one this API returned", param="cursor")
-    return int(cursor)
+def _require_job_id(job_id: str) -> None:
+    """404 for anything that is not a job id, before Redis is asked (shared/ids.py)."""
+    if not is_job_id(job_id):
+        raise NotFound(f"no job {job_id!r}", param="id")

@@ -9,7 +9,10 @@ one event-loop turn (a response's start and body always are) go out together at 
 that turn. Streaming responses keep their timing: each chunk is written in the turn it is sent.
 
 `genq api` runs uvicorn with `http="api.server:OneWriteHttpProtocol"`; everything else in the
-protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own.
+protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own, plus one timeout uvicorn
+lacks: a connection that has not finished sending a request's headers within `header_timeout_s`
+of starting it (or of connecting) is closed. uvicorn only times out idle keep-alive connections,
+so a client that connects and trickles header bytes (slowloris) held a connection forever.
 """
 
 from __future__ import annotations
@@ -69,9 +72,41 @@ class OneWriteTransport:
 
 
 class OneWriteHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a OneWriteTransport."""
+    """uvicorn's httptools protocol writing through a OneWriteTransport, with a header timeout."""
+
+    #: Seconds a request's headers may take. uvicorn builds protocols itself, from its own config,
+    #: so the app factory sets this once per process from GENQ_API_HEADER_TIMEOUT_S (api/app.py).
+    header_timeout_s: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Reads and flow control (pause/resume reading) stay on the real transport.
         self.transport = OneWriteTransport(transport, self.loop)  # type: ignore[assignment]
+        self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()

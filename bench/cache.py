@@ -159,7 +159,7 @@ async def replica(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, 
         timed.time_submit(app.state.queue)
         timed.watch_cache(app.state.cache)
         transport = httpx.ASGITransport(app=timed)
-        async with httpx.AsyncClient(transport=transport, base_url="http://genq.bench", timeout=60) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=60) as client:
             yield client, timed
 
 

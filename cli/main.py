@@ -52,7 +52,7 @@ def api(
     settings = Settings()
     settings.require_redis_url()
     host = host or settings.api_host
-    if not settings.api_keys and not settings.allow_anonymous and not _is_loopback(host):
+    if not settings.api_key_digests and not settings.allow_anonymous and not _is_loopback(host):
         typer.echo(f"refusing to serve anonymously on {host}: set GENQ_API_KEYS, or GENQ_ALLOW_ANONYMOUS=1 "
                    "on a trusted network", err=True)  # fmt: skip
         raise typer.Exit(2)
@@ -66,7 +66,8 @@ def api(
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port or settings.api_port,
         workers=workers, access_log=False, log_config=None,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=30, http="api.server:OneWriteHttpProtocol",
+        limit_concurrency=settings.api_limit_concurrency, timeout_keep_alive=settings.api_keep_alive_s,
     )  # fmt: skip
 
 

@@ -47,8 +47,13 @@ def is_cacheable(job_input: Mapping[str, Any]) -> bool:
     return float(job_input["temperature"]) == 0.0 or job_input.get("seed") is not None
 
 
-def canonical_request(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> bytes:
+def canonical_request(
+    model_id: str, fingerprint: str, job_input: Mapping[str, Any], scope: str = ""
+) -> bytes:
     """The bytes that are hashed: sorted keys, no whitespace, numbers in one form.
+
+    `scope` (the owner, when the cache is per key) is part of the document, so one key's
+    requests never find, or coalesce with, another's; unscoped keys are as they always were.
 
     Stop strings keep their order and repeats: an engine may apply them in order, so a different
     list is conservatively a different request. Text is hashed exactly as given (no trimming or
@@ -68,14 +73,16 @@ def canonical_request(model_id: str, fingerprint: str, job_input: Mapping[str, A
         "seed": None if seed is None else int(seed),
         "stop": [str(stop) for stop in job_input.get("stop") or ()],
     }
+    if scope:
+        document["scope"] = scope
     return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
 
 
-def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any]) -> str | None:
+def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any], scope: str = "") -> str | None:
     """The request's cache key, or None when it may not be cached (or the model is unknown)."""
     if not fingerprint or not is_cacheable(job_input):
         return None
-    return hashlib.sha256(canonical_request(model_id, fingerprint, job_input)).hexdigest()
+    return hashlib.sha256(canonical_request(model_id, fingerprint, job_input, scope)).hexdigest()
 
 
 def cache_client(url: str | None) -> redis.Redis | None:

@@ -8,6 +8,7 @@ message naming both values.
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -28,9 +29,16 @@ def _split_commas(value: object) -> object:
 
 
 class Settings(BaseSettings):
+    # hide_input_in_errors: a refused value may be an API key or a password, and start-up errors
+    # end up in logs; the message names the variable and the rule, never the value.
     model_config = SettingsConfigDict(
-        env_prefix="GENQ_", env_file=".env", extra="ignore", frozen=True, validate_default=True
-    )
+        env_prefix="GENQ_", env_file=".env", extra="ignore", frozen=True, validate_default=True,
+        hide_input_in_errors=True,
+    )  # fmt: skip
+
+    dev: bool = False
+    """Development mode: accept placeholder secrets (values containing `CHANGE-ME`, as the
+    templates in k8s/components/placeholder-secrets hold). Off: genq refuses to start on them."""
 
     # --- Connections -------------------------------------------------------------------------
     redis_url: str | None = None
@@ -50,12 +58,34 @@ class Settings(BaseSettings):
     api_workers: int = Field(1, ge=1, le=64)
     """Uvicorn worker processes of `genq api`."""
 
-    api_keys: CommaList = []
-    """Comma-separated API keys. Kept only as SHA-256 digests in memory; compared in constant time.
-    Empty: the API serves anonymously, on loopback only unless allow_anonymous."""
+    api_keys: SecretStr = SecretStr("")
+    """Comma-separated API keys. Only their SHA-256 digests are used (compared in constant time),
+    and the value never appears in a repr, log or error. Empty: the API serves anonymously, on
+    loopback only unless allow_anonymous."""
 
     allow_anonymous: bool = False
     """Serve without API keys even on a non-loopback address (trusted networks only)."""
+
+    allowed_hosts: CommaList = ["localhost", "127.0.0.1", "[::1]"]
+    """Host header values an anonymous API answers (with or without a port; `*`: any); anything
+    else gets 403, so a page on another origin that rebinds its DNS name to this address reads
+    nothing. The probes answer under any name. With API keys every Host is served (a Bearer key
+    is the protection)."""
+
+    api_limit_concurrency: int = Field(10_000, ge=1)
+    """Most connections and requests one `genq api` process holds at once (uvicorn's
+    limit_concurrency); past it uvicorn answers 503. A safety net above the per-key limits."""
+
+    api_header_timeout_s: float = Field(10.0, gt=0)
+    """A connection that has not sent a request's headers this long after starting it (or after
+    connecting) is closed (slow-header clients)."""
+
+    api_keep_alive_s: int = Field(5, ge=1)
+    """An idle keep-alive connection is closed after this long."""
+
+    metrics_token: SecretStr | None = None
+    """Bearer token `GET /metrics` requires (Prometheus: `authorization: {credentials: ...}`).
+    Unset: /metrics is open to whoever reaches the API port."""
 
     api_hot_paths: bool = True
     """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` of the common shape through a raw-ASGI path
@@ -68,6 +98,20 @@ class Settings(BaseSettings):
     max_wait_s: float = Field(60.0, ge=0, le=300)
     """Longest long-poll (`?wait=`) or `Prefer: wait=` hold."""
 
+    max_streams_per_key: int = Field(100, ge=1)
+    """Most output streams (`/v1/jobs/{id}/stream`, OpenAI `stream: true`) one API key holds open
+    at once in one API process; past it 429 naming the limit. Per-key override: `streams` in
+    rate_limit_overrides."""
+
+    max_long_polls_per_key: int = Field(100, ge=1)
+    """Most waiting requests (`?wait=`, `Prefer: wait=`, non-streaming OpenAI calls) one API key
+    holds at once in one API process; past it 429 naming the limit. Per-key override:
+    `long_polls` in rate_limit_overrides."""
+
+    list_max_bytes: int = Field(256 << 10, ge=4096)
+    """Most bytes of job summaries one `GET /v1/jobs` page carries; a page that would pass it ends
+    early with a next_cursor (lists never carry inputs or outputs)."""
+
     idempotency_ttl_s: int = Field(86_400, ge=60)
     """How long an Idempotency-Key maps to its job."""
 
@@ -75,6 +119,11 @@ class Settings(BaseSettings):
     cache_enabled: bool = True
     """Answer identical deterministic requests (temperature 0 or a fixed seed) from the response
     cache, and coalesce identical ones in flight into one generation (docs/cache.md)."""
+
+    cache_shared_across_keys: bool = False
+    """With API keys, each key has its own cache and coalescing (one tenant never learns, from
+    `cached: true`, what another asked). Set it for a single-tenant install whose keys trust each
+    other, to share hits across them. Without keys there is one scope anyway."""
 
     cache_ttl_s: int = Field(86_400, ge=1)
     """How long a response stays in the shared (Redis) cache level after it was generated."""
@@ -171,8 +220,9 @@ class Settings(BaseSettings):
     polling never starves them. Empty: off."""
 
     rate_limit_overrides: dict[str, dict[str, str]] = {}
-    """Per-key buckets as JSON: {"<owner id>": {"submit": "600/100", "read": "6000/1000"}}. The owner
-    id of a key is `key-` + the first 16 hex digits of its SHA-256."""
+    """Per-key limits as JSON: {"<owner id>": {"submit": "600/100", "read": "6000/1000", "streams":
+    "500", "long_polls": "500"}}. The owner id of a key is `key-` + the first 16 hex digits of its
+    SHA-256."""
 
     rate_limit_fail_open_reads: bool = True
     """While Redis cannot be asked, let reads through (they fail anyway without Redis)."""
@@ -249,6 +299,11 @@ class Settings(BaseSettings):
     """Signing secrets `whsec_<base64>`, space-separated while rotating (every delivery carries a
     signature per secret). Unset: deliveries are sent unsigned and a warning is logged."""
 
+    webhook_key_secrets: SecretStr | None = None
+    """Per-key signing secrets as JSON: {"<owner id>": "whsec_<base64>"}. A key's jobs are signed
+    with its own secret (from here, or one made with `POST /v1/webhook-secret`), never with
+    webhook_secret, so one tenant's receiver cannot verify, and cannot be sent, another's events."""
+
     webhook_timeout_s: float = Field(10.0, gt=0, le=60)
     """Seconds one delivery attempt may take (connect, send, first bytes of the answer)."""
 
@@ -283,7 +338,14 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     """The key `genq submit` and `genq jobs` send (`--api-key` overrides it)."""
 
-    _split = field_validator("api_keys", "models", "webhook_retry_delays_s", mode="before")(_split_commas)
+    _split = field_validator("models", "webhook_retry_delays_s", "allowed_hosts", mode="before")(
+        _split_commas
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_as_text(cls, keys: object) -> object:
+        return ",".join(str(key) for key in keys) if isinstance(keys, list | tuple) else keys
 
     @field_validator("webhook_retry_delays_s")
     @classmethod
@@ -298,12 +360,38 @@ class Settings(BaseSettings):
                 ) from None
         return delays
 
+    @field_validator("rate_limit_overrides")
+    @classmethod
+    def _overrides_parse(cls, overrides: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for owner, limits in overrides.items():
+            for kind, value in limits.items():
+                check_limit_spec(owner, kind, value)
+        return overrides
+
+    @field_validator("webhook_key_secrets")
+    @classmethod
+    def _key_secrets_parse(cls, secrets: SecretStr | None) -> SecretStr | None:
+        if secrets is not None:
+            parse_key_secrets(secrets.get_secret_value())
+        return secrets
+
     @field_validator("webhook_secret")
     @classmethod
     def _secret_is_whsec(cls, secret: SecretStr | None) -> SecretStr | None:
         if secret is not None:
             parse_secrets(secret.get_secret_value())  # raises a ValueError that names the setting
         return secret
+
+    @model_validator(mode="after")
+    def _no_placeholders(self) -> Settings:
+        if self.dev:
+            return self
+        for name in placeholder_fields(self):
+            raise ValueError(
+                f"GENQ_{name.upper()} holds a placeholder value ({PLACEHOLDER}): set a real one, "
+                "or GENQ_DEV=1 for a development stack"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Settings:
@@ -331,7 +419,19 @@ class Settings(BaseSettings):
 
     @cached_property
     def api_key_digests(self) -> tuple[bytes, ...]:
-        return tuple(hashlib.sha256(key.encode()).digest() for key in self.api_keys)
+        keys = (key.strip() for key in self.api_keys.get_secret_value().split(","))
+        return tuple(hashlib.sha256(key.encode()).digest() for key in keys if key)
+
+    @cached_property
+    def key_secrets(self) -> dict[str, tuple[bytes, ...]]:
+        """Per-owner signing keys from webhook_key_secrets."""
+        if self.webhook_key_secrets is None:
+            return {}
+        return parse_key_secrets(self.webhook_key_secrets.get_secret_value())
+
+    @property
+    def cache_scoped_per_key(self) -> bool:
+        return bool(self.api_key_digests) and not self.cache_shared_across_keys
 
     @cached_property
     def webhook_policy(self) -> TargetPolicy:
@@ -350,6 +450,72 @@ class Settings(BaseSettings):
         if not self.redis_url:
             raise SystemExit("GENQ_REDIS_URL is not set (only `genq up` starts an embedded server)")
         return self.redis_url
+
+
+#: The kinds of limit rate_limit_overrides may set: token buckets, and counts of held requests.
+BUCKET_KINDS = ("submit", "read")
+COUNT_KINDS = ("streams", "long_polls")
+
+
+def check_limit_spec(owner: str, kind: str, value: str) -> None:
+    """Raise a ValueError naming the owner and kind (never the value) unless value parses."""
+    where = f"GENQ_RATE_LIMIT_OVERRIDES[{owner!r}][{kind!r}]"
+    if kind in COUNT_KINDS:
+        if not (value.isascii() and value.isdigit() and int(value) >= 1):
+            raise ValueError(f"{where} must be a whole number >= 1")
+        return
+    if kind not in BUCKET_KINDS:
+        raise ValueError(f"{where}: unknown limit; use one of {', '.join(BUCKET_KINDS + COUNT_KINDS)}")
+    capacity, slash, rate = value.partition("/")
+    try:
+        ok = not value.strip() or (bool(slash) and int(capacity) >= 1 and float(rate) > 0)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{where} must be `capacity/refill per second` (e.g. 60/10) or empty")
+
+
+def parse_key_secrets(text: str) -> dict[str, tuple[bytes, ...]]:
+    """GENQ_WEBHOOK_KEY_SECRETS as {owner id: HMAC keys}; errors name the setting, not values."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError(
+            "GENQ_WEBHOOK_KEY_SECRETS must be a JSON object of owner id -> whsec_ secret"
+        ) from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ValueError("GENQ_WEBHOOK_KEY_SECRETS must be a JSON object of owner id -> whsec_ secret")
+    parsed = {}
+    for owner, secret in raw.items():
+        try:
+            parsed[str(owner)] = parse_secrets(secret)
+        except ValueError:
+            raise ValueError(
+                f"GENQ_WEBHOOK_KEY_SECRETS[{owner!r}] must be whsec_<non-empty base64>"
+            ) from None
+    return parsed
+
+
+#: What the shipped secret templates hold instead of a secret.
+PLACEHOLDER = "CHANGE-ME"
+
+
+def placeholder_fields(settings: Settings) -> list[str]:
+    """The secret-bearing settings that hold a placeholder (a webhook secret is checked decoded:
+    the template's is base64 of a CHANGE-ME text)."""
+    found = []
+    for name in ("api_keys", "api_key", "flower_basic_auth", "redis_url", "cache_redis_url"):
+        value = getattr(settings, name)
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if text and PLACEHOLDER in text:
+            found.append(name)
+    secret = settings.webhook_secret
+    signing_keys = list(parse_secrets(secret.get_secret_value())) if secret is not None else []
+    if any(PLACEHOLDER.encode() in key for key in signing_keys):
+        found.append("webhook_secret")
+    if any(PLACEHOLDER.encode() in key for keys in settings.key_secrets.values() for key in keys):
+        found.append("webhook_key_secrets")
+    return found
 
 
 def get_settings() -> Settings:

@@ -40,6 +40,14 @@ class NotFound(GenqError):
     type = "not_found"
 
 
+class Forbidden(GenqError):
+    type = "forbidden"
+
+
+class UnsupportedMediaType(GenqError):
+    type = "unsupported_media_type"
+
+
 class Conflict(GenqError):
     type = "conflict"
 
@@ -109,6 +117,21 @@ class RateLimited(GenqError):
     @property
     def headers(self) -> dict[str, str]:
         return self.limit_headers | {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class ConcurrencyLimited(GenqError):
+    """The caller holds as many requests of one kind (streams, long-polls) as its limit allows;
+    `param` names the limit. Only this caller is refused: nobody else's requests share the slots."""
+
+    type = "rate_limited"
+
+    def __init__(self, message: str, *, limit_name: str, limit: int) -> None:
+        super().__init__(message, param=limit_name)
+        self.limit = limit
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1", "X-RateLimit-Limit": str(self.limit), "X-RateLimit-Remaining": "0"}
 
 
 class Overloaded(GenqError):

@@ -16,3 +16,17 @@ def new_id() -> str:
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
     text = raw.hex()
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_HEX = frozenset("0123456789abcdef")
+_DASHES = (8, 13, 18, 23)
+
+
+def is_job_id(text: str) -> bool:
+    """Whether text has the form new_id() gives (36 characters, lowercase hex and four dashes).
+
+    The API answers 404 for anything else before asking Redis, so no caller-chosen text ever
+    becomes part of a key name (`<id>:stream` would otherwise name another key)."""
+    if len(text) != 36:
+        return False
+    return all(text[i] == "-" for i in _DASHES) and _HEX.issuperset(text.replace("-", ""))

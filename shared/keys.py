@@ -115,9 +115,18 @@ WEBHOOK_MESSAGE_FIELD = "webhook_message:{event}"
 #: List of one job's webhook delivery attempts (JSON each). TTL: the job's.
 WEBHOOK_LOG = PREFIX + ":job:{job_id}:webhooks"
 
-#: Hash of one webhook delivery's state (fields: url, body, webhook_id, attempts, outcome, next_at,
+#: Hash of one webhook delivery's state (fields: url, body, owner, webhook_id, attempts, outcome, next_at,
 #: generation, lease, waiting_since). TTL: the job record's remaining TTL, set at the first claim.
 WEBHOOK_DELIVERY = PREFIX + ":job:{job_id}:webhook:{delivery}"
+
+#: A key's own webhook signing secret (`whsec_<base64>`, made by POST /v1/webhook-secret). No TTL:
+#: it lives until rotated. The HMAC needs the secret itself, so it is stored as is (Redis is
+#: as sensitive as GENQ_WEBHOOK_SECRET's Kubernetes Secret).
+WEBHOOK_KEY_SECRET = PREFIX + ":webhook-secret:{owner}"
+#: The secret a rotation replaced; it keeps signing (alongside the new one) for
+#: WEBHOOK_SECRET_GRACE_S, so receivers can switch without missing an event. TTL: that grace.
+WEBHOOK_KEY_SECRET_PREVIOUS = PREFIX + ":webhook-secret:{owner}:previous"
+WEBHOOK_SECRET_GRACE_S = 86_400
 
 #: Celery queue of webhook deliveries: its own workers, never a GPU worker's.
 WEBHOOK_QUEUE = "webhooks"
@@ -164,6 +173,11 @@ def job_stream(job_id: str) -> str:
 
 def webhook_log(job_id: str) -> str:
     return WEBHOOK_LOG.format(job_id=job_id)
+
+
+def webhook_key_secrets(owner: str) -> tuple[str, str]:
+    """The current and previous signing-secret keys of an owner."""
+    return WEBHOOK_KEY_SECRET.format(owner=owner), WEBHOOK_KEY_SECRET_PREVIOUS.format(owner=owner)
 
 
 def webhook_message_field(event: str) -> str:

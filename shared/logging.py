@@ -1,11 +1,28 @@
 """Structured logs: one JSON object per line. Callers log `json.dumps({...})` events with a
-job id; this formatter wraps every record (ours and libraries') the same way."""
+job id; this formatter wraps every record (ours and libraries') the same way.
+
+Every URL in a line is cut to its scheme, host and port: webhook URLs carry tokens in their
+query, path (Slack-style hooks) or `user:password@`, Redis URLs carry passwords, and logs are
+read by more people than those secrets are meant for.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+
+_URL = re.compile(
+    r"\b([a-z][a-z0-9+.-]{1,15}://)(?:[^\s/@\"'<>]*@)?([^\s/?#\"'<>]+)[^\s\"'<>]*", re.IGNORECASE
+)
+#: Libraries that log every request's full URL at INFO (httpx: "HTTP Request: POST <url>").
+NOISY_LOGGERS = ("httpx", "httpcore")
+
+
+def redact_urls(text: str) -> str:
+    """Every URL in text as `scheme://host[:port]/…` (no credentials, path, query or fragment)."""
+    return _URL.sub(lambda m: f"{m.group(1)}{m.group(2).rsplit('@', 1)[-1]}/…", text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,7 +44,7 @@ class JsonFormatter(logging.Formatter):
             entry["message"] = message
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return redact_urls(json.dumps(entry, default=str))
 
 
 def configure_logging(level: str) -> None:
@@ -38,3 +55,5 @@ def configure_logging(level: str) -> None:
     handler.setFormatter(JsonFormatter())
     root.addHandler(handler)
     root.setLevel(level)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -168,8 +168,26 @@ class JobPublic(BaseModel):
     urls: JobUrls
 
 
+class JobSummary(BaseModel):
+    """A job as lists return it: no input, output or metrics (GET /v1/jobs/{id} has them)."""
+
+    id: str
+    status: JobStatus
+    model: str
+    model_label: str | None
+    #: The first 120 characters of the prompt, or of the last message.
+    preview: str
+    error: JobError | None
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    cached: bool
+    metadata: dict[str, str]
+    urls: JobUrls
+
+
 class JobList(BaseModel):
-    data: list[JobPublic]
+    data: list[JobSummary]
     next_cursor: str | None
 
 

@@ -2,8 +2,12 @@
 
 A target must be http(s), on an allowed port, and every address its host resolves to must be a
 public unicast address: no loopback, private (RFC 1918, fc00::/7), link-local (169.254.0.0/16 with
-the cloud metadata address, fe80::/10), multicast, unspecified or reserved, including such
-addresses written as IPv4-mapped IPv6 or as a bare decimal number. It is checked at submit (422)
+the cloud metadata address, fe80::/10), multicast, unspecified or reserved, and nothing else that
+is not globally reachable (`is_global`: 100.64.0.0/10 shared address space, where Alibaba Cloud's
+metadata service and EKS custom-networking pods live; fec0::/10 site-local; documentation ranges).
+An IPv6 address that carries an IPv4 address (IPv4-mapped, 6to4 2002::/16, Teredo 2001::/32,
+NAT64 64:ff9b::/96) is judged by the IPv4 address too: a relay would deliver to it. Addresses
+written as a bare decimal number are resolved like any other. It is checked at submit (422)
 and again right before each delivery, after a fresh DNS resolution (defeats DNS rebinding); the
 delivery then connects to the address that was checked.
 """
@@ -37,10 +41,37 @@ def parse_ports(spec: str) -> frozenset[int]:
     return frozenset(ports)
 
 
+#: RFC 6052's well-known NAT64 prefix: the last 32 bits are the IPv4 address the gateway reaches.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address delivers to: IPv4-mapped, 6to4, Teredo (its client, the
+    obfuscated last 32 bits) or NAT64; None when it carries none."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def blocked_reason(address: IPAddress) -> str | None:
     """Why a webhook may not target this address, or None when it may."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            reason = _class_of(inner)
+            # The relay prefixes themselves (2002::/16, 2001::/32) are not "global" in Python's
+            # table; a public IPv4 address inside is what is reached, so it decides.
+            return None if reason is None else f"{reason} (IPv4 {inner} inside)"
+    return _class_of(address)
+
+
+def _class_of(address: IPAddress) -> str | None:
     checks = [
         ("loopback", address.is_loopback),
         ("link-local", address.is_link_local),
@@ -48,6 +79,8 @@ def blocked_reason(address: IPAddress) -> str | None:
         ("unspecified", address.is_unspecified),
         ("private", address.is_private),
         ("reserved", address.is_reserved),
+        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
+        ("non-global", not address.is_global),
     ]
     return next((name for name, hit in checks if hit), None)
 

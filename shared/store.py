@@ -53,29 +53,45 @@ def _json_or_none(raw: str | None) -> Any:
 
 
 def public_job(record: dict[str, str]) -> dict[str, Any]:
-    """The job object as the API returns it, from its Redis hash."""
-    job_id = record["id"]
+    """The job object as the API returns it, from its Redis hash: its summary (less the preview)
+    with input, output and metrics."""
     metrics = _json_or_none(record.get("metrics")) or {}
     started = record.get("started_at")
     if started and "queue_ms" not in metrics:
         metrics["queue_ms"] = round((float(started) - float(record["created_at"])) * 1000, 3)
+    job = job_summary(record)
+    del job["preview"]
+    job["input"] = orjson.loads(record["input"])
+    job["output"] = _json_or_none(record.get("output"))
+    job["metrics"] = {
+        "queue_ms": metrics.get("queue_ms"),
+        "inference_ms": metrics.get("inference_ms"),
+        "batch_size": metrics.get("batch_size"),
+    }
+    return job
+
+
+#: The record fields a job summary is made of (never input or output: they can be MiBs).
+SUMMARY_FIELDS = (
+    "id", "owner", "status", "model", "model_label", "preview", "error", "created_at", "started_at",
+    "completed_at", "cached", "metadata",
+)  # fmt: skip
+
+
+def job_summary(record: dict[str, str]) -> dict[str, Any]:
+    """A job as lists return it: public_job without input, output and metrics."""
+    job_id = record["id"]
     url = f"/v1/jobs/{job_id}"
     return {
         "id": job_id,
         "status": record["status"],
         "model": record["model"],
         "model_label": record.get("model_label") or None,
-        "input": orjson.loads(record["input"]),
-        "output": _json_or_none(record.get("output")),
+        "preview": record.get("preview") or "",
         "error": _json_or_none(record.get("error")),
         "created_at": rfc3339(record["created_at"]),
-        "started_at": rfc3339(started),
+        "started_at": rfc3339(record.get("started_at")),
         "completed_at": rfc3339(record.get("completed_at")),
-        "metrics": {
-            "queue_ms": metrics.get("queue_ms"),
-            "inference_ms": metrics.get("inference_ms"),
-            "batch_size": metrics.get("batch_size"),
-        },
         "cached": record.get("cached") == "1",
         "metadata": orjson.loads(record.get("metadata") or "{}"),
         "urls": {"get": url, "cancel": f"{url}/cancel", "stream": f"{url}/stream"},
@@ -104,6 +120,10 @@ class NewJob:
     webhook_messages: tuple[tuple[str, bytes], ...] = ()
     #: The response-cache key of a cacheable job ("" for none): coalescing and lookups use it.
     cache_key: str = ""
+    #: The start of the prompt (or last message), for lists: they never read the whole input.
+    preview: str = ""
+    #: Whose cache the result goes to ("" shared); the worker keys its result with it.
+    cache_scope: str = ""
 
     @cached_property
     def record(self) -> dict[str, str]:
@@ -114,6 +134,10 @@ class NewJob:
         }
         if self.cache_key:
             record["cache_key"] = self.cache_key
+        if self.preview:
+            record["preview"] = self.preview
+        if self.cache_scope:
+            record["cache_scope"] = self.cache_scope
         record |= {
             "id": self.job_id, "owner": self.owner, "status": JobStatus.QUEUED.value, "model": self.model,
             "queue": self.queue, "input": self.input_json.decode(), "metadata": self.metadata_json.decode(),
@@ -258,11 +282,14 @@ class JobStore:
         rows = await self._redis.lrange(keys.webhook_log(job_id), -newest, -1)
         return [orjson.loads(row) for row in rows]
 
-    async def get_many(self, job_ids: list[str]) -> list[dict[str, str]]:
+    async def get_summaries(self, job_ids: list[str]) -> list[dict[str, str]]:
+        """The SUMMARY_FIELDS of each job that still exists (one pipelined round trip)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                pipe.hgetall(keys.job(job_id))
-            return [r for r in await pipe.execute() if r]
+                pipe.hmget(keys.job(job_id), list(SUMMARY_FIELDS))
+            rows = await pipe.execute()
+        found = [{f: v for f, v in zip(SUMMARY_FIELDS, row, strict=True) if v is not None} for row in rows]
+        return [record for record in found if "id" in record]
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, str] | None:
         flat = await self._commands.run_script(

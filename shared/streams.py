@@ -1,7 +1,8 @@
 """Reading a job's output stream (keys.JOB_STREAM): the API side of workers/publish.py.
 
 Entries are `{delta, tokens}`; their Redis ids are increasing, so a reader resumes after the
-last id it saw (XRANGE with an exclusive start, or XREAD BLOCK to wait for new ones).
+last id it saw (XRANGE with an exclusive start). Waiting for new ones is the stream hub's
+(api/stream_hub.py): one blocking read per process, never one per reader.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from shared import keys
+from shared.autopipeline import AutoPipeline
 
 #: The id before every entry: reading after it reads the stream from its beginning.
 START_ID = "0-0"
@@ -44,20 +44,18 @@ def entry_order(entry_id: str) -> tuple[int, int]:
 
 
 class OutputStreams:
-    """The API's reader of job output streams (asyncio)."""
+    """The API's reader of job output streams (asyncio). Reads go through the API's AutoPipeline:
+    thousands of followers woken together (a hub reconnect wakes them all) share its one
+    connection instead of each taking one from the pool, which ran dry at 512."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
-        self._redis = client
+    def __init__(self, commands: AutoPipeline) -> None:
+        self._commands = commands
 
-    async def read(self, job_id: str, after_id: str, block_ms: int = 0) -> list[OutputEntry]:
-        """Entries after `after_id`, oldest first. With block_ms > 0 and none there yet, waits up
-        to that long for one (XREAD BLOCK); an empty list means none came."""
+    async def read(self, job_id: str, after_id: str) -> list[OutputEntry]:
+        """Up to READ_COUNT entries after `after_id`, oldest first."""
         stream = keys.job_stream(job_id)
-        if block_ms <= 0:
-            rows = await self._redis.xrange(stream, f"({after_id}", "+", count=READ_COUNT)
-            return _entries(list(rows or []))
-        reply = await self._redis.xread({stream: after_id}, count=READ_COUNT, block=block_ms)
-        return _entries(_rows_of(reply))
+        rows = await self._commands.execute("XRANGE", stream, f"({after_id}", "+", "COUNT", READ_COUNT)
+        return _entries(list(rows or []))
 
     async def read_all(self, job_id: str, after_id: str = START_ID) -> list[OutputEntry]:
         """Every entry after `after_id` (paged), without waiting."""
@@ -68,11 +66,6 @@ class OutputStreams:
             if len(page) < READ_COUNT:
                 break
         return found
-
-
-def _rows_of(reply: Any) -> list[Any]:
-    """XREAD's rows of its one stream (the API's client speaks RESP2: `[[name, rows]]`)."""
-    return list(reply[0][1]) if reply else []
 
 
 def _entries(rows: list[Any]) -> list[OutputEntry]:

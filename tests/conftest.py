@@ -4,6 +4,7 @@ FastAPI app (in-process over httpx's ASGI transport, lifespan included)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -71,7 +72,11 @@ def suite_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Settings
 @pytest.fixture
 def make_settings(redis_server: EmbeddedRedis, tmp_path: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        return suite_settings(redis_server.url, tmp_path / "genq", **overrides)
+        url, data_dir = (
+            overrides.pop("redis_url", redis_server.url),
+            overrides.pop("data_dir", tmp_path / "genq"),
+        )
+        return suite_settings(url, data_dir, **overrides)
 
     return make
 
@@ -89,7 +94,7 @@ async def api_client(settings: Settings, api_key: str | None = None) -> AsyncIte
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://genq.test", headers=headers,
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=headers,
                                      timeout=90) as client:  # fmt: skip
             yield client
 
@@ -106,6 +111,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump(exclude_none=True).items():
         if isinstance(value, list):
             text = ",".join(value)
+        elif isinstance(value, dict):
+            text = json.dumps(value)
         elif hasattr(value, "get_secret_value"):
             text = value.get_secret_value()
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -27,6 +28,13 @@ log = logging.getLogger("genq.worker")
 
 #: Seconds between two tries to record a taken message while the store refuses writes.
 RETRY_S = 0.5
+
+
+#: Delivery tags of messages a closing channel could not put back on their queue (Redis was gone:
+#: a restart). The next channel of this process puts them back once it consumes, instead of
+#: leaving them in the unacked hash until the visibility timeout (30 min by default).
+_left_behind: set[str] = set()
+_left_behind_lock = threading.Lock()
 
 
 class PatientQoS(kombu_redis.QoS):
@@ -46,6 +54,17 @@ class PatientQoS(kombu_redis.QoS):
                 metrics.STORAGE_REFUSED.labels("broker").inc()
                 time.sleep(RETRY_S)
 
+    def restore_unacked(self, client: Any = None) -> None:
+        tags = list(self._delivered)
+        try:
+            super().restore_unacked(client)  # type: ignore[no-untyped-call]
+        except redis.exceptions.ConnectionError:
+            with _left_behind_lock:
+                _left_behind.update(tags)
+            self._delivered.clear()
+            log.warning(json.dumps({"event": "broker_restore_deferred", "messages": len(tags)}))
+            raise
+
 
 class Channel(kombu_redis.Channel):
     QoS = PatientQoS
@@ -60,6 +79,27 @@ class Channel(kombu_redis.Channel):
             raise redis.exceptions.ConnectionError("the broker connection is closed")
         params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
         return params
+
+    def basic_consume(self, *args: Any, **kwargs: Any) -> Any:
+        consumer_tag = super().basic_consume(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._restore_left_behind()
+        return consumer_tag
+
+    def _restore_left_behind(self) -> None:
+        """Put back on their queues the messages a previous channel of this process held when
+        Redis went away (restore_by_tag moves each from the unacked hash to its list, once)."""
+        with _left_behind_lock:
+            tags = list(_left_behind)
+            _left_behind.clear()
+        for index, tag in enumerate(tags):
+            try:
+                self.qos.restore_by_tag(tag)
+            except redis.exceptions.RedisError:
+                with _left_behind_lock:
+                    _left_behind.update(tags[index:])
+                return
+        if tags:
+            log.info(json.dumps({"event": "broker_restored_after_reconnect", "messages": len(tags)}))
 
 
 class Transport(kombu_redis.Transport):

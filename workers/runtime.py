@@ -214,10 +214,14 @@ class WorkerRuntime:
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
 
     def _cache_key(self, record: dict[str, str]) -> str | None:
-        """The key this worker's result answers: its own model revision, whatever the API assumed."""
+        """The key this worker's result answers: its own model revision, whatever the API assumed,
+        in the scope the API gave the job (its owner, when the cache is per key)."""
         if self.engine is None or not self.settings.cache_enabled:
             return None
-        return cache_key(self.engine.model_id, self.engine.fingerprint, orjson.loads(record["input"]))
+        job_input = orjson.loads(record["input"])
+        return cache_key(
+            self.engine.model_id, self.engine.fingerprint, job_input, record.get("cache_scope", "")
+        )
 
     def _generate(self, job_id: str, record: dict[str, str]) -> dict[str, str | bytes] | None:
         """The record fields that end the job, or None when it ended elsewhere (canceled)."""

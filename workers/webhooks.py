@@ -44,7 +44,7 @@ import redis.exceptions
 from celery import Task, shared_task, signals
 from celery.exceptions import Reject
 
-from shared import keys, metrics, signing
+from shared import key_secrets, keys, metrics, signing
 from shared.config import Settings
 from shared.ids import new_id
 from shared.messages import task_message
@@ -131,6 +131,8 @@ class Delivery:
 class Frozen:
     url: str
     body: bytes
+    #: The job's owner: whose secret signs it (shared/key_secrets.py).
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +237,9 @@ class Deliveries:
         """The delivery's URL and body, built at its first attempt and kept for every retry.
         None when there is nothing to send (the job record expired, or an `output` notice found
         the job already over: its `completed` delivery carries the final state)."""
-        url, body = self._redis.hmget(delivery.key, "url", "body")
+        url, body, owner = self._redis.hmget(delivery.key, "url", "body", "owner")
         if url is not None and body is not None:
-            return Frozen(str(url), str(body).encode())
+            return Frozen(str(url), str(body).encode(), str(owner or ""))
         record: dict[str, str] = self._redis.hgetall(keys.job(delivery.job_id))  # type: ignore[assignment]
         if not record:
             return None
@@ -249,14 +251,16 @@ class Deliveries:
         pipe = self._redis.pipeline(transaction=True)
         pipe.hsetnx(delivery.key, "url", str(job["input"]["webhook"]))
         pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
-        pipe.hmget(delivery.key, "url", "body")
-        url, body = pipe.execute()[-1]
-        return Frozen(str(url), str(body).encode())
+        pipe.hsetnx(delivery.key, "owner", record.get("owner", ""))
+        pipe.hmget(delivery.key, "url", "body", "owner")
+        url, body, owner = pipe.execute()[-1]
+        return Frozen(str(url), str(body).encode(), str(owner or ""))
 
     def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
         """Send the frozen body once; the attempt's number and result."""
         attempt = int(self._redis.hincrby(delivery.key, "attempts", 1))
-        headers = signing.headers(self._secrets, delivery.webhook_id, int(time.time()), frozen.body)
+        secrets = key_secrets.signing_keys(self._redis, frozen.owner, self._settings, self._secrets)
+        headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), frozen.body)
         result = webhook_http.post(
             frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s
         )
@@ -383,9 +387,22 @@ def _retry_then_record(
     # carries its due time; a shorter one drops any it had.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
-    retry = patiently(lambda: task.retry(countdown=min(countdown, hop_s), kwargs=hop, throw=False))
+    retry = patiently(lambda: _publish_retry(task, min(countdown, hop_s), hop))
     patiently(lambda: deliveries.record(delivery, generation, fields, entry))
     raise retry
+
+
+def _publish_retry(task: Task, countdown: float, kwargs: dict[str, float]) -> Exception:
+    """Celery's retry, publishing the next generation; a publish the broker failed (a restart,
+    a full Redis) raises its own error again, for patiently() to wait out: Celery wraps it in a
+    Reject(requeue=False), which would acknowledge the message and lose the delivery."""
+    try:
+        retry: Exception = task.retry(countdown=countdown, kwargs=kwargs, throw=False)
+    except Reject as exc:
+        if isinstance(exc.reason, Exception):
+            raise exc.reason from exc
+        raise
+    return retry
 
 
 #: The Celery task (registered when this module is imported; see workers/worker.py).

@@ -21,6 +21,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JOB_ID_MAX = 64
 HEADER_MAX = 255
 JobId = Annotated[str, Path(max_length=JOB_ID_MAX)]
+#: A list cursor: the decimal score this API returned (ASCII digits only: `str.isdigit()` takes
+#: "³", which int() then refuses).
+CURSOR_PATTERN = r"^[0-9]{1,20}$"
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait=(\d+(?:\.\d+)?)")
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     200: {
@@ -29,7 +32,7 @@ ACCEPTED: dict[int | str, dict[str, Any]] = {
     }
 }
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503)
 }
 
 
@@ -69,10 +72,13 @@ async def accept_job(
     wait_s = _prefer_wait(prefer)
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
-    accepted = await queue.submit(body, owner, idempotency_key)
-    job = accepted.job
-    if wait_s:
-        job = await queue.wait(job["id"], owner, wait_s)
+    if not wait_s:
+        accepted = await queue.submit(body, owner, idempotency_key)
+        job = accepted.job
+    else:
+        with queue.hold(owner, "long_polls"):  # refused before anything is submitted
+            accepted = await queue.submit(body, owner, idempotency_key)
+            job = await queue.wait(accepted.job["id"], owner, wait_s)
     finished = JobStatus(job["status"]).is_terminal()
     status = 202 if accepted.created and not finished else 200
     return json_response(job, status, {"Location": job["urls"]["get"]})
@@ -84,10 +90,10 @@ async def list_jobs(
     owner: OwnerDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=32)] = None,
+    cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
 ) -> Response:
     """The caller's jobs, newest first."""
-    jobs, next_cursor = await queue.list(owner, status, limit, cursor)
+    jobs, next_cursor = await queue.list(owner, status, limit, None if cursor is None else int(cursor))
     return json_response({"data": jobs, "next_cursor": next_cursor})
 
 
@@ -102,8 +108,10 @@ async def get_job(
     """A job; with `?wait=N` the answer waits until the job is terminal or N seconds pass."""
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
-    job = await (queue.wait(job_id, owner, wait) if wait else queue.get(job_id, owner))
-    return json_response(job)
+    if not wait:
+        return json_response(await queue.get(job_id, owner))
+    with queue.hold(owner, "long_polls"):
+        return json_response(await queue.wait(job_id, owner, wait))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])

@@ -17,9 +17,9 @@ import anyio
 import orjson
 import redis.exceptions
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from api.concurrency import Slot
 from api.deps import OwnerDep, QueueDep, SettingsDep
 from api.follow import Done, Failure, Output, Ping, follow
 from api.openai_compat import (
@@ -37,7 +37,7 @@ from api.openai_compat import (
 from api.queue import JobQueue
 from api.ratelimit import ReadLimit, SubmitLimit
 from api.responses import json_response
-from api.routes.stream import SSE_HEADERS
+from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError
 from shared.schemas import JobStatus
@@ -115,19 +115,25 @@ async def _complete(
     owner: str,
     settings: Settings,
 ) -> Response:
-    accepted = await queue.submit(job_create(body), owner, idempotency_key=None)
+    # The held slot is taken before the job is submitted: a caller over its limit changes nothing.
+    slot = queue.hold(owner, "streams" if body.stream else "long_polls")
+    try:
+        accepted = await queue.submit(job_create(body), owner, idempotency_key=None)
+    except BaseException:
+        slot.release()
+        raise
     job = accepted.job
     headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _stream(kind, job, queue, owner, include_usage)
-        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS | headers)
-    job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
+        return held_stream(_stream(kind, job, queue, owner, include_usage, slot), slot, headers)
+    with slot:
+        job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
     return json_response(completion(kind, job), headers=headers)
 
 
 async def _stream(
-    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, include_usage: bool
+    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, include_usage: bool, slot: Slot
 ) -> AsyncIterator[bytes]:
     """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it)."""
     ended = False
@@ -149,6 +155,7 @@ async def _stream(
                     yield _data(_error_payload(message, failure))
         yield b"data: [DONE]\n\n"
     finally:
+        slot.release()
         if not ended:
             await _cancel_quietly(queue, job["id"], owner)
 

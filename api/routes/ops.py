@@ -31,8 +31,9 @@ async def readyz(client: RedisDep, settings: SettingsDep) -> Response:
     try:
         await client.ping()
         workers = await live_workers(client, settings.heartbeat_ttl_s)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        return json_response({"status": "unavailable", "reason": f"Redis unreachable: {exc}"}, 503)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        # What failed, never the client's error text (it names hosts, ports, sometimes credentials).
+        return json_response({"status": "unavailable", "reason": "Redis unreachable"}, 503)
     if workers == 0:
         reason = f"no worker has sent a heartbeat in the last {settings.heartbeat_ttl_s:g} s"
         return json_response({"status": "unavailable", "reason": reason}, 503)

@@ -14,7 +14,9 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
+from api.concurrency import Slot
 from api.deps import OwnerDep, QueueDep
 from api.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
 from api.ratelimit import ReadLimit
@@ -55,9 +57,21 @@ def sse_frame(event: StreamEvent) -> bytes:
             return b": ping\n\n"
 
 
-async def _frames(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield sse_frame(event)
+async def _frames(events: AsyncIterator[StreamEvent], slot: Slot) -> AsyncIterator[bytes]:
+    with slot:
+        async for event in events:
+            yield sse_frame(event)
+
+
+def held_stream(frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str]) -> StreamingResponse:
+    """An SSE response that gives its stream slot back however it ends (the body's own `finally`
+    does not run when a client leaves before the first byte: the background task then does)."""
+    return StreamingResponse(
+        frames,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS | headers,
+        background=BackgroundTask(slot.release),
+    )
 
 
 @router.get(
@@ -76,5 +90,5 @@ async def stream_job(
     `done` with the final job. `Last-Event-ID` resumes after that event."""
     after_id = _resume_after(last_event_id)
     await queue.get(job_id, owner)  # unknown or someone else's: a 404 before the stream starts
-    frames = _frames(follow(queue, job_id, owner, after_id))
-    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    slot = queue.hold(owner, "streams")
+    return held_stream(_frames(follow(queue, job_id, owner, after_id), slot), slot, {})

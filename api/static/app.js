@@ -280,10 +280,7 @@ async function loadJobs() {
 }
 
 function jobSnippet(job) {
-  const input = job.input || {};
-  if (input.prompt) return input.prompt;
-  const messages = input.messages || [];
-  return messages.length ? messages[messages.length - 1].content : "(empty)";
+  return job.preview || "(empty)";
 }
 
 function renderJobs(jobs) {

@@ -64,3 +64,37 @@ async def test_body_over_one_mib_is_413(api, redis_client: redis.Redis) -> None:
     streamed = await api.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert streamed.status_code == 413
     assert_nothing_written(redis_client)
+
+
+NOT_JOB_IDS = [
+    "6f1c0a2e-8b1d-4c3e-9f00-0123456789ab:stream",
+    "not-a-job",
+    "x" * 64,
+    "6F1C0A2E-8B1D-4C3E-9F00-0123456789AB",
+]
+
+
+@pytest.mark.parametrize("job_id", NOT_JOB_IDS)
+@pytest.mark.parametrize("suffix", ["", "/stream", "/webhooks", "?wait=1"])
+async def test_anything_not_a_job_id_is_404_before_redis_is_asked(
+    api, redis_client: redis.Redis, job_id: str, suffix: str
+) -> None:
+    redis_client.config_resetstat()
+    response = await api.get(f"/v1/jobs/{job_id}{suffix}")
+    assert response.status_code == 404, response.text
+    assert response.json()["error"] == {"type": "not_found", "message": f"no job {job_id!r}", "param": "id"}
+    asked = redis_client.info("commandstats")
+    assert not {"cmdstat_hgetall", "cmdstat_xrange", "cmdstat_lrange"} & set(asked), asked
+
+
+async def test_cancel_of_a_non_id_is_404(api, redis_client: redis.Redis) -> None:
+    response = await api.post("/v1/jobs/..%2Fx/cancel")
+    assert response.status_code == 404
+    assert_nothing_written(redis_client)
+
+
+@pytest.mark.parametrize("cursor", ["%C2%B3", "-1", "1.5", "12a", "1" * 21, ""])
+async def test_a_cursor_this_api_never_returned_is_422(api, cursor: str) -> None:
+    response = await api.get(f"/v1/jobs?cursor={cursor}")
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "cursor"

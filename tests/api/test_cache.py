@@ -311,3 +311,20 @@ async def test_a_dedicated_cache_redis_going_down_leaves_level_one_and_fails_not
         other = await _generated(api, {"prompt": "something else", "max_tokens": 3})
         assert other["status"] == "succeeded"
         assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_with_keys_each_key_has_its_own_cache_unless_shared(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis, start_worker, shared: bool
+) -> None:
+    settings = make_settings(api_keys=["key-a", "key-b"], cache_shared_across_keys=shared)
+    start_worker(settings)
+    async with api_client(settings, "key-a") as alice, api_client(settings, "key-b") as bob:
+        first = await _generated(alice, GREEDY)
+        assert (await alice.post("/v1/jobs", json=GREEDY)).json()["cached"] is True
+        other = await bob.post("/v1/jobs", json=GREEDY)
+        # Per key: B's identical request is a miss, so `cached` tells B nothing about A.
+        assert other.json()["cached"] is shared
+        assert (await _done(bob, other.json()["id"]))["output"] == first["output"]
+        if not shared:
+            assert (await bob.post("/v1/jobs", json=GREEDY)).json()["cached"] is True  # B's own entry

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from shared.config import Settings
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = pytest.mark.anyio
 
@@ -193,6 +193,32 @@ async def test_list_is_newest_first_paginated_and_filtered(api: httpx.AsyncClien
     assert [job["id"] for job in canceled["data"]] == [ids[2]]
     bad = await api.get("/v1/jobs", params={"status": "sleeping"})
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "status"
+
+
+async def test_lists_carry_summaries_within_a_byte_bound(make_settings, redis_client: redis.Redis) -> None:
+    settings = make_settings(list_max_bytes=8192)
+    async with api_client(settings) as api:
+        big = "x" * 100_000
+        ids = [(await api.post("/v1/jobs", json={"prompt": f"{i} {big}"})).json()["id"] for i in range(6)]
+        metadata = {f"k{j}": "v" * 500 for j in range(4)}  # ~2 KB a summary: several pages
+        ids += [(await api.post("/v1/jobs", json={"prompt": "small", "metadata": metadata})).json()["id"]
+                for _ in range(12)]  # fmt: skip
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params = {"limit": 100} | ({"cursor": cursor} if cursor else {})
+            response = await api.get("/v1/jobs", params=params)
+            assert len(response.content) <= settings.list_max_bytes + 200  # the envelope
+            page = response.json()
+            for job in page["data"]:
+                assert "input" not in job and "output" not in job
+                assert len(job["preview"]) <= 120
+            seen += [job["id"] for job in page["data"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == ids[::-1]  # every job, once, newest first, over several pages
+        assert (await api.get(f"/v1/jobs/{ids[0]}")).json()["input"]["prompt"] == f"0 {big}"
 
 
 async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(

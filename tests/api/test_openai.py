@@ -15,6 +15,8 @@ from shared.config import Settings
 from tests.api.live_server import live_server
 from tests.conftest import TEST_MODEL, WorkerProcess
 
+JSON = {"content-type": "application/json"}
+
 
 def client_for(base_url: str, api_key: str = "unused") -> openai.OpenAI:
     # No retries: a 429 or 5xx must surface as the error, not be retried away.
@@ -112,7 +114,7 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
 
 
 def test_errors_have_openai_shape_and_the_rest_of_the_api_keeps_genqs(base_url: str) -> None:
-    broken = httpx.post(f"{base_url}/v1/chat/completions", content=b"{not json", timeout=10)
+    broken = httpx.post(f"{base_url}/v1/chat/completions", content=b"{not json", headers=JSON, timeout=10)
     assert broken.status_code == 400
     assert set(broken.json()["error"]) == {"message", "type", "param", "code"}
     invalid = httpx.post(f"{base_url}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=10)

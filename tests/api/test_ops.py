@@ -44,11 +44,12 @@ async def test_redis_down_is_a_fast_503_and_the_api_recovers(make_settings, tmp_
             assert down.json()["error"]["type"] == "unavailable"
             assert (await api.get("/v1/jobs")).status_code == 503
             ready = await api.get("/readyz")
-            assert ready.status_code == 503 and "Redis unreachable" in ready.json()["reason"]
+            # What failed, never the client library's text (hosts, ports, credentials).
+            assert ready.status_code == 503 and ready.json()["reason"] == "Redis unreachable"
             server.start()
             after = await api.post("/v1/jobs", json={"prompt": "after"})
             assert after.status_code == 202
             listed = (await api.get("/v1/jobs")).json()["data"]
-            assert [j["input"]["prompt"] for j in listed] == ["after", "before"]
+            assert [j["preview"] for j in listed] == ["after", "before"]
     finally:
         server.stop()

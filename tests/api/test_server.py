@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -42,16 +43,18 @@ def test_responses_arrive_whole_on_keep_alive_and_the_last_before_close(settings
         with socket.create_connection((host, int(port)), timeout=10) as stream:
             buffered = bytearray()
             for _ in range(3):
-                stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 status, headers, body = read_response(stream, buffered)
                 assert status == b"HTTP/1.1 200 OK"
                 assert body == b'{"status":"ok"}'
             # Two requests in one packet: both answered, in order.
-            stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
+            one = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            two = one + b"GET /nope HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            stream.sendall(two)
             assert read_response(stream, buffered)[0] == b"HTTP/1.1 200 OK"
             assert read_response(stream, buffered)[0] == b"HTTP/1.1 404 Not Found"
             # Connection: close -> the response is written, then the server closes.
-            stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            stream.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             status, headers, body = read_response(stream, buffered)
             assert (status, body) == (b"HTTP/1.1 200 OK", b'{"status":"ok"}')
             assert headers[b"connection"] == b"close"
@@ -91,3 +94,20 @@ async def test_writes_of_one_turn_and_of_later_turns_arrive_in_order_and_close_f
     transport.close()
     server.close()
     await server.wait_closed()
+
+
+def test_a_client_that_trickles_its_headers_is_cut_off(make_settings, redis_client) -> None:
+    settings = make_settings(api_header_timeout_s=0.5)
+    with live_server(settings) as base_url:
+        host, port = base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as slow:
+            started = time.monotonic()
+            slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: local")  # and never the rest
+            assert slow.recv(1) == b""  # the server closed it
+            assert 0.4 < time.monotonic() - started < 3
+        with socket.create_connection((host, int(port)), timeout=10) as idle:
+            assert idle.recv(1) == b""  # connected and sent nothing: closed too
+        # A client that sends its headers in time is served as ever.
+        with socket.create_connection((host, int(port)), timeout=10) as prompt:
+            prompt.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert read_response(prompt, bytearray())[0] == b"HTTP/1.1 200 OK"

@@ -35,6 +35,8 @@ CRD_SCHEMAS = {
 }
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+#: Cluster-scoped too, but kustomize stamps the namespace on them (the API server drops it).
+ADMISSION_POLICIES = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 #: `genq drain` waits GENQ_DRAIN_TIMEOUT_S + 5 s for the worker to exit (cli/main.py).
 DRAIN_MARGIN_S = 5
 
@@ -266,9 +268,30 @@ def test_placeholder_secrets_never_reach_prod() -> None:
         assert all("CHANGE-ME" in value or "Q0hBTkdFLU1F" in value for value in secret["stringData"].values())
 
 
+def test_placeholder_secrets_start_only_in_dev_mode() -> None:
+    """genq refuses every placeholder template value unless GENQ_DEV is set, and the dev overlay,
+    the one that applies the templates, sets it (prod overlays never do)."""
+    import pydantic
+
+    from shared.config import Settings
+
+    for secret in placeholder_secrets():
+        for name, value in secret["stringData"].items():
+            setting = name.removeprefix("GENQ_").lower()
+            with pytest.raises(pydantic.ValidationError, match=f"{name} holds a placeholder") as refused:
+                Settings(_env_file=None, **{setting: value})
+            assert value not in str(refused.value)
+            Settings(_env_file=None, dev=True, **{setting: value})
+    dev_docs = render("dev")
+    (config,) = of_kind(dev_docs, "ConfigMap")
+    assert config["data"]["GENQ_DEV"] == "1"
+    for overlay in ("prod", "prod-keda"):
+        assert all("GENQ_DEV" not in c.get("data", {}) for c in of_kind(render(overlay), "ConfigMap"))
+
+
 def test_namespaced_objects_are_in_genq(docs: tuple[dict[str, Any], ...]) -> None:
     for doc in docs:
-        if doc["kind"] not in CLUSTER_SCOPED:
+        if doc["kind"] not in CLUSTER_SCOPED | ADMISSION_POLICIES:
             assert doc["metadata"].get("namespace") == "genq", f"{doc['kind']}/{doc['metadata']['name']}"
     assert [d["metadata"]["name"] for d in of_kind(docs, "Namespace")] == ["genq"]
 
@@ -341,7 +364,7 @@ def test_worker_probes_scale_in_and_identity(docs: tuple[dict[str, Any], ...]) -
     assert "replicas" not in named(docs, "Deployment", "genq-worker")["spec"], "the autoscaler owns replicas"
 
 
-def test_worker_rbac_is_get_and_patch_on_pods_only(docs: tuple[dict[str, Any], ...]) -> None:
+def test_worker_rbac_is_patch_on_pods_only(docs: tuple[dict[str, Any], ...]) -> None:
     account = named(docs, "Deployment", "genq-worker")["spec"]["template"]["spec"]["serviceAccountName"]
     named(docs, "ServiceAccount", account)
     bindings = [
@@ -351,12 +374,70 @@ def test_worker_rbac_is_get_and_patch_on_pods_only(docs: tuple[dict[str, Any], .
     ]
     assert len(bindings) == 1
     role = named(docs, "Role", bindings[0]["roleRef"]["name"])
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
     for where, spec in pod_specs(docs):
         if spec.get("serviceAccountName") != account:
             assert spec.get("automountServiceAccountToken") is False, (
                 f"{where} mounts an API token it never uses"
             )
+
+
+def test_worker_may_patch_only_its_own_pods_deletion_cost(docs: tuple[dict[str, Any], ...]) -> None:
+    """RBAC cannot name "my own pod"; a ValidatingAdmissionPolicy bound with Deny does: for the
+    worker's service account, every pod update must be of the pod its token is bound to and change
+    nothing but the deletion-cost annotation (workers/scalein.py patches exactly that)."""
+    policy = named(docs, "ValidatingAdmissionPolicy", "genq-worker-pod-deletion-cost")
+    binding = named(docs, "ValidatingAdmissionPolicyBinding", "genq-worker-pod-deletion-cost")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["UPDATE"] and "pods" in rule["resources"]
+    (condition,) = spec["matchConditions"]
+    account = named(docs, "Deployment", "genq-worker")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert condition["expression"] == f'request.userInfo.username == "system:serviceaccount:genq:{account}"'
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "'authentication.kubernetes.io/pod-name'" in variables["podName"]
+    assert variables["cost"] == "'controller.kubernetes.io/pod-deletion-cost'"
+    from workers.scalein import DELETION_COST_ANNOTATION
+
+    assert DELETION_COST_ANNOTATION in variables["cost"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    needed = [
+        "variables.podName == object.metadata.name",
+        "object.spec == oldObject.spec",
+        "object.metadata.labels",
+        "variables.oldAnnotations.all",
+        "request.subResource == ''",
+    ]
+    assert all(check in checks for check in needed), checks
+
+
+def test_the_webhook_worker_reaches_only_dns_redis_and_public_addresses(
+    docs: tuple[dict[str, Any], ...],
+) -> None:
+    policy = named(docs, "NetworkPolicy", "genq-webhook-worker-egress")
+    labels = named(docs, "Deployment", "genq-webhook-worker")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    dns, redis_rule, public = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert redis_rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    import ipaddress
+
+    from shared.ssrf import blocked_reason
+
+    blocks = [b["ipBlock"] for b in public["to"]]
+    assert {b["cidr"] for b in blocks} == {"0.0.0.0/0", "::/0"}
+    excluded = [ipaddress.ip_network(c) for b in blocks for c in b["except"]]
+    # Every address class the SSRF guard refuses is outside the policy too (cluster, metadata, ...).
+    refused = ["10.0.0.1", "172.16.0.1", "192.168.0.1", "169.254.169.254", "100.100.100.200",
+               "127.0.0.1", "fd00::1", "fe80::1", "fec0::1", "2002:a00:1::", "64:ff9b::a00:1"]  # fmt: skip
+    for address in refused:
+        ip = ipaddress.ip_address(address)
+        assert blocked_reason(ip) is not None
+        assert any(ip in net for net in excluded if net.version == ip.version), address
+    assert not any(ipaddress.ip_address("93.184.216.34") in net for net in excluded)
 
 
 def test_gpu_only_in_prod() -> None:

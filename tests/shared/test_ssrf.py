@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -12,7 +14,7 @@ from workers import webhook_http
 BLOCKED = [
     ("http://127.0.0.1:8080/hook", "loopback"),
     ("http://localhost:8080/hook", "loopback"),  # a name that resolves to loopback
-    ("http://[::ffff:127.0.0.1]:8080/", "loopback"),  # IPv4-mapped IPv6
+    ("http://[::ffff:127.0.0.1]:8080/", "loopback (IPv4 127.0.0.1 inside)"),  # IPv4-mapped IPv6
     ("http://2130706433:8080/", "loopback"),  # 127.0.0.1 as one decimal number
     ("http://10.1.2.3/", "private"),
     ("http://172.16.0.1/", "private"),
@@ -24,10 +26,25 @@ BLOCKED = [
     ("http://224.0.0.1/", "multicast"),
     ("http://[ff02::1]/", "multicast"),
     ("http://0.0.0.0/", "unspecified"),
+    ("http://100.64.0.1/", "non-global"),  # shared address space (CGNAT, EKS custom networking)
+    ("http://100.100.100.200/latest/meta-data/", "non-global"),  # Alibaba Cloud's metadata service
+    ("http://192.0.2.1/", "private"),  # documentation range
+    ("http://[fec0::1]/", "site-local"),
+    ("http://[2002:a00:1::]/", "private (IPv4 10.0.0.1 inside)"),  # 6to4
+    ("http://[2002:a9fe:a9fe::1]/", "link-local (IPv4 169.254.169.254 inside)"),  # 6to4 metadata
+    ("http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/", "private (IPv4 10.0.0.1 inside)"),  # Teredo
+    ("http://[64:ff9b::7f00:1]/", "loopback (IPv4 127.0.0.1 inside)"),  # NAT64
+    ("http://[64:ff9b::6464:6404]/", "non-global (IPv4 100.100.100.4 inside)"),  # NAT64 to CGNAT
     ("http://93.184.216.34:22/", "port 22 is not allowed"),
     ("https://93.184.216.34:6379/", "port 6379 is not allowed"),
 ]
-ALLOWED = ["http://93.184.216.34/hook", "https://93.184.216.34:8443/hook", "http://[2606:2800:220:1::1]/"]
+ALLOWED = [
+    "http://93.184.216.34/hook",
+    "https://93.184.216.34:8443/hook",
+    "http://[2606:2800:220:1::1]/",
+    "http://[2002:5db8:d822::1]/",  # 6to4 of a public address
+    "http://[64:ff9b::5db8:d822]/",  # NAT64 of a public address
+]
 
 
 @pytest.mark.anyio
@@ -50,7 +67,7 @@ async def test_submit_accepts_public_targets(api: httpx.AsyncClient, url: str) -
 
 @pytest.mark.parametrize(("url", "reason"), BLOCKED)
 def test_delivery_check_refuses_forbidden_targets(settings: Settings, url: str, reason: str) -> None:
-    with pytest.raises(webhook_http.Refused, match=reason):
+    with pytest.raises(webhook_http.Refused, match=re.escape(reason)):
         webhook_http.checked_addresses(url, settings.webhook_policy)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import json
 import socket
@@ -458,6 +459,56 @@ def test_signatures_verify_with_either_rotated_secret_and_not_with_another() -> 
         Webhook("whsec_" + base64.b64encode(b"someone else").decode()).verify(body, signed)
     with pytest.raises(ValueError, match="whsec_"):
         parse_secrets("whsec_not*base64")
+
+
+# --- per-key secrets ------------------------------------------------------------------------------------
+B_SECRET = "whsec_" + base64.b64encode(b"tenant b's own secret, 32 bytes").decode()
+
+
+def verifies(secret: str, received: Received) -> bool:
+    try:
+        Webhook(secret).verify(received.body, received.headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def test_each_key_signs_with_its_own_secret_and_no_other(
+    redis_server: EmbeddedRedis, tmp_path: Path, receivers, start_worker
+) -> None:
+    """A makes its secret through the API, B has one in settings: each receiver verifies its own
+    tenant's events only; the deployment secret signs neither; a rotation signs with both for a day."""
+    url = redis_server.url[:-1] + "3"
+    redis.Redis.from_url(url).flushdb()
+    owner_b = "key-" + hashlib.sha256(b"key-b").hexdigest()[:16]
+    settings = hook_settings(
+        url,
+        tmp_path / "genq",
+        api_keys=["key-a", "key-b"],
+        webhook_key_secrets=json.dumps({owner_b: B_SECRET}),
+    )
+    start_worker(settings, "--queues=webhooks")
+    receiver = receivers()
+    async with api_client(settings, "key-a") as a, api_client(settings, "key-b") as b:
+        made = await a.post("/v1/webhook-secret")
+        assert made.status_code == 201 and made.json()["previous_valid_for_s"] is None
+        a_secret = made.json()["secret"]
+        for api in (a, b):
+            await api.post(f"/v1/jobs/{await submit(api, receiver.url, ['completed'])}/cancel")
+        await until(lambda: len(receiver.received) == 2, what="both deliveries")
+        by_owner = {r.payload["data"]["id"]: r for r in receiver.received}
+        for received in by_owner.values():
+            a_ok, b_ok = verifies(a_secret, received), verifies(B_SECRET, received)
+            assert a_ok != b_ok  # exactly one tenant's secret verifies it
+            assert not verifies(NEW_SECRET, received) and not verifies(OLD_SECRET, received)
+
+        rotated = await a.post("/v1/webhook-secret")
+        assert rotated.json()["previous_valid_for_s"] == 86_400
+        await a.post(f"/v1/jobs/{await submit(a, receiver.url, ['completed'])}/cancel")
+        await until(lambda: len(receiver.received) == 3, what="the delivery after rotating")
+        after = receiver.received[-1]
+        assert verifies(rotated.json()["secret"], after) and verifies(a_secret, after)
+        assert not verifies(B_SECRET, after)
 
 
 # --- durability -----------------------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""Per-key webhook signing secrets: which secrets sign a job's deliveries.
+
+A key's deliveries are signed with its own secret when it has one: made through the API (kept in
+Redis, keys.webhook_key_secrets), else given in GENQ_WEBHOOK_KEY_SECRETS; only a key with
+neither falls back to the deployment's GENQ_WEBHOOK_SECRET (single-tenant installs). So a tenant's
+receiver, holding only its own secret, can verify nothing signed for another tenant.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import redis
+import redis.asyncio as aioredis
+
+from shared import keys, signing
+from shared.config import Settings
+
+#: Random bytes in a new secret (Standard Webhooks recommends 24 to 64).
+SECRET_BYTES = 32
+
+
+def new_secret() -> str:
+    return signing.SECRET_PREFIX + base64.b64encode(os.urandom(SECRET_BYTES)).decode()
+
+
+async def rotate(client: aioredis.Redis, owner: str) -> tuple[str, bool]:
+    """Give the owner a new secret; return it (the only time it is shown) and whether it replaced
+    one, which keeps signing for keys.WEBHOOK_SECRET_GRACE_S."""
+    current, previous = keys.webhook_key_secrets(owner)
+    secret = new_secret()
+    replaced = await client.set(current, secret, get=True)
+    if replaced:
+        await client.set(previous, replaced, ex=keys.WEBHOOK_SECRET_GRACE_S)
+    return secret, bool(replaced)
+
+
+def signing_keys(
+    client: redis.Redis, owner: str, settings: Settings, default: tuple[bytes, ...]
+) -> tuple[bytes, ...]:
+    """Blocking (the delivery worker): the HMAC keys that sign this owner's deliveries, newest
+    first."""
+    stored = [_text(s) for s in client.mget(keys.webhook_key_secrets(owner)) if s]
+    if stored:
+        return tuple(key for text in stored for key in signing.parse_secrets(text))
+    return settings.key_secrets.get(owner, default)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

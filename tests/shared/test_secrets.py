@@ -1,0 +1,73 @@
+"""Secrets stay secret: placeholders refuse to start outside dev mode, refused values are never
+echoed, keys are SecretStr, and no log line carries a URL's credentials, path or query."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pydantic
+import pytest
+
+from shared.config import Settings
+from shared.logging import JsonFormatter, configure_logging
+from tests.conftest import ROOT
+
+KEY = "sk-live-0123456789abcdef"
+
+
+def test_a_refused_setting_never_echoes_its_value() -> None:
+    with pytest.raises(pydantic.ValidationError) as refused:
+        Settings(_env_file=None, api_keys=KEY, flower_basic_auth=f"admin:{KEY}", max_body_bytes=KEY)
+    assert "max_body_bytes" in str(refused.value)
+    assert KEY not in str(refused.value)
+    with pytest.raises(pydantic.ValidationError) as refused:
+        Settings(_env_file=None, webhook_secret=f"whsec_{KEY}!")
+    assert "GENQ_WEBHOOK_SECRET" in str(refused.value) and KEY not in str(refused.value)
+
+
+def test_keys_are_secret_in_every_repr() -> None:
+    settings = Settings(_env_file=None, api_keys=f"{KEY},other-key", flower_basic_auth=f"admin:{KEY}")
+    assert KEY not in repr(settings) and KEY not in str(settings.model_dump())
+    assert len(settings.api_key_digests) == 2
+
+
+def test_genq_api_refuses_to_start_on_a_placeholder_outside_dev_mode(tmp_path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "GENQ_REDIS_URL": "redis://127.0.0.1:1/0",
+           "GENQ_API_KEYS": "CHANGE-ME-api-key-1", "GENQ_DATA_DIR": str(tmp_path)}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "api"], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "GENQ_API_KEYS holds a placeholder value" in result.stderr
+    assert "CHANGE-ME-api-key-1" not in result.stdout + result.stderr
+
+
+def _formatted(logger: str, message: str) -> dict[str, object]:
+    record = logging.LogRecord(logger, logging.WARNING, __file__, 1, message, None, None)
+    return json.loads(JsonFormatter().format(record))
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "https://user:pw@hooks.example.com/services/T0/B0/secret?token=abc#x",
+            "https://hooks.example.com/…",
+        ),
+        ("http://[2001:db8::1]:8443/hook?sig=1", "http://[2001:db8::1]:8443/…"),
+        ("redis://:hunter2@redis:6379/0", "redis://redis:6379/…"),
+    ],
+)
+def test_urls_in_log_lines_keep_only_scheme_host_and_port(url: str, shown: str) -> None:
+    line = _formatted("genq.webhooks", json.dumps({"event": "x", "error": f"POST {url} failed"}))
+    assert line["error"] == f"POST {shown} failed"
+
+
+def test_httpx_request_lines_are_not_logged() -> None:
+    configure_logging("INFO")
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
