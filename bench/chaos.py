@@ -27,6 +27,7 @@ import base64
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from bench.chaos_load import Client, Flapping, Mix, Receiver
 from bench.chaos_stack import Injector, Shape, Supervisor, api_managed, set_policy, worker_managed
 from bench.common import (
     BENCH_SETTINGS,
+    RESULTS,
     bench_stack,
     machine,
     parse_args,
@@ -426,20 +428,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report |= {"fault_kinds": run.kinds, "chaos_s": run.chaos_s, "settle": run.settle}
         report |= judge(plan, redis_server.url, run)
         if report["violations"]:
-            keep_logs(scratch, args.out)
+            report["logs_kept_in"] = str(keep_logs(scratch, args.out))
     print_summary(report)
     write_report(args.out, "chaos", report, plot)
     return report
 
 
-def keep_logs(scratch: Path, out: Path) -> None:
-    """On a violation the processes' logs and the receiver's log are the evidence: keep them."""
+def keep_logs(scratch: Path, out: Path) -> Path:
+    """On a violation the processes' logs and the receiver's log are the evidence: keep them, beside
+    the report, except in the committed results folder (they would be tens of MB of noise in git):
+    there, in a temporary folder."""
     import shutil
 
     target = out / "chaos-logs"
+    if out.resolve() == RESULTS.resolve():
+        target = Path(tempfile.mkdtemp(prefix="genq-chaos-logs-"))
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(scratch, target, ignore=shutil.ignore_patterns("*.aof", "appendonlydir", "*.rdb"))
     print(f"logs kept in {target}")
+    return target
 
 
 if __name__ == "__main__":
