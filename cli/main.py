@@ -143,7 +143,7 @@ def drain(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context, name: str) -> None:
-    """Run a benchmark: `genq bench gateway|end_to_end|engine|scale|cache [--quick]` (see bench/README.md)."""
+    """Run a benchmark: `genq bench gateway|end_to_end|engine|scale|cache|chaos [--quick]` (bench/README)."""
     import runpy
 
     sys.argv = [f"bench.{name}", *ctx.args]
