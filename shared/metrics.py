@@ -79,6 +79,12 @@ INFERENCE_DURATION = Histogram(
     ["model"],
     buckets=_LATENCY_BUCKETS,
 )
+JOB_LATENCY = Histogram(
+    "genq_job_latency_seconds",
+    "From a job's acceptance to its success: what its client waited (queue, hand-backs, inference).",
+    ["queue"],
+    buckets=_LATENCY_BUCKETS,
+)
 BATCH_SIZE = Histogram(
     "genq_batch_size_distribution",
     "Sequences in each engine step.",

@@ -250,6 +250,9 @@ class WorkerRuntime:
         finally:
             self.output.forget(job_id)
         self._observe(result)
+        metrics.JOB_LATENCY.labels(record["queue"]).observe(
+            max(0.0, time.time() - float(record["created_at"]))
+        )
         succeeded: dict[str, object] = {"event": "job_succeeded", "job_id": job_id,
                                         "completion_tokens": result.completion_tokens}  # fmt: skip
         if self.settings.log_prompts:
