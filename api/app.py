@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -57,6 +57,17 @@ def sync_redis_client(settings: Settings) -> redis.Redis:
     )
 
 
+def bounds_of(settings: Settings) -> Callable[[str], OwnerBounds]:
+    """Each key's bounds on what it keeps in the store (GENQ_MAX_*_PER_KEY, or its override)."""
+
+    def bounds(owner: str) -> OwnerBounds:
+        return OwnerBounds(
+            settings.owner_bound(owner, "live_jobs"), settings.owner_bound(owner, "stored_bytes")
+        )
+
+    return bounds
+
+
 @contextmanager
 def running_reaper(settings: Settings) -> Iterator[Reaper]:
     """The reaper on a thread of this process, with a blocking client of its own."""
@@ -101,8 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         client = redis_client(settings)
         events = JobEvents(client)
         commands = AutoPipeline(client)
-        bounds = OwnerBounds(settings.max_live_jobs_per_key, settings.max_stored_bytes_per_key)
-        store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds)
+        store = JobStore(
+            client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds_of(settings)
+        )
         app.state.settings = settings
         app.state.redis = client
         app.state.rate_limiter = RateLimiter(client, commands, settings)

@@ -200,12 +200,14 @@ class Settings(BaseSettings):
 
     max_live_jobs_per_key: int = Field(10_000, ge=0)
     """Most queued and running jobs one API key may hold; past it, submissions get 429
-    `quota_exceeded` (param `live_jobs`). 0: no bound."""
+    `quota_exceeded` (param `live_jobs`). 0: no bound. Per-key override: `live_jobs` in
+    rate_limit_overrides."""
 
     max_stored_bytes_per_key: int = Field(1 << 30, ge=0)
     """Most bytes of job input (prompt, messages, metadata) one API key may have stored while its
     records live (GENQ_JOB_TTL_S, counted per UTC day); past it, submissions get 429
-    `quota_exceeded` (param `stored_bytes`), so one key cannot fill Redis for all. 0: no bound."""
+    `quota_exceeded` (param `stored_bytes`), so one key cannot fill Redis for all. 0: no bound.
+    Per-key override: `stored_bytes` in rate_limit_overrides."""
 
     storage_headroom: float = Field(0.9, gt=0, le=1)
     """Submissions get 503 `unavailable` (with Retry-After) while the job store's Redis uses more
@@ -446,6 +448,13 @@ class Settings(BaseSettings):
     def concurrency(self) -> int:
         return self.worker_concurrency or self.max_batch_size
 
+    def owner_bound(self, owner: str, kind: Literal["live_jobs", "stored_bytes"]) -> int:
+        """A key's bound on what it keeps in the store: its override, else the setting."""
+        override = self.rate_limit_overrides.get(owner, {}).get(kind)
+        if override is not None:
+            return int(override)
+        return self.max_live_jobs_per_key if kind == "live_jobs" else self.max_stored_bytes_per_key
+
     def require_redis_url(self) -> str:
         if not self.redis_url:
             raise SystemExit("GENQ_REDIS_URL is not set (only `genq up` starts an embedded server)")
@@ -454,7 +463,7 @@ class Settings(BaseSettings):
 
 #: The kinds of limit rate_limit_overrides may set: token buckets, and counts of held requests.
 BUCKET_KINDS = ("submit", "read")
-COUNT_KINDS = ("streams", "long_polls")
+COUNT_KINDS = ("streams", "long_polls", "live_jobs", "stored_bytes")
 
 
 def check_limit_spec(owner: str, kind: str, value: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -217,7 +218,7 @@ class JobStore:
         commands: AutoPipeline,
         job_ttl_s: int,
         idempotency_ttl_s: int,
-        bounds: OwnerBounds = OwnerBounds(),
+        bounds: Callable[[str], OwnerBounds] = lambda _owner: OwnerBounds(),
     ) -> None:
         self._redis = client
         #: The hot commands (submit, read, cancel) go through it, pipelined with other requests'.
@@ -250,6 +251,7 @@ class JobStore:
         known = cache.known if cache is not None else None
         cache_keys = _submit_cache_keys(cache)
         today = int(job.created_at // 86_400)
+        bounds = self._bounds(job.owner)
         reply = await self._commands.run_script(
             self._submit,
             keys=[keys.job(job.job_id), keys.owner_jobs(job.owner), queue_key, idem_key, *cache_keys,
@@ -257,7 +259,7 @@ class JobStore:
             args=[job.job_id, score, self._job_ttl_s, message, self._idempotency_ttl_s,
                   f"{job.job_id} {digest}", f"({trim_below}", repr(time.time()),
                   known.output if known else "", known.model_label if known else "", job.fields_json(),
-                  self._bounds.live_jobs, self._bounds.stored_bytes, job.stored_bytes, today,
+                  bounds.live_jobs, bounds.stored_bytes, job.stored_bytes, today,
                   -(-self._job_ttl_s // 86_400)],
         )  # fmt: skip
         outcome = int(reply[0])
