@@ -1,23 +1,42 @@
 """The worker process's runtime, where its Celery tasks find it. A leaf module: it imports no
-other worker module at run time, so tasks, webhooks and the start-up code reach the runtime
-without importing each other (no import circle, no global in the start-up module)."""
+other worker module (not even for types: `Runtime` is the small protocol the tasks and signal
+handlers use), so tasks, webhooks and the start-up code reach the runtime without importing each
+other (no import circle, no global in the start-up module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from workers.runtime import WorkerRuntime
+import redis
 
-_current: list[WorkerRuntime] = []
+from shared.config import Settings
 
 
-def install(runtime: WorkerRuntime) -> None:
+class Runtime(Protocol):
+    """What tasks and signal handlers need of workers.runtime.WorkerRuntime."""
+
+    settings: Settings
+    redis: redis.Redis
+
+    @property
+    def inflight(self) -> int: ...
+
+    def run(self, job_id: str) -> None: ...
+
+    def mark_ready(self) -> None: ...
+
+    def drain(self, timeout_s: float) -> None: ...
+
+
+_current: list[Runtime] = []
+
+
+def install(runtime: Runtime) -> None:
     """Make `runtime` this process's (once, at worker start-up)."""
     _current[:] = [runtime]
 
 
-def runtime() -> WorkerRuntime:
+def runtime() -> Runtime:
     if not _current:
         raise RuntimeError("the worker runtime is not started (run the worker with `genq worker`)")
     return _current[0]

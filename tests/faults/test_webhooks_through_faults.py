@@ -11,15 +11,13 @@ reaper re-publishes); `test_redis_restart_workers.py` proves what holds today.""
 from __future__ import annotations
 
 import asyncio
-import time
 
-import httpx
 import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
 from tests.conftest import WorkerProcess, api_client
-from tests.workers.test_webhooks import Receiver, hook_settings
+from tests.workers.test_webhooks import Receiver, hook_settings, submit_completed_hook, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -40,13 +38,13 @@ async def test_no_completion_webhook_is_lost_through_a_full_redis(tmp_path) -> N
         for worker in workers:
             worker.wait_ready()
         async with api_client(settings) as api:
-            ids = [await _submit(api, receiver) for _ in range(JOBS)]
-            await _until(lambda: len(receiver.received) >= JOBS // 2, "first attempts")
+            ids = [await submit_completed_hook(api, receiver) for _ in range(JOBS)]
+            await until(lambda: len(receiver.received) >= JOBS // 2, 60, "first attempts")
             client.config_set("maxmemory-policy", "noeviction")
             client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 32 * 1024)
             await asyncio.sleep(3)
             client.config_set("maxmemory", 0)
-            await _until(lambda: _delivered(receiver) >= set(ids), "every completion", timeout_s=90)
+            await until(lambda: _delivered(receiver) >= set(ids), 90, "every completion")
         for worker in workers:
             assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
     finally:
@@ -66,18 +64,3 @@ def _delivered(receiver: Receiver) -> set[str]:
     return {
         r.payload["data"]["id"] for r, s in zip(receiver.received, receiver.statuses, strict=False) if s < 300
     }
-
-
-async def _submit(api: httpx.AsyncClient, receiver: Receiver) -> str:
-    body = {"prompt": "p", "max_tokens": 2, "webhook": receiver.url, "cache": False,
-            "webhook_events_filter": ["completed"]}  # fmt: skip
-    response = await api.post("/v1/jobs", json=body)
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
-
-
-async def _until(done, what: str, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)

@@ -26,7 +26,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from shared.signing import headers, parse_secrets
-from tests.conftest import TEST_MODEL, WorkerProcess, api_client
+from tests.conftest import WorkerProcess, api_client, suite_settings
 from workers.webhooks import OutputWebhooks
 
 pytestmark = pytest.mark.anyio
@@ -115,20 +115,29 @@ def receivers() -> Iterator[Callable[..., Receiver]]:
 
 
 def hook_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Settings:
+    """The suite's settings, with signed webhooks to loopback receivers and a short schedule."""
     values: dict[str, Any] = {
-        "redis_url": redis_url,
-        "model": TEST_MODEL,
-        "data_dir": data_dir,
-        "heartbeat_interval_s": 0.5,
-        "heartbeat_ttl_s": 3.0,
-        "worker_metrics_port": 0,
         "placeholder_step_s": 0.02,
         "webhook_allow_private": True,
         "webhook_secret": f"{NEW_SECRET} {OLD_SECRET}",
         "webhook_timeout_s": TIMEOUT_S,
         "webhook_retry_delays_s": DELAYS,
     }
-    return Settings(_env_file=None, **(values | overrides))
+    return suite_settings(redis_url, data_dir, **(values | overrides))
+
+
+async def submit_completed_hook(api: httpx.AsyncClient, receiver: Receiver) -> str:
+    """A job whose `job.completed` goes to `receiver`; a 503 while Redis comes back is retried,
+    as a client does."""
+    body = {"prompt": "p", "max_tokens": 2, "webhook": receiver.url, "cache": False,
+            "webhook_events_filter": ["completed"]}  # fmt: skip
+    for _ in range(50):
+        response = await api.post("/v1/jobs", json=body)
+        if response.status_code != 503:
+            break
+        await asyncio.sleep(0.2)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
 
 
 @pytest.fixture(scope="module")
