@@ -4,6 +4,7 @@ FastAPI app (in-process over httpx's ASGI transport, lifespan included)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
+from shared import keys
 from shared.config import Settings
 
 for _name in [n for n in os.environ if n.startswith("GENQ_")]:  # the suite is hermetic
@@ -239,9 +241,17 @@ def start_api(tmp_path: Path) -> Iterator[Callable[[Settings], ApiProcess]]:
 
 async def wait_until_running(client: redis.Redis, job_ids: list[str], timeout_s: float = 30.0) -> None:
     """Poll the job records until every one of job_ids is running (a worker has claimed it)."""
-    import asyncio
-
     deadline = time.monotonic() + timeout_s
     while any(client.hget(f"genq:job:{job_id}", "status") != "running" for job_id in job_ids):
         assert time.monotonic() < deadline, f"jobs never started: {job_ids}"
         await asyncio.sleep(0.02)
+
+
+async def wait_until_acked(client: redis.Redis, timeout_s: float = 15.0) -> None:
+    """Poll until the broker holds no unacknowledged message. A worker acknowledges a job's
+    message after the job's end is recorded (late acks), so a job can read `succeeded` a moment
+    before its message leaves kombu's unacked hash; one that never leaves it is a leak."""
+    deadline = time.monotonic() + timeout_s
+    while (left := client.hlen(keys.KOMBU_UNACKED)) != 0:
+        assert time.monotonic() < deadline, f"{left} message(s) never acknowledged"
+        await asyncio.sleep(0.05)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.conftest import api_client, wait_until_running
+from tests.conftest import api_client, wait_until_acked, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -32,4 +32,4 @@ async def test_sigkill_mid_batch_loses_nothing(
     assert all(job["output"]["usage"]["completion_tokens"] == 30 for job in finished)
     # Each was started twice (once per worker) and completed once.
     assert [redis_client.hget(f"genq:job:{i}", "attempts") for i in ids] == ["2"] * 4
-    assert redis_client.hlen("unacked") == 0
+    await wait_until_acked(redis_client)
