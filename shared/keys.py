@@ -116,8 +116,16 @@ WEBHOOK_MESSAGE_FIELD = "webhook_message:{event}"
 WEBHOOK_LOG = PREFIX + ":job:{job_id}:webhooks"
 
 #: Hash of one webhook delivery's state (fields: url, body, owner, webhook_id, attempts, outcome, next_at,
-#: generation, lease, waiting_since). TTL: the job record's remaining TTL, set at the first claim.
+#: generation, lease, waiting_since, and `message`: the last message published for it, until it
+#: has its outcome). TTL: the job record's remaining TTL.
 WEBHOOK_DELIVERY = PREFIX + ":job:{job_id}:webhook:{delivery}"
+
+#: Sorted set of the webhook deliveries still pending (members: their WEBHOOK_DELIVERY keys), scored
+#: by when the reaper next checks that the broker still holds the delivery's message (its list, or
+#: kombu's unacked hash) or that a live claim holds the delivery. A message found nowhere twice is
+#: pushed again (shared/lua/reap_delivery.lua): a message popped by a worker killed before kombu
+#: recorded it, or lost across a Redis restart, would otherwise end the delivery silently.
+WEBHOOK_PENDING = PREFIX + ":webhook-pending"
 
 #: A key's own webhook signing secret (`whsec_<base64>`, made by POST /v1/webhook-secret). No TTL:
 #: it lives until rotated. The HMAC needs the secret itself, so it is stored as is (Redis is

@@ -11,6 +11,7 @@ Celery publishes, and the whole suite runs real workers on them.
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import os
 import re
@@ -30,8 +31,22 @@ _BODY, _ID, _ARGSREPR, _TAG = "@genq:body@", "@genq:id@", "@genq:argsrepr@", "@g
 _SLOT = re.compile(rb'"(@genq:[a-z]+@)"')
 
 
-def task_message(task_name: str, task_id: str, args: list[str], queue: str, priority: int) -> bytes:
-    """A protocol-2 Celery message for kombu's Redis transport, routed straight to `queue`."""
+def task_message(
+    task_name: str,
+    task_id: str,
+    args: list[str],
+    queue: str,
+    priority: int,
+    *,
+    retries: int = 0,
+    kwargs: dict[str, Any] | None = None,
+    eta: datetime.datetime | None = None,
+) -> bytes:
+    """A protocol-2 Celery message for kombu's Redis transport, routed straight to `queue`: what
+    `send_task` writes, or with `retries`, `kwargs` and an `eta` (timezone-aware), what a task's
+    retry writes (webhook deliveries publish their own retries: workers/webhooks.py)."""
+    if retries or kwargs or eta is not None:
+        return _retry_message(task_name, task_id, args, queue, priority, retries, kwargs or {}, eta)
     body = base64.b64encode(orjson.dumps([args, {}, _EMBED]))
     values = {
         _BODY: b'"%s"' % body,
@@ -44,6 +59,29 @@ def task_message(task_name: str, task_id: str, args: list[str], queue: str, prio
     for slot, piece in zip(slots, pieces[1:], strict=True):
         out += (values[slot], piece)
     return b"".join(out)
+
+
+def _retry_message(
+    task_name: str, task_id: str, args: list[str], queue: str, priority: int, retries: int,
+    kwargs: dict[str, Any], eta: datetime.datetime | None,
+) -> bytes:  # fmt: skip
+    fields = _fields(task_name, queue, priority)
+    fields["body"] = base64.b64encode(orjson.dumps([args, kwargs, _EMBED])).decode()
+    headers, properties = fields["headers"], fields["properties"]
+    headers.update(id=task_id, root_id=task_id, argsrepr=repr(args), kwargsrepr=repr(kwargs), retries=retries,
+                   eta=eta.isoformat() if eta is not None else None)  # fmt: skip
+    properties.update(correlation_id=task_id, delivery_tag=new_id())
+    return orjson.dumps(fields)
+
+
+def retagged(message: bytes | str) -> tuple[str, bytes]:
+    """A message's delivery tag, and a copy of the message under a fresh tag (the reaper pushes
+    a copy of a lost message: kombu keys what a worker holds by tag, so two copies in flight must
+    not share one)."""
+    fields = orjson.loads(message)
+    tag = str(fields["properties"]["delivery_tag"])
+    fields["properties"]["delivery_tag"] = new_id()
+    return tag, orjson.dumps(fields)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -40,11 +40,12 @@ REAPER_ACTIONS = Counter(
     "genq_reaper_actions_total",
     "Jobs the reaper rescued or ended, by action: requeued (lease lapsed), failed (lease lapsed "
     "past GENQ_MAX_ATTEMPTS), expired (queued past its deadline), repushed (its message was lost), "
-    "promoted (a follower whose leader vanished).",
+    "promoted (a follower whose leader vanished), webhook_repushed (a pending webhook delivery's "
+    "message was lost).",
     ["action"],
 )
 #: What the reaper does to a job (shared/reaper.py), the `action` label of REAPER_ACTIONS.
-REAPER_ACTION_NAMES = ("requeued", "failed", "expired", "repushed", "promoted")
+REAPER_ACTION_NAMES = ("requeued", "failed", "expired", "repushed", "promoted", "webhook_repushed")
 # Every series exists from the start (at 0), so rate() and the dashboard see a quiet system as 0.
 for _action in REAPER_ACTION_NAMES:
     REAPER_ACTIONS.labels(_action)

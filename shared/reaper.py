@@ -6,7 +6,9 @@ Each period it runs the store's reaper scripts (shared/lua/reap_*.lua) over what
 - queued jobs past their deadline: failed (`timeout`) at once, not when a worker next looks;
 - queued jobs whose message the broker lost (kombu moves a message out of its list before it
   records it as unacknowledged; a worker killed in between loses it): pushed again;
-- followers whose leader vanished: promoted to run on their own.
+- followers whose leader vanished: promoted to run on their own;
+- pending webhook deliveries whose message the broker lost (the same two-step window, or a
+  Redis restart): their message pushed again, under the same generation.
 
 It runs in every API process and every model worker; a Redis lock (SET NX PX) lets one of them
 work per period, and each script checks its job's state itself, so two reapers at once are safe
@@ -27,6 +29,7 @@ import redis.exceptions
 
 from shared import keys, metrics, scripts
 from shared.config import Settings
+from shared.messages import retagged
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
 
 log = logging.getLogger("genq.reaper")
@@ -49,6 +52,7 @@ class Reaper:
         self._lease = client.register_script(scripts.source("reap_lease"))
         self._deadline = client.register_script(scripts.source("reap_deadline"))
         self._orphan = client.register_script(scripts.source("reap_orphan"))
+        self._delivery = client.register_script(scripts.source("reap_delivery"))
         self._stopped = threading.Event()
 
     @classmethod
@@ -69,6 +73,8 @@ class Reaper:
             self._act(done, job_id, as_text(outcome))
         for job_id in self._due(keys.ORPHAN_CHECKS, now):
             self._act(done, job_id, self._reap_orphan(job_id, now))
+        for delivery in self._due(keys.WEBHOOK_PENDING, now):
+            self._act(done, delivery, self._reap_delivery(delivery, now), subject="delivery")
         return done
 
     def run_forever(self) -> None:
@@ -108,10 +114,18 @@ class Reaper:
         message, _ = self._fresh_message(job_id)
         return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message]))
 
+    def _reap_delivery(self, delivery: str, now: float) -> str:
+        message: bytes | str | None = self._redis.hget(delivery, "message")
+        if message is None:  # ended, or expired with its job: the script drops it from the index
+            return as_text(self._delivery(keys=[delivery], args=[repr(now), "", ""]))
+        tag, copy = retagged(message)
+        return as_text(self._delivery(keys=[delivery], args=[repr(now), tag, copy]))
+
     @staticmethod
-    def _act(done: dict[str, int], job_id: str, outcome: str) -> None:
+    def _act(done: dict[str, int], job_id: str, outcome: str, subject: str = "job_id") -> None:
+        """Count and log an action; `subject` names what job_id is (a job, or a delivery key)."""
         if outcome not in ACTIONS:
             return
         done[outcome] = done.get(outcome, 0) + 1
         metrics.REAPER_ACTIONS.labels(outcome).inc()
-        log.warning(json.dumps({"event": "reaper_action", "action": outcome, "job_id": job_id}))
+        log.warning(json.dumps({"event": "reaper_action", "action": outcome, subject: job_id}))

@@ -29,6 +29,7 @@ CONSTANTS = {
     "leases": keys.LEASES,
     "deadlines": keys.DEADLINES,
     "orphan_checks": keys.ORPHAN_CHECKS,
+    "webhook_pending": keys.WEBHOOK_PENDING,
     "webhook_queue": keys.queue_key(keys.WEBHOOK_QUEUE, 0),
     "unacked": keys.KOMBU_UNACKED,
     "unacked_index": keys.KOMBU_UNACKED_INDEX,
@@ -45,6 +46,7 @@ TEMPLATES = {
     "queued_key": keys.QUEUED,
     "owner_live_key": keys.OWNER_LIVE,
     "owner_bytes_key": keys.OWNER_BYTES,
+    "webhook_delivery_key": keys.WEBHOOK_DELIVERY,
 }
 
 

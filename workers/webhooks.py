@@ -4,15 +4,21 @@ A delivery is one event of one job (`start`, `completed`, or one `output` notice
 lives in Redis (DELIVERY below): the body, frozen at the first attempt so every retry sends the
 same bytes under the same webhook-id; the attempt count; the outcome; and a claim.
 
-Durability. A failed attempt is retried with Celery's `self.retry(countdown=...)`, which
-publishes a new message with an eta and then acknowledges this one; the new message is
-published before this attempt is recorded, so a crash in between repeats an attempt rather than
-losing the delivery. On the Redis broker a worker holds eta'd messages in memory, unacknowledged,
-until they are due, and the broker hands back any message held longer than
-visibility_timeout_s. So a wait never outlives half of it: a longer retry delay is made of hops
-(a message that carries the attempt's due time in `due_at`, and only re-publishes itself when it
-arrives early), so no message is ever held long enough to be handed out twice, and the unacked
-hash holds each delivery's message for at most half the visibility timeout.
+Durability. A failed attempt is retried by publishing the next generation's message (what
+Celery's `self.retry(countdown=...)` would publish: shared/messages.py) and then acknowledging
+this one; the new message is published before this attempt is recorded, so a crash in between
+repeats an attempt rather than losing the delivery. On the Redis broker a worker holds eta'd
+messages in memory, unacknowledged, until they are due, and the broker hands back any message
+held longer than visibility_timeout_s. So a wait never outlives half of it: a longer retry delay
+is made of hops (a message that carries the attempt's due time in `due_at`, and only
+re-publishes itself when it arrives early), so no message is ever held long enough to be handed
+out twice, and the unacked hash holds each delivery's message for at most half the visibility
+timeout.
+
+Every message published for a delivery is also written into its state and the delivery indexed
+in WEBHOOK_PENDING until it has its outcome: the reaper pushes a copy of a message the broker
+lost (kombu pops a message before it records it as unacknowledged, so a worker killed in
+between loses it; a Redis restart can drop a message in flight) — shared/lua/reap_delivery.lua.
 
 The claim makes that harmless: each message carries its generation (Celery's retry count), and
 a message may act only for a generation newer than the delivery's, or take over its own
@@ -27,6 +33,7 @@ delivery is still pending, until start was delivered or given up.
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 import json
 import logging
@@ -44,7 +51,7 @@ import redis.exceptions
 from celery import Task, shared_task, signals
 from celery.exceptions import Reject
 
-from shared import key_secrets, keys, metrics, signing
+from shared import key_secrets, keys, metrics, scripts, signing
 from shared.config import Settings
 from shared.ids import new_id
 from shared.messages import task_message
@@ -56,6 +63,8 @@ from workers.patience import StoreUnavailable, patiently
 log = logging.getLogger("genq.webhooks")
 
 DELIVERY = keys.WEBHOOK_DELIVERY
+#: The broker's list of the webhook queue (deliveries are all published at priority 0).
+WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
 
 EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
 FINAL_OUTCOMES = frozenset({"delivered", "failed", "gone", "refused", "skipped"})
@@ -91,12 +100,17 @@ if generation == held and lease > 0 then return {'busy', state[3]} end
 return {'stale', '0'}
 """
 
-# Ends a generation: releases its claim, sets fields, appends to the delivery log. KEYS: delivery
-# state, delivery log. ARGV: generation, ttl, log entry ('' for none), drop body ('1'/'0'), fields...
+# Ends a generation: releases its claim, sets fields, appends to the delivery log; a final outcome
+# also drops the body and takes the delivery out of the reaper's index. KEYS: delivery state,
+# delivery log, pending index. ARGV: generation, ttl, log entry ('' for none), final ('1'/'0'),
+# fields...
 RECORD_LUA = """
 if redis.call('HGET', KEYS[1], 'generation') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'lease', '0', unpack(ARGV, 5))
-  if ARGV[4] == '1' then redis.call('HDEL', KEYS[1], 'body') end
+  if ARGV[4] == '1' then
+    redis.call('HDEL', KEYS[1], 'body', 'message')
+    redis.call('ZREM', KEYS[3], KEYS[1])
+  end
 end
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[2], ARGV[3])
@@ -164,6 +178,30 @@ def verdict(result: webhook_http.AttemptResult, attempt: int, delays: list[float
     return Verdict("failed", None)
 
 
+def publish(
+    client: redis.Redis,
+    delivery: Delivery,
+    task_id: str,
+    generation: int,
+    countdown: float,
+    kwargs: dict[str, float],
+    ttl_s: int,
+) -> None:
+    """Put a message for `delivery` on the webhook queue and index the delivery as pending, in
+    one transaction: the reaper finds the message again by what is written here."""
+    now = datetime.datetime.now(datetime.UTC)
+    eta = now + datetime.timedelta(seconds=countdown) if countdown > 0 else None
+    args = [delivery.job_id, delivery.event]
+    message = task_message(keys.WEBHOOK_TASK, task_id, args, keys.WEBHOOK_QUEUE, 0, retries=generation,
+                           kwargs=kwargs, eta=eta)  # fmt: skip
+    pipe = client.pipeline(transaction=True)
+    pipe.lpush(WEBHOOK_LIST, message)
+    pipe.hset(delivery.key, "message", message)
+    pipe.expire(delivery.key, ttl_s)
+    pipe.zadd(keys.WEBHOOK_PENDING, {delivery.key: time.time() + scripts.ORPHAN_CHECK_S})
+    pipe.execute()
+
+
 class Deliveries:
     """Delivery state and attempts (blocking; called from Celery task threads)."""
 
@@ -196,9 +234,15 @@ class Deliveries:
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""
         self._record(
-            keys=[delivery.key, keys.webhook_log(delivery.job_id)],
+            keys=[delivery.key, keys.webhook_log(delivery.job_id), keys.WEBHOOK_PENDING],
             args=[generation, self._ttl(delivery.job_id), log_entry, drop_body, *flat],
         )
+
+    def publish(
+        self, delivery: Delivery, task_id: str, generation: int, countdown: float, kwargs: dict[str, float]
+    ) -> None:
+        """Publish `delivery`'s message for `generation`, due in `countdown` seconds."""
+        publish(self._redis, delivery, task_id, generation, countdown, kwargs, self._ttl(delivery.job_id))
 
     def _ttl(self, job_id: str) -> int:
         """The job record's remaining TTL (delivery state and log live as long as the job)."""
@@ -330,7 +374,7 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     generation = int(task.request.retries)
     claim, held_until = patiently(lambda: deliveries.claim(delivery, generation))
     if claim == "busy":  # maybe its holder died: look again when the holder's lease ends
-        _look_again_later(task, generation, held_until)
+        _look_again_later(task, deliveries, delivery, generation, held_until)
     if claim != "claimed":
         # A copy of a message the broker handed out again (see the module docstring), or a
         # message for a delivery that already has its outcome: nothing to do.
@@ -365,12 +409,13 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, fields, entry)
 
 
-def _look_again_later(task: Task, generation: int, held_until: float) -> None:
+def _look_again_later(
+    task: Task, deliveries: Deliveries, delivery: Delivery, generation: int, held_until: float
+) -> None:
     """Publish this message again, same generation, for when the lease that holds it ends."""
     countdown = max(0.0, held_until - time.time()) + 1
-    request = task.request
-    patiently(lambda: task.apply_async(request.args, request.kwargs, countdown=countdown, retries=generation,
-                                       task_id=request.id))  # fmt: skip
+    kwargs = dict(task.request.kwargs or {})
+    patiently(lambda: deliveries.publish(delivery, task.request.id, generation, countdown, kwargs))
 
 
 def _retry_then_record(
@@ -384,25 +429,12 @@ def _retry_then_record(
 ) -> None:
     # Publish the next generation first: a crash before the record below repeats this attempt
     # (its claim's lease runs out) instead of losing the delivery. A wait longer than a hop
-    # carries its due time; a shorter one drops any it had.
+    # carries its due time; a shorter one drops any it had. This message is then acknowledged.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
-    retry = patiently(lambda: _publish_retry(task, min(countdown, hop_s), hop))
+    task_id = task.request.id
+    patiently(lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop))
     patiently(lambda: deliveries.record(delivery, generation, fields, entry))
-    raise retry
-
-
-def _publish_retry(task: Task, countdown: float, kwargs: dict[str, float]) -> Exception:
-    """Celery's retry, publishing the next generation; a publish the broker failed (a restart,
-    a full Redis) raises its own error again, for patiently() to wait out: Celery wraps it in a
-    Reject(requeue=False), which would acknowledge the message and lose the delivery."""
-    try:
-        retry: Exception = task.retry(countdown=countdown, kwargs=kwargs, throw=False)
-    except Reject as exc:
-        if isinstance(exc.reason, Exception):
-            raise exc.reason from exc
-        raise
-    return retry
 
 
 #: The Celery task (registered when this module is imported; see workers/worker.py).
@@ -503,9 +535,9 @@ class OutputWebhooks:
         now = time.monotonic()
         for job_id in [j for j, due in self._due.items() if due <= now]:
             del self._due[job_id]
-            message = task_message(keys.WEBHOOK_TASK, new_id(), [job_id, WebhookEvent.OUTPUT.value],
-                                   keys.WEBHOOK_QUEUE, 0)  # fmt: skip
-            self._redis.lpush(keys.queue_key(keys.WEBHOOK_QUEUE, 0), message)
+            task_id = new_id()
+            delivery = Delivery.of(job_id, WebhookEvent.OUTPUT, task_id)
+            publish(self._redis, delivery, task_id, 0, 0.0, {}, self._settings.job_ttl_s)
             self._last_sent[job_id] = now
         # Only sends within the last interval still hold a job back; forget the others.
         for job_id in [j for j, sent in self._last_sent.items() if now - sent > OUTPUT_INTERVAL_S]:

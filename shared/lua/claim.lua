@@ -37,6 +37,6 @@ redis.call('HDEL', job, 'message', 'missing_since')
 redis.call('SADD', running_set(job), job_id)
 redis.call('ZADD', K.leases, lease, job_id)
 leave_queue(job, job_id)
-push_webhook(job, 'start')
+push_webhook(job, job_id, 'start')
 redis.call('HINCRBY', job, 'attempts', 1)
 return {'claimed', status}

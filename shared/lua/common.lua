@@ -4,13 +4,20 @@
 
 local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 
--- Push a job's pre-built webhook message for `event` onto the webhook queue, once.
-local function push_webhook(job_key_, event)
+-- Push a job's pre-built webhook message for `event` onto the webhook queue, once, and index the
+-- delivery as pending: the reaper pushes its message again should the broker lose it
+-- (shared/lua/reap_delivery.lua). The delivery's state lives as long as the job record.
+local function push_webhook(job_key_, job_id, event)
   local field = 'webhook_message:' .. event
   local message = redis.call('HGET', job_key_, field)
   if message then
     redis.call('LPUSH', K.webhook_queue, message)
     redis.call('HDEL', job_key_, field)
+    local delivery = webhook_delivery_key(job_id, event)
+    redis.call('HSET', delivery, 'message', message)
+    local ttl = redis.call('PTTL', job_key_)
+    if ttl > 0 then redis.call('PEXPIRE', delivery, ttl) end
+    redis.call('ZADD', K.webhook_pending, tonumber(redis.call('TIME')[1]) + ORPHAN_CHECK_S, delivery)
   end
 end
 
@@ -51,7 +58,7 @@ local function ended(job_key_, job_id)
   local owner = redis.call('HGET', job_key_, 'owner')
   if owner then redis.call('SREM', owner_live_key(owner), job_id) end
   redis.call('PUBLISH', K.job_events, job_id)
-  push_webhook(job_key_, 'completed')
+  push_webhook(job_key_, job_id, 'completed')
 end
 
 -- Put a job (back) in the queue: its message onto the broker's list, its deadline and its next
@@ -96,7 +103,7 @@ local function resolve_followers(leader_key, leader_id)
       else
         redis.call('HSET', key, 'error', r[3] or '')
       end
-      push_webhook(key, 'start')
+      push_webhook(key, id, 'start')
       ended(key, id)
     end
   end

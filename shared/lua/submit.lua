@@ -74,8 +74,8 @@ if output ~= '' then
   redis.call('HSET', KEYS[1], 'status', 'succeeded', 'cached', '1', 'output', output, 'model_label', label,
              'metrics', NO_INFERENCE_METRICS, 'started_at', now, 'completed_at', now)
   accept(owner, false)
-  push_webhook(KEYS[1], 'start')
-  push_webhook(KEYS[1], 'completed')
+  push_webhook(KEYS[1], ARGV[1], 'start')
+  push_webhook(KEYS[1], ARGV[1], 'completed')
   local record = redis.call('HGETALL', KEYS[1])
   table.insert(record, 1, 2)
   return record
