@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.signing import parse_secrets
@@ -362,6 +362,13 @@ class Settings(BaseSettings):
                 ) from None
         return delays
 
+    @field_validator("rate_limit_submit", "rate_limit_read")
+    @classmethod
+    def _bucket_parses(cls, spec: str, info: ValidationInfo) -> str:
+        # At start-up, not as a 500 on every request the limiter would parse it for.
+        check_bucket_spec(f"GENQ_{str(info.field_name).upper()}", spec)
+        return spec
+
     @field_validator("rate_limit_overrides")
     @classmethod
     def _overrides_parse(cls, overrides: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -475,6 +482,11 @@ def check_limit_spec(owner: str, kind: str, value: str) -> None:
         return
     if kind not in BUCKET_KINDS:
         raise ValueError(f"{where}: unknown limit; use one of {', '.join(BUCKET_KINDS + COUNT_KINDS)}")
+    check_bucket_spec(where, value)
+
+
+def check_bucket_spec(where: str, value: str) -> None:
+    """Raise a ValueError naming `where` unless value is `capacity/refill per second` or empty."""
     capacity, slash, rate = value.partition("/")
     try:
         ok = not value.strip() or (bool(slash) and int(capacity) >= 1 and float(rate) > 0)

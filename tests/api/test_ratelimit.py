@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import subprocess
+import sys
 
 import httpx
 import pytest
 
-from tests.conftest import api_client
+from tests.conftest import ROOT, api_client, settings_env
 
 pytestmark = pytest.mark.anyio
 
@@ -80,3 +82,17 @@ async def test_redis_down_fails_reads_open_and_submissions_closed(make_settings,
     with pytest.raises(Unavailable):
         await limiter.check("someone", "submit")
     await client.aclose()
+
+
+@pytest.mark.parametrize("name", ["GENQ_RATE_LIMIT_SUBMIT", "GENQ_RATE_LIMIT_READ"])
+def test_a_limit_that_does_not_parse_stops_the_api_at_start_up(make_settings, name: str) -> None:
+    """Not a 500 on every request that reaches the limiter: `genq api` refuses to start, naming
+    the setting (and never its value)."""
+    env = settings_env(make_settings()) | {name: "60per10"}
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "api", "--port", "1"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"{name} must be `capacity/refill per second`" in result.stderr
+    assert "60per10" not in result.stderr
