@@ -537,7 +537,3 @@ def placeholder_fields(settings: Settings) -> list[str]:
     if any(PLACEHOLDER.encode() in key for keys in settings.key_secrets.values() for key in keys):
         found.append("webhook_key_secrets")
     return found
-
-
-def get_settings() -> Settings:
-    return Settings()

@@ -27,7 +27,6 @@ MERGE_PATCH = "application/merge-patch+json"
 #: (connect, read) seconds for one PATCH: a slow API server must not stall the worker for long.
 REQUEST_TIMEOUT_S = (2.0, 5.0)
 _INT32_MAX = 2**31 - 1
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ class PodDeletionCost:
 
 
 def from_env(
-    enabled: bool | str | None,
+    enabled: bool,
     namespace: str | None,
     pod_name: str | None,
     *,
@@ -116,8 +115,6 @@ def from_env(
     unknown, or outside a cluster (no KUBERNETES_SERVICE_HOST, which the kubelet sets in every pod).
     """
     env = os.environ if environ is None else environ
-    if isinstance(enabled, str):
-        enabled = enabled.strip().lower() in _TRUE
     if not enabled or not namespace or not pod_name:
         return None
     if not env.get("KUBERNETES_SERVICE_HOST"):

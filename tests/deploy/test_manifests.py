@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.tools import QUEUE_LENGTH_METRIC, ROOT, load, load_all, run, tool
+from shared.metrics import QUEUE_LENGTH_METRIC
+from tests.deploy.tools import ROOT, load, load_all, run, tool
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (dev extras)")
 

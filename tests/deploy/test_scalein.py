@@ -145,11 +145,9 @@ def test_from_env() -> None:
     """from_env returns None unless enabled, named and inside a pod (no server involved)."""
     in_pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
     assert from_env(False, NS, POD, environ=in_pod) is None
-    assert from_env("false", NS, POD, environ=in_pod) is None
-    assert from_env(None, NS, POD, environ=in_pod) is None
     assert from_env(True, NS, None, environ=in_pod) is None
     assert from_env(True, None, POD, environ=in_pod) is None
     assert from_env(True, NS, POD, environ={}) is None
-    made = from_env("true", NS, POD, environ=in_pod, min_interval_s=2.0)
+    made = from_env(True, NS, POD, environ=in_pod, min_interval_s=2.0)
     assert made is not None
     assert (made.namespace, made.pod_name, made.min_interval_s) == (NS, POD, 2.0)

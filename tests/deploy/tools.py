@@ -13,11 +13,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-try:  # the lead's metrics module names the autoscaling series once for the whole code base
-    from shared.metrics import QUEUE_LENGTH_METRIC
-except ImportError:  # pragma: no cover - shared/metrics.py not written yet
-    QUEUE_LENGTH_METRIC = "genq_queue_length"
-
 
 def tool(name: str) -> str:
     """Path of a CLI tool from the dev extras (the venv's bin first), or skip saying what's missing."""

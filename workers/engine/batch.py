@@ -31,9 +31,6 @@ class RunningBatch:
     def rows(self) -> int:
         return self._cache.rows
 
-    def memory_bytes(self) -> int:
-        return self._cache.memory_bytes()
-
     def share_prefix(self, prefix_ids: list[int]) -> None:
         """Compute the K/V of a prefix many prompts start with, for prefill() to reuse."""
         self._prefix, self._prefix_kv = (), []

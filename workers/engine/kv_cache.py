@@ -82,9 +82,6 @@ class SlotKVCache(Cache):
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
-    def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))
-
     def append(self, prefill: DynamicCache) -> int:
         """Add a sequence from its prefill cache (batch 1); returns its row."""
         first, _ = layer_kv(prefill, 0)
