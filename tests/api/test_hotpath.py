@@ -1,9 +1,12 @@
 """The raw-ASGI hot path (api/hotpath.py) answers exactly as the FastAPI routes do, and really
 serves the requests it claims: every case below is sent to an app with it on and one with it off,
-and the answers compared."""
+and the answers compared — status, body and header values — across the request shapes, and
+across states: an idempotent replay and its 409, `Prefer: wait`, a cache hit, a long-poll, a full
+queue (503 overloaded) and Redis down (503 unavailable)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +16,7 @@ import redis
 from prometheus_client import REGISTRY
 
 from api.deps import current_owner
+from shared import keys
 from shared.config import Settings
 from tests.conftest import api_client, assert_nothing_written
 
@@ -53,29 +57,24 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
 PER_JOB = {"id", "created_at", "urls"}
 
 
-def comparable(response: httpx.Response) -> dict[str, Any]:
-    body = response.json()
-    shape = {key: value for key, value in body.items() if key not in PER_JOB}  # an error keeps all
-    headers = {name for name in response.headers if name not in ("date", "server", "content-length")}
-    return {"status": response.status_code, "body": shape, "headers": sorted(headers)}
-
-
-async def answers(settings: Settings, job_id: str | None = None) -> tuple[dict[str, Any], str]:
+async def answers(settings: Settings, key: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    async with api_client(settings) as api:
-        job_id = job_id or (await api.post("/v1/jobs", json={"prompt": "the job to read"})).json()["id"]
+    async with api_client(settings, key) as api:
+        job_id = (await api.post("/v1/jobs", json={"prompt": "the job to read"})).json()["id"]
         for name, method, path, kwargs in CASES:
             response = await api.request(method, path.replace("{job}", job_id), **kwargs)
-            results[name] = comparable(response)
-    return results, job_id
+            results[name] = exact(response)
+    return results
 
 
 async def test_hot_path_answers_like_the_fastapi_routes(make_settings: Callable[..., Settings]) -> None:
-    hot, job_id = await answers(make_settings(api_hot_paths=True))
-    routed, _ = await answers(make_settings(api_hot_paths=False), job_id)
+    """Status, body and header values; each way under its own key (its own rate-limit bucket)."""
+    keys_ = ["hot-key", "routed-key"]
+    hot = await answers(make_settings(api_keys=keys_, api_hot_paths=True), "hot-key")
+    routed = await answers(make_settings(api_keys=keys_, api_hot_paths=False), "routed-key")
     for name, *_ in CASES:
-        assert hot[name] == routed[name], name
-    assert hot["submit"]["status"] == 202 and "location" in hot["submit"]["headers"]
+        assert hot[name] == routed[name], (name, differences(hot[name], routed[name]))
+    assert hot["submit"]["status"] == 202 and "location" in hot["submit"]["header names"]
     assert hot["over the cap"]["body"]["error"]["param"] == "max_tokens"
     assert hot["malformed"]["status"] == 400
     assert hot["get unknown"]["status"] == 404
@@ -133,3 +132,112 @@ async def test_hot_path_requests_are_counted_by_route_template(api) -> None:
     assert len((await api.get("/v1/jobs/missing")).headers["x-request-id"]) == 32
     after = served("/v1/jobs", "POST", "202"), served("/v1/jobs/{job_id}", "GET", "404")
     assert after == (before[0] + 1, before[1] + 1)
+
+
+#: Headers whose values differ between any two answers (or name the job): compared by name only.
+VARYING_HEADERS = {"date", "server", "content-length", "x-request-id", "location", "x-ratelimit-reset"}
+
+#: Requests in order, each depending on the state the ones before left (the same key throughout).
+#: First with no worker running (so the job stays queued): an idempotent submit, its replay, the
+#: same key with another body (409).
+IDEMPOTENT: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("idempotent", "POST", "/v1/jobs",
+     {"json": {"prompt": "once", "cache": False}, "headers": {"Idempotency-Key": "parity-1"}}),
+    ("replay", "POST", "/v1/jobs",
+     {"json": {"prompt": "once", "cache": False}, "headers": {"Idempotency-Key": "parity-1"}}),
+    ("conflict", "POST", "/v1/jobs",
+     {"json": {"prompt": "twice", "cache": False}, "headers": {"Idempotency-Key": "parity-1"}}),
+]  # fmt: skip
+#: Then with a worker: a `Prefer: wait` submit it finishes, its cache hit, a long-poll of it.
+FINISHED: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("prefer wait", "POST", "/v1/jobs",
+     {"json": {"prompt": "parity, cached", "max_tokens": 3}, "headers": {"Prefer": "wait=20"}}),
+    ("cache hit", "POST", "/v1/jobs", {"json": {"prompt": "parity, cached", "max_tokens": 3}}),
+    ("long-poll a finished job", "GET", "/v1/jobs/{first}?wait=5", {}),
+]  # fmt: skip
+
+#: With the queue full (GENQ_MAX_QUEUE_LENGTH) and with Redis down: no worker needed.
+REFUSALS: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("submit", "POST", "/v1/jobs", {"json": {"prompt": "refused", "cache": False}}),
+    ("get", "GET", "/v1/jobs/9b2f6c1e-3f7a-4c55-9d0e-1a2b3c4d5e6f", {}),
+]
+
+
+#: Fields of a finished job that differ between two runs of it.
+PER_RUN = {"started_at", "completed_at", "metrics", "worker"}
+
+
+def exact(response: httpx.Response) -> dict[str, Any]:
+    """Status, body and header values (those that can be equal), for an exact comparison."""
+    body = response.json()
+    if "id" in body:
+        body = {key: value for key, value in body.items() if key not in PER_JOB | PER_RUN}
+    headers = {name: value for name, value in response.headers.items() if name not in VARYING_HEADERS}
+    return {"status": response.status_code, "body": body, "headers": headers,
+            "header names": sorted(response.headers)}  # fmt: skip
+
+
+async def run_cases(
+    settings: Settings, key: str, cases: list[tuple[str, str, str, dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    first = ""
+    async with api_client(settings, key) as api:
+        for name, method, path, kwargs in cases:
+            response = await api.request(method, path.replace("{first}", first), **kwargs)
+            first = first or response.json().get("id", "")
+            results[name] = exact(response)
+    return results
+
+
+async def test_hot_path_answers_alike_in_every_state(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis, start_worker
+) -> None:
+    """Both ways, each under its own key (its own rate-limit bucket, cache and idempotency keys),
+    answer every request of the same sequence with the same status, body and header values."""
+    keys_ = ["hot-key", "routed-key"]
+    hot_settings = make_settings(api_keys=keys_, api_hot_paths=True)
+    routed_settings = make_settings(api_keys=keys_, api_hot_paths=False)
+    hot = await run_cases(hot_settings, "hot-key", IDEMPOTENT)
+    routed = await run_cases(routed_settings, "routed-key", IDEMPOTENT)
+    start_worker(make_settings(placeholder_step_s=0.01))
+    hot |= await run_cases(hot_settings, "hot-key", FINISHED)
+    routed |= await run_cases(routed_settings, "routed-key", FINISHED)
+    for name, *_ in IDEMPOTENT + FINISHED:
+        assert hot[name] == routed[name], (name, differences(hot[name], routed[name]))
+    assert [hot[name]["status"] for name, *_ in IDEMPOTENT + FINISHED] == [202, 200, 409, 200, 200, 200]
+    assert hot["cache hit"]["body"]["cached"] is True
+
+
+async def test_hot_path_refuses_alike_when_the_queue_is_full_or_redis_is_down(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    full = {"max_queue_length": 1}
+    redis_client.zadd(keys.queued(keys.queue_for_model("placeholder-echo")), {"queued-ahead": 1})
+    hot = await run_cases(make_settings(api_hot_paths=True, **full), "", REFUSALS[:1])
+    routed = await run_cases(make_settings(api_hot_paths=False, **full), "", REFUSALS[:1])
+    assert hot == routed and hot["submit"]["body"]["error"]["type"] == "overloaded", hot
+    down = {"redis_url": f"redis://127.0.0.1:{closed_port()}/0"}
+    hot = await run_cases(make_settings(api_hot_paths=True, **down), "", REFUSALS)
+    routed = await run_cases(make_settings(api_hot_paths=False, **down), "", REFUSALS)
+    assert hot == routed and {answer["status"] for answer in hot.values()} == {503}, hot
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Where two answers differ, part by part (a readable assertion message)."""
+    found: dict[str, Any] = {}
+    for part in a.keys() | b.keys():
+        x, y = a.get(part), b.get(part)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found |= {
+                f"{part}.{k}": (x.get(k), y.get(k)) for k in x.keys() | y.keys() if x.get(k) != y.get(k)
+            }
+        elif x != y:
+            found[part] = (x, y)
+    return found
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
