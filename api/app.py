@@ -29,7 +29,7 @@ from api.routes import jobs, openai, ops, playground, stream, webhooks
 from api.server import OneWriteHttpProtocol
 from api.stream_hub import StreamHub
 from shared import keys
-from shared.autopipeline import AutoPipeline
+from shared.autopipeline import open_commands
 from shared.config import Settings
 from shared.logging import configure_logging
 from shared.reaper import Reaper
@@ -111,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = redis_client(settings)
         events = JobEvents(client)
-        commands = AutoPipeline(client)
+        commands = await open_commands(client, settings.api_autopipeline)
         store = JobStore(
             client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds_of(settings)
         )

@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 
 from api.deps import OwnerDep
 from shared import keys, metrics
-from shared.autopipeline import AutoPipeline
+from shared.autopipeline import Commands
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
 
@@ -72,7 +72,7 @@ def bucket_for(settings: Settings, owner: str, kind: Kind) -> Bucket | None:
 
 
 class RateLimiter:
-    def __init__(self, client: aioredis.Redis, commands: AutoPipeline, settings: Settings) -> None:
+    def __init__(self, client: aioredis.Redis, commands: Commands, settings: Settings) -> None:
         self._settings = settings
         self._commands = commands
         self._script = client.register_script(TOKEN_BUCKET_LUA)

@@ -16,6 +16,13 @@ callers' futures. No task, lock or timeout object per command or per batch. redi
 classes (its `parse_error`: NoScriptError, ...) and response callbacks (HGETALL -> dict, ...)
 apply, so callers see exactly what `client.execute_command` would give them.
 
+Fenced: the take-over uses three private names of redis-py (`_writer` and `_close()` on its
+connection, and `BaseParser` from its private `redis._parsers`; redis==8.1.0, pinned). Should an
+upgrade break it, `open_commands` finds out at start-up (one PING), closes what it opened, logs
+`autopipeline_off` and serves through redis-py's own pool (`DirectCommands`), as
+GENQ_API_AUTOPIPELINE=0 does; a take-over that fails later fails its commands with
+`TakeOverFailed`, a redis-py ConnectionError, which the API answers with 503 like any Redis fault.
+
 Latency: a command waits only for the end of the current loop turn, never for a timer. Each
 command keeps its own reply or error (this is not a transaction). The connection is lost ->
 every command waiting on it fails with redis-py's ConnectionError; no reply within the client's
@@ -27,15 +34,17 @@ would hold up everyone's replies on the shared connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions
-from redis._parsers import BaseParser
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, InvalidResponse, NoScriptError, RedisError
 
@@ -45,6 +54,58 @@ from shared.metrics import REDIS_BATCH
 MAX_BATCH = 256
 
 _Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
+
+log = logging.getLogger("genq.autopipeline")
+
+
+class TakeOverFailed(redis.exceptions.ConnectionError):
+    """AutoPipeline could not read a redis-py connection itself (redis-py changed underneath)."""
+
+
+class Commands(Protocol):
+    """How the API sends single commands and scripts: AutoPipeline, or DirectCommands."""
+
+    async def execute(self, *args: Any) -> Any: ...
+
+    async def run_script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+class DirectCommands:
+    """Each command through redis-py's own connection pool: AutoPipeline's fallback."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+
+    async def execute(self, *args: Any) -> Any:
+        return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    async def run_script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return await script(keys=keys, args=args)
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close: the pool is the client's."""
+
+
+async def open_commands(client: aioredis.Redis, enabled: bool = True) -> Commands:
+    """AutoPipeline when enabled and its take-over works here (checked with one PING), else
+    DirectCommands. Redis being down at start-up is not a reason to fall back."""
+    if not enabled:
+        return DirectCommands(client)
+    commands = AutoPipeline(client)
+    try:
+        await commands.execute("PING")
+    except TakeOverFailed as exc:
+        await commands.aclose()
+        log.warning(json.dumps({"event": "autopipeline_off", "error": repr(exc.__cause__ or exc),
+                                "message": "serving through redis-py's own connection pool"}))  # fmt: skip
+        return DirectCommands(client)
+    except redis.exceptions.RedisError:
+        pass  # Redis down: the next command connects again
+    return commands
+
+
 _Callback = Callable[[Any], Any] | None
 
 
@@ -126,15 +187,23 @@ class AutoPipeline:
     async def _connect(self) -> None:
         """Open the connection (redis-py's handshake), then send what waited for it. A failure
         fails the waiting commands with redis-py's error, as a pool checkout would have."""
+        connection = None
         try:
             connection = self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
             await connection.connect()
             self._link = _Link.take_over(connection)
         except Exception as exc:
+            error = exc
+            if not isinstance(exc, RedisError):  # redis-py changed underneath: close what we opened
+                error = TakeOverFailed(f"could not take over a redis-py connection: {exc!r}")
+                error.__cause__ = exc
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect()
             pending, self._pending = self._pending, []
             for _, future in pending:
                 if not future.done():
-                    future.set_exception(exc)
+                    future.set_exception(error)
             return
         finally:
             self._connecting = None
@@ -159,8 +228,10 @@ class _Link(asyncio.Protocol):
     @classmethod
     def take_over(cls, connection: Any) -> _Link:
         """Read a connected redis-py connection ourselves from now on. redis-py keeps its stream
-        writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned): the two private
-        names this module uses, both here and in `_fail`."""
+        writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned), here and in
+        `_fail`; the third private name is `redis._parsers` (see the module docstring)."""
+        from redis._parsers import BaseParser  # here, so that its absence is a failed take-over
+
         encoder = connection.encoder
         options: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
         if encoder.decode_responses:

@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     that skips FastAPI's per-request machinery (api/hotpath.py); the answers are the same. Turn it
     off only to compare the two."""
 
+    api_autopipeline: bool = True
+    """Send the Redis commands that concurrent requests issue in one event-loop turn as one write
+    on one connection (shared/autopipeline.py). Off, or should its start-up check fail (logged as
+    `autopipeline_off`): each command goes through redis-py's own connection pool."""
+
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413."""
 

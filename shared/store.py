@@ -24,7 +24,7 @@ import redis
 import redis.asyncio as aioredis
 
 from shared import keys, scripts
-from shared.autopipeline import AutoPipeline
+from shared.autopipeline import Commands
 from shared.cache import CacheEntry
 from shared.errors import QuotaExceeded
 from shared.messages import task_message
@@ -215,7 +215,7 @@ class JobStore:
     def __init__(
         self,
         client: aioredis.Redis,
-        commands: AutoPipeline,
+        commands: Commands,
         job_ttl_s: int,
         idempotency_ttl_s: int,
         bounds: Callable[[str], OwnerBounds] = lambda _owner: OwnerBounds(),

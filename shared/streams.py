@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import keys
-from shared.autopipeline import AutoPipeline
+from shared.autopipeline import Commands
 
 #: The id before every entry: reading after it reads the stream from its beginning.
 START_ID = "0-0"
@@ -48,7 +48,7 @@ class OutputStreams:
     thousands of followers woken together (a hub reconnect wakes them all) share its one
     connection instead of each taking one from the pool, which ran dry at 512."""
 
-    def __init__(self, commands: AutoPipeline) -> None:
+    def __init__(self, commands: Commands) -> None:
         self._commands = commands
 
     async def read(self, job_id: str, after_id: str) -> list[OutputEntry]:

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from cli.redis_server import EmbeddedRedis
-from shared.autopipeline import AutoPipeline, pack_command
+from shared import autopipeline
+from shared.autopipeline import AutoPipeline, DirectCommands, TakeOverFailed, open_commands, pack_command
+from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +179,56 @@ async def test_a_loading_reply_fails_its_command(aclient: aioredis.Redis) -> Non
     with pytest.raises(redis.exceptions.BusyLoadingError):
         await future
     link._transport.close()
+
+
+# --- the fence ------------------------------------------------------------------------------------
+def broken_take_over(connection: object) -> None:
+    """What a redis-py upgrade that renamed a private name would do to the take-over."""
+    raise AttributeError("'Connection' object has no attribute '_writer'")
+
+
+async def connected_clients(client: aioredis.Redis) -> int:
+    return len(await client.client_list())
+
+
+async def test_a_take_over_that_breaks_falls_back_to_redis_pys_pool(
+    aclient: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = await connected_clients(aclient)
+    monkeypatch.setattr(autopipeline._Link, "take_over", staticmethod(broken_take_over))
+    commands = await open_commands(aclient)
+    assert isinstance(commands, DirectCommands)
+    assert "autopipeline_off" in caplog.text and "_writer" in caplog.text
+    await commands.execute("SET", "fenced", "1")
+    assert await commands.execute("GET", "fenced") == "1"
+    assert await connected_clients(aclient) == before  # the connection it opened is closed
+
+
+async def test_a_take_over_that_breaks_later_fails_its_commands_as_a_redis_error(
+    aclient: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a bare exception (a 500 on every request): a redis-py ConnectionError, which the API
+    answers with 503; the connection opened for it is closed, not leaked on every try."""
+    before = await connected_clients(aclient)
+    commands = AutoPipeline(aclient)
+    monkeypatch.setattr(autopipeline._Link, "take_over", staticmethod(broken_take_over))
+    for _ in range(3):
+        with pytest.raises(redis.exceptions.ConnectionError) as raised:
+            await commands.execute("PING")
+        assert isinstance(raised.value, TakeOverFailed)
+    assert await connected_clients(aclient) == before
+
+
+async def test_autopipeline_can_be_turned_off(aclient: aioredis.Redis) -> None:
+    assert isinstance(await open_commands(aclient, enabled=False), DirectCommands)
+    commands = await open_commands(aclient)
+    assert isinstance(commands, AutoPipeline)
+    await commands.aclose()
+
+
+async def test_the_api_serves_through_the_fallback(make_settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autopipeline._Link, "take_over", staticmethod(broken_take_over))
+    async with api_client(make_settings()) as api:
+        submitted = await api.post("/v1/jobs", json={"prompt": "through the fallback"})
+        assert submitted.status_code == 202
+        assert (await api.get(submitted.headers["location"])).json()["status"] == "queued"
