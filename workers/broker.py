@@ -5,9 +5,9 @@ two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noevic
 read-only during a failover, the pop succeeds and the record is refused; stock kombu raises, and
 Celery takes that as an unrecoverable error: the worker stops consuming for good. Here the
 record is retried until the store takes it, holding the message in memory meanwhile (the worker
-can do nothing useful while the store refuses writes anyway). Were the worker killed in that
-window, the message is in no list and no hash: the reaper's orphan check pushes it again
-(shared/lua/reap_orphan.lua).
+can do nothing useful while the store refuses writes anyway); so are the queue bindings that a
+reconnecting consumer writes. Were the worker killed while it holds a message so, the message is
+in no list and no hash: the reaper's orphan check pushes it again (shared/lua/reap_orphan.lua).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis.exceptions
 from kombu.transport import redis as kombu_redis
@@ -25,6 +26,8 @@ from shared import metrics
 from shared.errors import storage_refusal
 
 log = logging.getLogger("genq.worker")
+
+T = TypeVar("T")
 
 #: Seconds between two tries to record a taken message while the store refuses writes.
 RETRY_S = 0.5
@@ -37,22 +40,27 @@ _left_behind: set[str] = set()
 _left_behind_lock = threading.Lock()
 
 
+def while_refused(call: Callable[[], T], event: str) -> T:
+    """call(), retried every RETRY_S while the store refuses writes (logged once as `event`)."""
+    warned = False
+    while True:
+        try:
+            return call()
+        except redis.exceptions.ResponseError as exc:
+            refusal = storage_refusal(exc)
+            if refusal is None:
+                raise
+            if not warned:  # once per call: the store's refusal is logged elsewhere too
+                log.warning(json.dumps({"event": event, "error": refusal.message}))
+                warned = True
+            metrics.STORAGE_REFUSED.labels("broker").inc()
+            time.sleep(RETRY_S)
+
+
 class PatientQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
-        warned = False
-        while True:
-            try:
-                super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
-                return
-            except redis.exceptions.ResponseError as exc:
-                refusal = storage_refusal(exc)
-                if refusal is None:
-                    raise
-                if not warned:  # once per message: the store's refusal is logged elsewhere too
-                    log.warning(json.dumps({"event": "broker_record_refused", "error": refusal.message}))
-                    warned = True
-                metrics.STORAGE_REFUSED.labels("broker").inc()
-                time.sleep(RETRY_S)
+        append = super().append
+        while_refused(lambda: append(message, delivery_tag), "broker_record_refused")  # type: ignore[no-untyped-call]
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         # kombu's periodic sweep of messages past the visibility timeout takes a Redis lock first
@@ -90,6 +98,14 @@ class Channel(kombu_redis.Channel):
             raise redis.exceptions.ConnectionError("the broker connection is closed")
         params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
         return params
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        # A consumer that reconnects (after a Redis restart, say) declares its queues again, which
+        # writes kombu's binding set: at maxmemory stock kombu raised, and Celery took it as
+        # unrecoverable, so the worker exited (seen twice in the chaos soak). The write is
+        # idempotent: wait until the store takes it.
+        bind = super()._queue_bind
+        while_refused(lambda: bind(exchange, routing_key, pattern, queue), "broker_bind_refused")  # type: ignore[no-untyped-call]
 
     def basic_consume(self, *args: Any, **kwargs: Any) -> Any:
         consumer_tag = super().basic_consume(*args, **kwargs)  # type: ignore[no-untyped-call]

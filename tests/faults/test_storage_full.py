@@ -61,3 +61,34 @@ async def _submit_until_refused(api) -> tuple[list[str], list]:  # type: ignore[
         else:
             refusals.append(response)
     return accepted, refusals
+
+
+@pytest.mark.parametrize("queues", [(), ("--queues=webhooks",)])
+async def test_a_worker_that_reconnects_to_a_full_redis_stays_up(
+    make_settings, start_worker, tmp_path, queues: tuple[str, ...]
+) -> None:
+    """A consumer that reconnects declares its queues again (kombu writes its binding set): with
+    the store full, that write is refused, and stock kombu's error stopped the worker for good
+    (the chaos soak saw its webhook worker exit so). Here it waits for memory, then works on."""
+    server = EmbeddedRedis(tmp_path / "full", appendonly=False)
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    settings = make_settings(redis_url=server.url, placeholder_step_s=0.01)
+    try:
+        worker = start_worker(settings, *queues)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1024)
+        client.client_kill_filter(_type="normal", skipme=True)  # every worker connection: it reconnects
+        await asyncio.sleep(4)
+        assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
+        assert "broker_bind_refused" in worker.log_path.read_text()
+        client.config_set("maxmemory", 0)
+        if not queues:  # the model worker still takes jobs
+            async with api_client(settings) as api:
+                job = (await api.post("/v1/jobs", json={"prompt": "after", "max_tokens": 2})).json()
+                done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
+            assert done["status"] == "succeeded"
+        assert worker.process.poll() is None
+    finally:
+        client.close()
+        server.stop()

@@ -47,8 +47,8 @@ with `invalid_request` and nothing else. A failing prefill fails only its own re
 (`unavailable`). A failing decode step (after one retry for an out-of-memory error) is fatal:
 `engine.fatal_error` is set to a FatalEngineError, EngineConfig.on_fatal is called with it first
 (a worker hands its jobs back to the queue and exits there, so no job is recorded as failed for
-it), then every held future fails with that FatalEngineError, and later submits fail at once with
-`unavailable`. start() raises
+it), then every held future fails with that FatalEngineError, and so do later submits, at once
+(a job its worker claimed in the moment before it exits is handed back too, not failed). start() raises
 FatalEngineError when the model cannot load or its warm-up output is not finite.
 """
 
@@ -186,7 +186,7 @@ class TransformersEngine:
             with self._lock:  # register and enqueue atomically, so shutdown() never strands a sequence
                 self._register(sequence)
                 self._inbox.put(sequence)
-        except RequestError as error:
+        except (RequestError, FatalEngineError) as error:
             future.set_exception(error)
         return future
 
@@ -247,7 +247,7 @@ class TransformersEngine:
 
     def _require_loaded(self) -> LoadedModel:
         if self.fatal_error is not None:
-            raise RequestError("unavailable", f"the engine has failed: {self.fatal_error}")
+            raise self.fatal_error
         if self._loaded is None or not self._accepting:
             raise RequestError("unavailable", "the engine is not running")
         return self._loaded

@@ -60,8 +60,8 @@ class PlaceholderEngine:
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
-        if self.fatal_error is not None:
-            future.set_exception(RequestError("unavailable", "the engine failed"))
+        if self.fatal_error is not None:  # as the real engine: its worker hands the job back
+            future.set_exception(self.fatal_error)
             return future
         params = request.params
         scores = params.logprobs is not None or params.prompt_logprobs is not None
