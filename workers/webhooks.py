@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import enum
 import functools
 import json
 import logging
@@ -67,7 +68,32 @@ DELIVERY = keys.WEBHOOK_DELIVERY
 WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
 
 EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
-FINAL_OUTCOMES = frozenset({"delivered", "failed", "gone", "refused", "skipped"})
+
+
+class Outcome(enum.StrEnum):
+    """A delivery's `outcome` (its state's field and the delivery log's), or one attempt's."""
+
+    PENDING = "pending"
+    RETRYING = "retrying"  # an attempt's only: the delivery stays pending
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    GONE = "gone"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+
+
+FINAL_OUTCOMES = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.RETRYING})
+
+
+class Claim(enum.StrEnum):
+    """What CLAIM_LUA says of a message (see there)."""
+
+    CLAIMED = "claimed"
+    OVER = "over"
+    STALE = "stale"
+    BUSY = "busy"
+
+
 #: How soon `completed` looks again at a pending `start` with no retry scheduled yet.
 ORDER_RECHECK_S = 1.0
 #: A claim outlives the attempt timeout by this much before another copy may take it over.
@@ -151,7 +177,7 @@ class Frozen:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    outcome: str
+    outcome: Outcome
     #: Seconds until the next attempt; None when the delivery is over.
     retry_in: float | None
 
@@ -167,15 +193,15 @@ def retry_delays(settings: Settings) -> list[float]:
 def verdict(result: webhook_http.AttemptResult, attempt: int, delays: list[float]) -> Verdict:
     """What one attempt's result means for the delivery."""
     if result.refused:
-        return Verdict("refused", None)
+        return Verdict(Outcome.REFUSED, None)
     if result.status_code is not None and 200 <= result.status_code < 300:
-        return Verdict("delivered", None)
+        return Verdict(Outcome.DELIVERED, None)
     if result.status_code == 410:
-        return Verdict("gone", None)
+        return Verdict(Outcome.GONE, None)
     if attempt <= len(delays):
         delay = delays[attempt - 1]
-        return Verdict("retrying", delay + random.uniform(0, delay * JITTER_FRACTION))
-    return Verdict("failed", None)
+        return Verdict(Outcome.RETRYING, delay + random.uniform(0, delay * JITTER_FRACTION))
+    return Verdict(Outcome.FAILED, None)
 
 
 def publish(
@@ -217,14 +243,14 @@ class Deliveries:
         self._record = client.register_script(RECORD_LUA)
 
     # --- claims and records -------------------------------------------------------------------
-    def claim(self, delivery: Delivery, generation: int) -> tuple[str, float]:
+    def claim(self, delivery: Delivery, generation: int) -> tuple[Claim, float]:
         """The claim's outcome, and the end of the lease that decided it."""
         now = time.time()
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         outcome, held_until = self._claim(
             keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery.job_id)]
         )
-        return _text(outcome), float(_text(held_until))
+        return Claim(_text(outcome)), float(_text(held_until))
 
     def record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
@@ -348,7 +374,7 @@ def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, o
         "error": result.error,
         "duration_ms": result.duration_ms,
     }
-    level = logging.INFO if outcome.outcome in ("delivered", "retrying") else logging.WARNING
+    level = logging.INFO if outcome.outcome in (Outcome.DELIVERED, Outcome.RETRYING) else logging.WARNING
     log.log(level, json.dumps(line))
 
 
@@ -373,9 +399,9 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     deliveries = _deliveries()
     generation = int(task.request.retries)
     claim, held_until = patiently(lambda: deliveries.claim(delivery, generation))
-    if claim == "busy":  # maybe its holder died: look again when the holder's lease ends
+    if claim is Claim.BUSY:  # maybe its holder died: look again when the holder's lease ends
         _look_again_later(task, deliveries, delivery, generation, held_until)
-    if claim != "claimed":
+    if claim is not Claim.CLAIMED:
         # A copy of a message the broker handed out again (see the module docstring), or a
         # message for a delivery that already has its outcome: nothing to do.
         dropped = {"event": "webhook_copy_dropped", "job_id": delivery.job_id,
@@ -393,14 +419,14 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     if frozen is None:
         log.info(json.dumps({"event": "webhook_skipped", "job_id": delivery.job_id,
                              "webhook_event": delivery.event}))  # fmt: skip
-        patiently(lambda: deliveries.record(delivery, generation, {"outcome": "skipped"}, None))
+        patiently(lambda: deliveries.record(delivery, generation, {"outcome": Outcome.SKIPPED}, None))
         return
     attempt, result = patiently(lambda: deliveries.attempt(delivery, frozen))
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
     metrics.WEBHOOK_ATTEMPTS.labels(delivery.event, outcome.outcome).inc()
     metrics.WEBHOOK_DURATION.observe(result.duration_ms / 1000)
-    fields = {"outcome": "pending" if outcome.retry_in is not None else outcome.outcome}
+    fields: dict[str, str] = {"outcome": Outcome.PENDING if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
         patiently(lambda: deliveries.record(delivery, generation, fields, entry))
