@@ -34,6 +34,8 @@ pytestmark = pytest.mark.slow
 
 #: Seconds per generated word: a job of N tokens runs about N / 10 s.
 STEP_S = 0.1
+#: Long enough for a few CLI processes to start on a loaded machine while a job still runs.
+JOB_TIMEOUT_S = 8.0
 PROMPT = "one two three four five six seven eight nine ten eleven twelve"
 
 
@@ -52,9 +54,9 @@ def stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
     only its own jobs)."""
     redis.Redis.from_url(redis_server.url).flushall()
     tmp = tmp_path_factory.mktemp("cli")
-    # Jobs longer than 3 s fail with `timeout`: how the tests get a failed job.
-    settings = suite_settings(redis_server.url, tmp / "genq", placeholder_step_s=STEP_S, job_timeout_s=3.0,
-                              api_keys=["key-a", "key-ls"])  # fmt: skip
+    # Jobs longer than JOB_TIMEOUT_S fail with `timeout`: how the tests get a failed job.
+    settings = suite_settings(redis_server.url, tmp / "genq", placeholder_step_s=STEP_S,
+                              job_timeout_s=JOB_TIMEOUT_S, api_keys=["key-a", "key-ls"])  # fmt: skip
     worker = WorkerProcess(settings, tmp / "worker.log").wait_ready()
     api = ApiProcess(settings, tmp / "api.log")
     try:
@@ -155,11 +157,11 @@ def test_piped_submit_prints_the_record_as_before(stack: ApiProcess) -> None:
 
 def test_exit_codes_say_how_the_job_ended(stack: ApiProcess) -> None:
     env = cli_env(stack)
-    failed = genq(env, "submit", PROMPT, "--max-tokens", "60", "--wait")  # 6 s > the 3 s job timeout
+    failed = genq(env, "submit", PROMPT, "--max-tokens", "100", "--wait")  # 10 s > the 8 s job timeout
     assert failed.code == ExitCode.FAILED, failed
     assert json.loads(failed.stdout)["error"]["type"] == "timeout"
 
-    long_job = submitted(env, 25)
+    long_job = submitted(env, 70)  # 7 s: running while the next CLI commands start
     still_running = genq(env, "jobs", "wait", long_job, "--timeout", "0.5")
     assert still_running.code == ExitCode.TIMED_OUT
     assert json.loads(still_running.stdout)["status"] in ("queued", "running")

@@ -19,8 +19,15 @@ from tests.workers.test_webhooks import Receiver, hook_settings, submit_complete
 from workers.webhooks import WEBHOOK_LIST, Deliveries, Delivery
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
-CHECK_AT = time.time() + scripts.ORPHAN_CHECK_S + 1
-RECHECK_AT = CHECK_AT + scripts.ORPHAN_RECHECK_S + 1
+
+
+def check_at() -> float:
+    """A moment past the first orphan check of a delivery published now."""
+    return time.time() + scripts.ORPHAN_CHECK_S + 1
+
+
+def recheck_at(first: float) -> float:
+    return first + scripts.ORPHAN_RECHECK_S + 1
 
 
 @pytest.fixture
@@ -62,12 +69,13 @@ def test_a_message_a_worker_will_find_is_left_alone(
     deliveries: Deliveries, redis_client: redis.Redis, where: str
 ) -> None:
     deliveries.publish(DELIVERY, "task-1", 0, 0.0, {})
+    first = check_at()
     if where == "unacked":
         take(redis_client)
     if where == "lease":  # an attempt under way: its message may be anywhere meanwhile
         redis_client.delete(WEBHOOK_LIST)
-        redis_client.hset(DELIVERY.key, mapping={"outcome": "pending", "lease": RECHECK_AT + 60})
-    assert reap(redis_client, CHECK_AT) == {} and reap(redis_client, RECHECK_AT) == {}
+        redis_client.hset(DELIVERY.key, mapping={"outcome": "pending", "lease": recheck_at(first) + 60})
+    assert reap(redis_client, first) == {} and reap(redis_client, recheck_at(first)) == {}
     assert len(listed(redis_client)) == (1 if where == "list" else 0)
 
 
@@ -77,14 +85,15 @@ def test_a_lost_message_is_pushed_again_after_two_checks_under_a_fresh_tag(
     """kombu pops a message before it records it unacked: a worker killed in between loses it."""
     deliveries.publish(DELIVERY, "task-1", 1, 0.0, {"due_at": 5.0})
     lost = orjson.loads(redis_client.rpop(WEBHOOK_LIST) or b"")
-    assert reap(redis_client, CHECK_AT) == {}  # suspect: maybe between kombu's two steps right now
-    assert reap(redis_client, RECHECK_AT) == {"webhook_repushed": 1}
+    first = check_at()
+    assert reap(redis_client, first) == {}  # suspect: maybe between kombu's two steps right now
+    assert reap(redis_client, recheck_at(first)) == {"webhook_repushed": 1}
     [copy] = listed(redis_client)
     assert copy["properties"]["delivery_tag"] != lost["properties"]["delivery_tag"]
     assert copy["headers"]["retries"] == 1 and copy["body"] == lost["body"]  # same generation, same kwargs
     assert redis_client.hget(DELIVERY.key, "message") == orjson.dumps(copy).decode()
     assert redis_client.zscore(keys.WEBHOOK_PENDING, DELIVERY.key) == pytest.approx(
-        RECHECK_AT + scripts.ORPHAN_CHECK_S
+        recheck_at(first) + scripts.ORPHAN_CHECK_S
     )
 
 
@@ -93,9 +102,10 @@ def test_a_message_seen_again_before_the_recheck_is_not_pushed(
 ) -> None:
     deliveries.publish(DELIVERY, "task-1", 0, 0.0, {})
     raw = redis_client.rpop(WEBHOOK_LIST)
-    assert reap(redis_client, CHECK_AT) == {}
+    first = check_at()
+    assert reap(redis_client, first) == {}
     redis_client.hset(keys.KOMBU_UNACKED, orjson.loads(raw or b"")["properties"]["delivery_tag"], raw or b"")
-    assert reap(redis_client, RECHECK_AT) == {}
+    assert reap(redis_client, recheck_at(first)) == {}
     assert listed(redis_client) == [] and not redis_client.hexists(DELIVERY.key, "missing_since")
 
 
@@ -114,7 +124,7 @@ def test_an_index_entry_whose_delivery_expired_is_dropped(
 ) -> None:
     deliveries.publish(DELIVERY, "task-1", 0, 0.0, {})
     redis_client.delete(DELIVERY.key, WEBHOOK_LIST)  # expired with its job
-    assert reap(redis_client, CHECK_AT) == {}
+    assert reap(redis_client, check_at()) == {}
     assert redis_client.zscore(keys.WEBHOOK_PENDING, DELIVERY.key) is None
 
 
