@@ -99,7 +99,7 @@ class Finished:
 async def one_job(session: Session, submit: bytes, mode: str) -> Finished:
     began = time.perf_counter()
     status, body = await session.request(submit)
-    statuses = (status,)
+    statuses: tuple[int, ...] = (status,)
     job = orjson.loads(body) if status in (200, 202) else {}
     if mode == "poll" and job.get("id"):
         status, body = await session.request(http_request("GET", f"/v1/jobs/{job['id']}?wait={WAIT_S}"))
@@ -192,18 +192,19 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
     celery_pids = {"celery_worker": bare_pid, "redis": redis_server.process.pid}
     runs = []
     for concurrency, count in zip(sizes.concurrency, sizes.jobs, strict=True):
-        celery = with_commands(
-            client, partial(cpu_per_item, celery_pids, partial(run_celery, redis_server.url, count, concurrency),
-                            "tasks"), "tasks")  # fmt: skip
+        bare_run = partial(run_celery, redis_server.url, count, concurrency)
+        bare = partial(cpu_per_item, celery_pids, bare_run, "tasks")
+        celery = with_commands(client, bare, "tasks")
         row: dict[str, Any] = {"concurrency": concurrency, "celery": celery}
         for mode in modes:
             genq_run = partial(run_genq, port, count, concurrency, mode, max_tokens)
             genq = with_commands(client, partial(cpu_per_item, genq_pids, genq_run, "succeeded"), "succeeded")
-            row[mode] = genq | {"rate_ratio": ratio(genq["jobs_per_s"], celery["tasks_per_s"]),
-                                "p99_to_queueing": ratio(genq["latency_p99_ms"], genq["queueing_ms"])}  # fmt: skip
-            print(f"  C={concurrency} {mode}: {genq['jobs_per_s']} jobs/s (x{row[mode]['rate_ratio']} celery "
-                  f"{celery['tasks_per_s']}/s), p50/p99 {genq['latency_p50_ms']}/{genq['latency_p99_ms']} ms, "
-                  f"{genq['redis_commands_per_item']} Redis commands/job", flush=True)  # fmt: skip
+            genq["rate_ratio"] = ratio(genq["jobs_per_s"], celery["tasks_per_s"])
+            genq["p99_to_queueing"] = ratio(genq["latency_p99_ms"], genq["queueing_ms"])
+            row[mode] = genq
+            print(f"  C={concurrency} {mode}: {genq['jobs_per_s']} jobs/s (x{genq['rate_ratio']} celery "
+                  f"{celery['tasks_per_s']}/s), p50/p99 {genq['latency_p50_ms']}/{genq['latency_p99_ms']} "
+                  f"ms, {genq['redis_commands_per_item']} Redis commands/job", flush=True)  # fmt: skip
         runs.append(row)
     shown = {name: value for name, value in settings.items() if name not in ("REDIS_URL", "DATA_DIR")}
     return {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
@@ -232,11 +233,11 @@ def check_targets(runs: Sequence[dict[str, Any]], modes: Sequence[str]) -> dict[
 def print_tables(report: dict[str, Any]) -> None:
     for mode in report["modes"]:
         rows = [
-            [run["concurrency"], run[mode]["jobs_per_s"], run["celery"]["tasks_per_s"], run[mode]["rate_ratio"],
-             run[mode]["latency_p50_ms"], run[mode]["latency_p90_ms"], run[mode]["latency_p99_ms"],
-             run[mode]["latency_max_ms"], run[mode]["queueing_ms"], run[mode]["p99_to_queueing"],
-             run[mode]["redis_commands_per_item"], run["celery"]["redis_commands_per_item"],
-             run[mode]["failed_or_unfinished"]]
+            [run["concurrency"], run[mode]["jobs_per_s"], run["celery"]["tasks_per_s"],
+             run[mode]["rate_ratio"], run[mode]["latency_p50_ms"], run[mode]["latency_p90_ms"],
+             run[mode]["latency_p99_ms"], run[mode]["latency_max_ms"], run[mode]["queueing_ms"],
+             run[mode]["p99_to_queueing"], run[mode]["redis_commands_per_item"],
+             run["celery"]["redis_commands_per_item"], run[mode]["failed_or_unfinished"]]
             for run in report["runs"]
         ]  # fmt: skip
         print_table(f"genq ({mode}) vs bare Celery (no-op task), placeholder-echo at 0 s/step",
@@ -273,7 +274,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="poll", help=f"comma-separated, of {', '.join(MODES)}")
-    parser.add_argument("--concurrency", default=None, help="comma-separated C values (default: all of the run)")
+    parser.add_argument("--concurrency", default=None, help="comma-separated C values (default: all)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="max_tokens per job (default: the API's GENQ_DEFAULT_MAX_TOKENS)")  # fmt: skip
 

@@ -240,6 +240,12 @@ class Settings(BaseSettings):
     """Messages a worker reserves per task thread. 1 keeps jobs in the shared queue where any free
     worker can take them; more only hides them from other workers."""
 
+    worker_task_events: bool = False
+    """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off
+    by default: three PUBLISHes per job on the worker's consumer thread, about 15% of its CPU at
+    150 jobs/s (bench/machinery.py), and nothing in genq reads them (its metrics and job records
+    say the same); Flower still shows the workers and the broker's queues without them."""
+
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """How often a worker records that it is alive."""
 
