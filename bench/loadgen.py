@@ -86,8 +86,13 @@ class LoadResult:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; hands each complete response to `on_reply`."""
 
-    def __init__(self, on_reply: Callable[[_Connection, int, bytes], None]) -> None:
+    def __init__(
+        self,
+        on_reply: Callable[[_Connection, int, bytes], None],
+        on_lost: Callable[[Exception | None], None] | None = None,
+    ) -> None:
         self._on_reply = on_reply
+        self._on_lost = on_lost
         self._buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.lost = False
@@ -97,6 +102,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._on_lost is not None:
+            self._on_lost(exc)
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
@@ -269,7 +276,7 @@ class Session:
     async def __aenter__(self) -> Session:
         loop = asyncio.get_running_loop()
         _, self._connection = await loop.create_connection(
-            lambda: _Connection(self._on_reply), self.host, self.port
+            lambda: _Connection(self._on_reply, self._on_lost), self.host, self.port
         )
         return self
 
@@ -289,3 +296,7 @@ class Session:
     def _on_reply(self, _connection: _Connection, status: int, body: bytes) -> None:
         if self._reply is not None and not self._reply.done():
             self._reply.set_result((status, body))
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(ConnectionError(f"the server closed the connection ({exc!r})"))

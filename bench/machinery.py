@@ -120,7 +120,12 @@ async def genq_clients(
         async with Session("127.0.0.1", port) as session:
             for index in remaining:  # shared: each job is taken by one client
                 submit = submit_request(tag, index, mode, max_tokens)
-                finished.append(await asyncio.wait_for(one_job(session, submit, mode), WAIT_S * 2 + 30))
+                try:
+                    finished.append(await asyncio.wait_for(one_job(session, submit, mode), WAIT_S * 2 + 30))
+                except (TimeoutError, ConnectionError) as exc:
+                    # Counted as a job without a result; this client's connection is spent.
+                    finished.append(Finished(0.0, {"error": repr(exc)}, ()))
+                    return
 
     with collector_paused():
         started = time.perf_counter()
