@@ -88,9 +88,9 @@ class Settings(BaseSettings):
     Unset: /metrics is open to whoever reaches the API port."""
 
     api_hot_paths: bool = True
-    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` of the common shape through a raw-ASGI path
-    that skips FastAPI's per-request machinery (api/hotpath.py); the answers are the same. Turn it
-    off only to compare the two."""
+    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) of the
+    common shape through a raw-ASGI path that skips FastAPI's per-request machinery
+    (api/hotpath.py); the answers are the same. Turn it off only to compare the two."""
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413."""
