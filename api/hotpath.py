@@ -9,16 +9,19 @@ which the real work (validation, one pipelined Redis round trip, the reply) is ~
 gateway targets (issue 2) cannot be met through that machinery on two cores.
 
 What it does: a request of exactly the common shape is answered here through the same code the
-FastAPI routes run (`accept_job`, `JobQueue.get`, the same auth, rate limiter, error mapping and
-metrics). Anything else goes on, untouched, to FastAPI: another path or method, a query string, a
-chunked or over-long body, a body that is not plain JSON or does not validate, an over-long
-header. So every error response that depends on parsing, every other edge of the HTTP contract,
-and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks that both ways answer alike.
+FastAPI routes run (`accept_job`, `read_job`, the same auth, rate limiter, error mapping and
+metrics), and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits: how clients wait for
+a job). Anything else goes on, untouched, to FastAPI: another path or method, any
+other query string, a chunked or over-long body, a body that is not plain JSON or does not
+validate, an over-long header. So every error response that depends on parsing, every other
+edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks
+that both ways answer alike.
 `GENQ_API_HOT_PATHS=0` turns it off.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -34,9 +37,8 @@ from api.auth import owner_of
 from api.errors import genq_error_response, redis_down_response, redis_error_response
 from api.observability import extra_headers, observe, request_id_of
 from api.ratelimit import Kind
-from api.responses import json_response
 from api.routes import jobs
-from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, submit_job
+from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
 from shared.errors import GenqError
 from shared.metrics import REQUESTS_INFLIGHT
 from shared.schemas import JobCreate
@@ -45,6 +47,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
+
+#: The one query string the hot path serves: a long-poll's wait in plain decimal seconds.
+WAIT_QUERY = re.compile(rb"wait=(\d{1,6}(?:\.\d{1,6})?)")
 
 #: What a hot request does once its caller is known: its response.
 Work = Callable[[str], Awaitable[Response]]
@@ -63,16 +68,18 @@ class HotPaths:
         self.job_prefix = self.job_template.split("{", 1)[0]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["query_string"]:
+        if scope["type"] == "http":
             path: str = scope["path"]
             method: str = scope["method"]
-            if method == "POST" and path == self.jobs_path:
+            query: bytes = scope["query_string"]
+            if method == "POST" and path == self.jobs_path and not query:
                 await self._submit(scope, receive, send)
                 return
-            if method == "GET" and path.startswith(self.job_prefix):
+            wait = WAIT_QUERY.fullmatch(query) if query else None
+            if method == "GET" and path.startswith(self.job_prefix) and (wait or not query):
                 job_id = path[len(self.job_prefix) :]
                 if 0 < len(job_id) <= JOB_ID_MAX and "/" not in job_id:
-                    await self._get(scope, send, job_id)
+                    await self._get(scope, send, job_id, float(wait[1]) if wait else None)
                     return
         await self.fallback(scope, receive, send)
 
@@ -98,11 +105,11 @@ class HotPaths:
 
         await self._answer(scope, send, headers, self.jobs_path, "submit", work)
 
-    async def _get(self, scope: Scope, send: Send, job_id: str) -> None:
-        queue = self.app.state.queue
+    async def _get(self, scope: Scope, send: Send, job_id: str, wait: float | None) -> None:
+        state = self.app.state
 
         async def work(owner: str) -> Response:
-            return json_response(await queue.get(job_id, owner))
+            return await read_job(state.queue, state.settings, job_id, owner, wait)
 
         await self._answer(scope, send, _headers(scope), self.job_template, "read", work)
 

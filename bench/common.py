@@ -34,12 +34,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 T = TypeVar("T")
 
-#: Settings every benchmarked API runs with: no rate limits or admission bound (they would
-#: measure the limiter, not the path), no worker metrics port (several workers share a host).
+#: Settings every benchmarked API runs with: no rate limits, admission bound or per-key bound on
+#: held requests (they would measure the limiter, not the path: every benchmark client is one
+#: anonymous key, and with the default 100 long-polls per key, 256 waiting clients got 429s they
+#: took for answers), no worker metrics port (several workers share a host).
 BENCH_SETTINGS = {
     "RATE_LIMIT_SUBMIT": "",
     "RATE_LIMIT_READ": "",
     "MAX_QUEUE_LENGTH": "0",
+    "MAX_LONG_POLLS_PER_KEY": "1000000",
+    "MAX_STREAMS_PER_KEY": "1000000",
     "WORKER_METRICS_PORT": "0",
     "LOG_LEVEL": "WARNING",
 }

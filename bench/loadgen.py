@@ -86,8 +86,13 @@ class LoadResult:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; hands each complete response to `on_reply`."""
 
-    def __init__(self, on_reply: Callable[[_Connection, int, bytes], None]) -> None:
+    def __init__(
+        self,
+        on_reply: Callable[[_Connection, int, bytes], None],
+        on_lost: Callable[[Exception | None], None] | None = None,
+    ) -> None:
         self._on_reply = on_reply
+        self._on_lost = on_lost
         self._buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.lost = False
@@ -97,6 +102,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._on_lost is not None:
+            self._on_lost(exc)
 
     def send(self, request: bytes) -> None:
         assert self.transport is not None
@@ -254,3 +261,42 @@ async def closed_loop(
             await pool.wait(timeout_s)
             pool.result.duration_s = pool.last_reply_at - start if pool.result.replies else 0.0
             return pool.result
+
+
+class Session:
+    """One keep-alive connection driven request by request: `await request(bytes)` returns the
+    reply's status and body. For clients whose next request depends on the last reply (submit,
+    then long-poll the id it returned)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._connection: _Connection | None = None
+        self._reply: asyncio.Future[tuple[int, bytes]] | None = None
+
+    async def __aenter__(self) -> Session:
+        loop = asyncio.get_running_loop()
+        _, self._connection = await loop.create_connection(
+            lambda: _Connection(self._on_reply, self._on_lost), self.host, self.port
+        )
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._connection is not None and self._connection.transport is not None:
+            self._connection.transport.close()
+
+    async def request(self, request: bytes) -> tuple[int, bytes]:
+        assert self._connection is not None and self._reply is None, "one request at a time"
+        self._reply = asyncio.get_running_loop().create_future()
+        self._connection.send(request)
+        try:
+            return await self._reply
+        finally:
+            self._reply = None
+
+    def _on_reply(self, _connection: _Connection, status: int, body: bytes) -> None:
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_result((status, body))
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(ConnectionError(f"the server closed the connection ({exc!r})"))

@@ -143,7 +143,8 @@ def drain(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context, name: str) -> None:
-    """Run a benchmark: `genq bench gateway|end_to_end|engine|scale|cache|chaos [--quick]` (bench/README)."""
+    """Run a benchmark (bench/README):
+    `genq bench gateway|end_to_end|machinery|engine|scale|cache|chaos [--quick]`."""
     import runpy
 
     sys.argv = [f"bench.{name}", *ctx.args]

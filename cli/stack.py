@@ -35,6 +35,8 @@ def run_stack(settings: Settings) -> int:
         embedded.start()
         env["GENQ_REDIS_URL"] = embedded.url
         print(f"genq: embedded Redis on {embedded.url} (data in {embedded.data_dir})", flush=True)
+    # The local stack runs Flower, whose task list needs the workers' task events (off by default).
+    env.setdefault("GENQ_WORKER_TASK_EVENTS", "1")
     children = [
         _spawn(["api", "--host", settings.api_host, "--port", str(settings.api_port)], env),
         _spawn(["worker"], env),

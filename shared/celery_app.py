@@ -35,7 +35,7 @@ def create_celery_app(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=settings.worker_prefetch_multiplier,
-        worker_send_task_events=True,
+        worker_send_task_events=settings.worker_task_events,
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,

@@ -88,9 +88,9 @@ class Settings(BaseSettings):
     Unset: /metrics is open to whoever reaches the API port."""
 
     api_hot_paths: bool = True
-    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` of the common shape through a raw-ASGI path
-    that skips FastAPI's per-request machinery (api/hotpath.py); the answers are the same. Turn it
-    off only to compare the two."""
+    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) of the
+    common shape through a raw-ASGI path that skips FastAPI's per-request machinery
+    (api/hotpath.py); the answers are the same. Turn it off only to compare the two."""
 
     api_autopipeline: bool = True
     """Send the Redis commands that concurrent requests issue in one event-loop turn as one write
@@ -244,6 +244,12 @@ class Settings(BaseSettings):
     worker_prefetch_multiplier: int = Field(1, ge=1, le=64)
     """Messages a worker reserves per task thread. 1 keeps jobs in the shared queue where any free
     worker can take them; more only hides them from other workers."""
+
+    worker_task_events: bool = False
+    """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off
+    by default: three PUBLISHes per job on the worker's consumer thread, about 15% of its CPU at
+    150 jobs/s (bench/machinery.py), and nothing in genq reads them (its metrics and job records
+    say the same); Flower still shows the workers and the broker's queues without them."""
 
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """How often a worker records that it is alive."""

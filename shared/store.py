@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, cast
@@ -333,6 +333,8 @@ class ClaimOutcome(enum.StrEnum):
 class Claim:
     outcome: ClaimOutcome
     status: str
+    #: The job's record as the claim left it (CLAIMED only; empty otherwise).
+    record: dict[str, str] = field(default_factory=dict)
 
 
 def job_message(job_id: str, queue: str, priority: int) -> tuple[bytes, str]:
@@ -355,12 +357,12 @@ class WorkerJobs:
         self._hand_back = client.register_script(scripts.source("hand_back"))
 
     def claim(self, job_id: str, worker_id: str) -> Claim:
-        outcome, status = self._start(
+        outcome, status, *flat = self._start(
             keys=[keys.job(job_id)],
             args=[worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, job_id, self._max_attempts,
                   WORKER_LOST_ERROR],
         )  # fmt: skip
-        return Claim(ClaimOutcome(as_text(outcome)), as_text(status))
+        return Claim(ClaimOutcome(as_text(outcome)), as_text(status), _record(flat))
 
     def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
         """Extend the leases of the jobs this worker runs; the ids it no longer holds."""
@@ -368,9 +370,6 @@ class WorkerJobs:
             return []
         lost = self._renew(args=[worker_id, repr(time.time() + self._lease_s), *job_ids])
         return [as_text(job_id) for job_id in lost]
-
-    def read(self, job_id: str) -> dict[str, str]:
-        return self._redis.hgetall(keys.job(job_id))  # type: ignore[return-value]
 
     def finish(
         self,

@@ -88,6 +88,23 @@ class PatientQoS(kombu_redis.QoS):
 class Channel(kombu_redis.Channel):
     QoS = PatientQoS
 
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        """One client per pool, reused: kombu builds a new redis.Redis for every acknowledgement
+        and every record of a taken message (each build copies ~200 response callbacks), which
+        was about a tenth of a worker's CPU per job (py-spy under bench/machinery.py). The
+        client only wraps the pool; a new pool (after a reconnect) gets a new client."""
+        pool = self.async_pool if asynchronous else self.pool
+        cached = self._reused_clients.get(asynchronous)
+        if cached is not None and cached.connection_pool is pool:
+            return cached
+        client = super()._create_client(asynchronous)  # type: ignore[no-untyped-call]
+        self._reused_clients[asynchronous] = client
+        return client
+
+    @property
+    def _reused_clients(self) -> dict[bool, Any]:
+        return self.__dict__.setdefault("_genq_clients", {})  # type: ignore[no-any-return]
+
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         # After Redis drops the connection, Celery closes the channel, and closing restores the
         # unacknowledged messages through a connection whose `client` kombu already cleared: an

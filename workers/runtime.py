@@ -184,7 +184,7 @@ class WorkerRuntime:
             log.info(json.dumps({"event": "job_skipped", "job_id": job_id, "outcome": claim.outcome.value,
                                  "status": claim.status}))  # fmt: skip
             return
-        record = self._store(lambda: self.jobs.read(job_id))
+        record = claim.record
         if record.get("started_at"):
             wait_s = float(record["started_at"]) - float(record["created_at"])
             metrics.QUEUE_WAIT.labels(record["queue"]).observe(max(0.0, wait_s))

@@ -116,7 +116,8 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     argv = [
         "worker", "--pool=threads", f"--concurrency={concurrency or settings.concurrency}",
         f"--queues={','.join(queues)}", "--without-gossip", "--without-mingle",
-        f"--hostname=genq-{runtime.worker_id}", f"--loglevel={settings.log_level}", "--task-events",
+        f"--hostname=genq-{runtime.worker_id}", f"--loglevel={settings.log_level}",
+        *(["--task-events"] if settings.worker_task_events else []),
     ]  # fmt: skip
     try:
         app.worker_main(argv)

@@ -106,6 +106,14 @@ async def get_job(
     wait: Annotated[float | None, Query(ge=0)] = None,
 ) -> Response:
     """A job; with `?wait=N` the answer waits until the job is terminal or N seconds pass."""
+    return await read_job(queue, settings, job_id, owner, wait)
+
+
+async def read_job(
+    queue: JobQueue, settings: Settings, job_id: str, owner: str, wait: float | None
+) -> Response:
+    """What `GET /v1/jobs/{id}` does once its inputs are parsed: the route above and the raw-ASGI
+    hot path (api/hotpath.py) both end here."""
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
     if not wait:

@@ -6,7 +6,9 @@
 -- worker-lost error JSON.
 -- Returns {outcome, status}: 'claimed' (run it), 'skip' (someone else holds it, it follows a
 -- leader, or it is over), 'expired' (its queue deadline passed: failed here), 'exhausted'
--- (lapsed too often: failed here), 'missing'.
+-- (lapsed too often: failed here), 'missing'. 'claimed' is followed by the job's record as the
+-- claim left it (field, value, ...): the worker needs it to run the job, and reading it here
+-- saves a round trip per job.
 local job, now, job_id = KEYS[1], ARGV[2], ARGV[5]
 local rec = redis.call('HMGET', job, 'status', 'worker', 'lease', 'deadline', 'attempts', 'message', 'follows')
 local status = rec[1]
@@ -39,4 +41,6 @@ redis.call('ZADD', K.leases, lease, job_id)
 leave_queue(job, job_id)
 push_webhook(job, job_id, 'start')
 redis.call('HINCRBY', job, 'attempts', 1)
-return {'claimed', status}
+local reply = {'claimed', status}
+for _, item in ipairs(redis.call('HGETALL', job)) do reply[#reply + 1] = item end
+return reply

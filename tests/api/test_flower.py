@@ -33,7 +33,7 @@ def _wait_for(check, timeout_s: float = 40.0):  # type: ignore[no-untyped-def]
 async def test_flower_lists_the_worker_and_a_finished_task(
     make_settings, redis_client, start_worker, tmp_path
 ):
-    settings = make_settings(flower_basic_auth="ops:s3cret")
+    settings = make_settings(flower_basic_auth="ops:s3cret", worker_task_events=True)
     port = free_port()
     log = (tmp_path / "flower.log").open("w")
     flower = subprocess.Popen(

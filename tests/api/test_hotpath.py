@@ -51,6 +51,12 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("get unknown", "GET", "/v1/jobs/no-such-job", {}),
     ("get overlong id", "GET", "/v1/jobs/" + "x" * 65, {}),
     ("get with wait", "GET", "/v1/jobs/{job}?wait=0", {}),
+    ("long-poll", "GET", "/v1/jobs/{job}?wait=0.3", {}),
+    ("long-poll past the most", "GET", "/v1/jobs/{job}?wait=999", {}),
+    ("long-poll unknown", "GET", "/v1/jobs/no-such-job?wait=0.3", {}),
+    ("negative wait", "GET", "/v1/jobs/{job}?wait=-1", {}),
+    ("wait and more", "GET", "/v1/jobs/{job}?wait=1&x=2", {}),
+    ("wait not a number", "GET", "/v1/jobs/{job}?wait=soon", {}),
 ]  # fmt: skip
 
 #: Fields of a job that differ between two submissions of the same request.
@@ -117,6 +123,8 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
                 continue
             assert hot_paths and submitted.status_code == 202
             assert (await api.get(submitted.headers["location"])).status_code == 200
+            long_poll = await api.get(submitted.headers["location"], params={"wait": "0.2"})
+            assert long_poll.status_code == 200 and long_poll.json()["status"] == "queued"
             with pytest.raises(RuntimeError):  # anything else still goes through FastAPI
                 await api.get("/v1/jobs")
 

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from shared.config import Settings
+from shared.store import ClaimOutcome, JobStore, WorkerJobs
 from tests.conftest import WorkerProcess, api_client
 
 pytestmark = pytest.mark.anyio
@@ -82,6 +83,37 @@ async def test_long_poll_returns_when_the_job_ends_not_at_the_timeout(
     done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
     assert done["status"] == "succeeded"
     assert time.monotonic() - started < 10
+
+
+async def test_a_job_that_ends_while_the_long_poll_reads_it_is_answered_at_once(
+    api: httpx.AsyncClient, redis_client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake-up that arrives while the long-poll's read is in flight is not lost: the answer
+    comes on it, not at the next recheck (2.5-5 s; api/queue.py RECHECK_S)."""
+    job = (await api.post("/v1/jobs", json={"prompt": "ends mid-read"})).json()
+    worker_jobs = WorkerJobs(
+        redis_client, settings.lease_ttl_s, settings.max_attempts, settings.job_timeout_s
+    )
+    real_get = JobStore.get
+    reads = 0
+
+    async def read_then_end(store: JobStore, job_id: str, owner: str) -> dict[str, str] | None:
+        nonlocal reads
+        record = await real_get(store, job_id, owner)  # still queued
+        reads += 1
+        if reads == 1:  # a worker ends the job (its PUBLISH wakes the poller) before this read returns
+            assert worker_jobs.claim(job_id, "w").outcome is ClaimOutcome.CLAIMED
+            fields = {"status": "succeeded", "output": '{"text": "x"}', "metrics": '{"inference_ms": 1}'}
+            assert worker_jobs.finish(job_id, "w", dict(fields))
+            await asyncio.sleep(0.3)  # the events hub receives the job's PUBLISH meanwhile
+        return record
+
+    monkeypatch.setattr(JobStore, "get", read_then_end)
+    started = time.monotonic()
+    done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
+    assert done["status"] == "succeeded"
+    assert reads == 2  # the stale read, then one more on the wake-up
+    assert time.monotonic() - started < 2.0  # the recheck would come after 2.5 s at the soonest
 
 
 async def test_long_poll_gives_up_after_wait_seconds_when_nothing_runs(api: httpx.AsyncClient) -> None:

@@ -111,3 +111,14 @@ def test_a_client_that_trickles_its_headers_is_cut_off(make_settings, redis_clie
         with socket.create_connection((host, int(port)), timeout=10) as prompt:
             prompt.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert read_response(prompt, bytearray())[0] == b"HTTP/1.1 200 OK"
+
+
+def test_genq_api_runs_this_protocol(make_settings, redis_client, start_api) -> None:
+    """`genq api` (the CLI process, not an app built in the test) serves through
+    OneWriteHttpProtocol: its header timeout, which stock uvicorn lacks, cuts a trickling client off."""
+    api = start_api(make_settings(api_header_timeout_s=0.5))
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as slow:
+        started = time.monotonic()
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: local")  # and never the rest
+        assert slow.recv(1) == b""  # closed by the server
+        assert 0.4 < time.monotonic() - started < 3

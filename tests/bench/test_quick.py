@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run_quick(name: str, out: Path) -> dict[str, Any]:
+def run_quick(name: str, out: Path, *more: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
     completed = subprocess.run(
-        [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out), *more],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -71,6 +71,31 @@ def test_end_to_end_quick(tmp_path: Path) -> None:
         assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
         assert run["rate_ratio"] > 0
     assert set(report["targets"]) >= {"genq_rate_at_least_celery", "overhead_p50_under_2x_celery_round_trip"}
+
+
+def test_machinery_quick(tmp_path: Path) -> None:
+    report = run_quick("machinery", tmp_path, "--modes", "poll,prefer")
+    assert report["modes"] == ["poll", "prefer"]
+    assert [run["concurrency"] for run in report["runs"]] == [1, 4]
+    for run in report["runs"]:
+        celery = run["celery"]
+        assert celery["tasks_per_s"] > 0 and celery["redis_commands_per_item"] > 0
+        for mode in ("poll", "prefer"):
+            genq = run[mode]
+            assert genq["succeeded"] == genq["jobs"] and genq["failed_or_unfinished"] == 0
+            # Every job answered: poll = one 202 and one 200 each, prefer = one 200 each.
+            expected = {"202": genq["jobs"], "200": genq["jobs"]} if mode == "poll" else {"200": genq["jobs"]}
+            assert genq["http_statuses"] == expected
+            assert genq["jobs_per_s"] > 0 and genq["rate_ratio"] > 0
+            assert_latencies(genq, "latency_")
+            assert genq["queueing_ms"] > 0 and genq["p99_to_queueing"] > 0
+            assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
+            assert genq["redis_commands_per_item"] > 0 and "evalsha" in genq["redis_top_commands_per_item"]
+    assert set(report["targets"]["poll"]) == {
+        "rate_at_least_celery_from_c16",
+        "rate_never_falls",
+        "p99_within_2x_queueing_at_top",
+    }
 
 
 def test_scale_quick(tmp_path: Path) -> None:

@@ -145,6 +145,7 @@ def test_claim_of_a_queued_job(client: redis.Redis, jobs: WorkerJobs) -> None:
     claim = jobs.claim("j1", "w1")
     assert claim.outcome is ClaimOutcome.CLAIMED
     rec = record(client, "j1")
+    assert claim.record == rec  # the worker runs the job from it, without reading it again
     assert (rec["status"], rec["worker"], rec["attempts"], rec["delivery_tag"]) == ("running", "w1", "1", tag)
     assert float(rec["lease"]) > time.time() + LEASE_S - 5 and "message" not in rec
     assert indexed(client, "j1") == {"leases", "live"}

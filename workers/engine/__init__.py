@@ -19,6 +19,7 @@ FatalEngineError (both engines; EngineConfig.fault_file injects one in tests).
 
 from __future__ import annotations
 
+from workers.engine import quiet
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
 from workers.engine.types import (
     Engine,
@@ -45,6 +46,8 @@ __all__ = [
     "StepStats",
     "build_engine",
 ]
+
+quiet.install()  # before any engine module imports torch (workers/engine/quiet.py)
 
 
 def build_engine(config: EngineConfig) -> Engine:
