@@ -20,17 +20,20 @@ from api.anonymous import AnonymousGuard
 from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
+from api.files import Files
 from api.hotpath import HotPaths
-from api.limits import BodySizeLimit
+from api.limits import MULTIPART_OVERHEAD, BodySizeLimit
 from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
 from api.ratelimit import RateLimiter
-from api.routes import jobs, openai, ops, playground, stream, webhooks
+from api.routes import files, jobs, openai, ops, playground, stream, webhooks
 from api.server import OneWriteHttpProtocol
 from api.stream_hub import StreamHub
 from shared import keys
 from shared.autopipeline import AutoPipeline
 from shared.config import Settings
+from shared.files import FileRecords
+from shared.filestore import storage_from_settings
 from shared.logging import configure_logging
 from shared.reaper import Reaper
 from shared.store import JobStore, OwnerBounds
@@ -127,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = StreamHub(redis_client(settings, max_connections=1))
         app.state.stream_hub = hub
         app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
+        app.state.files = Files(FileRecords(client), storage_from_settings(settings), settings.file_max_bytes)
         events.start()
         hub.start()
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
@@ -159,12 +163,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(stream.router)
     app.include_router(openai.router)
+    app.include_router(files.router)
     app.include_router(playground.router)
     app.mount("/static", playground.static_files(), name="static")
     app.include_router(webhooks.router)
     app.include_router(webhooks.secret_router)
     app.include_router(observability.router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
     app.add_middleware(observability.HttpMetrics)
     logging.getLogger("genq.api").debug("app created")
     return app
