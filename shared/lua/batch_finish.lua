@@ -1,0 +1,25 @@
+-- A batch ends. KEYS: batch, active batches, window, invalid lines, parts, output file, error
+-- file, owner's files. ARGV: final status, now, errors JSON ('' for none), output file fields
+-- as a JSON array ('' for none), error file fields likewise, files' index score, files'
+-- expires_at (0: none).
+-- The batch's files become the owner's and the batch leaves the feeder's set in one step.
+-- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
+local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
+local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
+if not rec[1] or TERMINAL[rec[1]] then return 0 end
+local function add_file(key, fields_json, field)
+  if fields_json == '' then return end
+  local fields = cjson.decode(fields_json)
+  redis.call('HSET', key, unpack(fields))
+  if tonumber(ARGV[7]) > 0 then redis.call('EXPIREAT', key, ARGV[7]) end
+  local id = redis.call('HGET', key, 'id')
+  redis.call('ZADD', KEYS[8], ARGV[6], id)
+  redis.call('HSET', KEYS[1], field, id)
+end
+add_file(KEYS[6], ARGV[4], 'output_file_id')
+add_file(KEYS[7], ARGV[5], 'error_file_id')
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'errors', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+redis.call('ZREM', KEYS[2], rec[2])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+return 1
