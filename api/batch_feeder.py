@@ -40,7 +40,7 @@ from api.batch_lines import KIND_OF_ENDPOINT, LineError, error_result, job_resul
 from api.files import Files
 from api.queue import Accepted, JobQueue
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, Ending, result_file_id
+from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key, result_file_id
 from shared.config import Settings
 from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
 from shared.files import FilePurpose, NewFile
@@ -270,7 +270,7 @@ class BatchFeeder:
             return parsed.entry()
         try:
             accepted: Accepted = await self._queue.submit(
-                parsed.create, record["owner"], idempotency_key=f"batch:{record['id']}:{number}"
+                parsed.create, record["owner"], idempotency_key=line_idempotency_key(record["id"], number)
             )
         except (InvalidRequest, Conflict) as exc:
             return LineError(parsed.custom_id, "invalid_request", f"line {number}: {exc.message}").entry()
@@ -298,8 +298,8 @@ class BatchFeeder:
         ):
             await anyio.to_thread.run_sync(_delete_part, storage, part)  # another feeder got there first
             return False
-        jobs = [window[number]["job"] for number in lines if "job" in window[number]]
-        await self._store.expire_jobs(jobs, self._settings.batch_line_ttl_s)
+        jobs = {number: window[number]["job"] for number in lines if "job" in window[number]}
+        await self._store.forget_lines(record["owner"], batch_id, jobs, self._settings.batch_line_ttl_s)
         return True
 
     async def _results(

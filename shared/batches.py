@@ -285,9 +285,22 @@ class BatchStore:
         )  # fmt: skip
         return bool(done)
 
-    async def expire_jobs(self, job_ids: list[str], ttl_s: int) -> None:
-        """Shorten the records of lines whose results are in storage (Redis stays bounded)."""
+    async def forget_lines(self, owner: str, batch_id: str, jobs: dict[int, str], ttl_s: int) -> None:
+        """Lines whose results are in storage: their job records and output streams are shortened
+        to ttl_s, they leave the owner's job list, and their idempotency keys go (the cursor is
+        past them: they are never submitted again). So Redis holds a batch's window, not its
+        history."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
+            for line, job_id in jobs.items():
                 pipe.expire(keys.job(job_id), ttl_s)
+                pipe.expire(keys.job_stream(job_id), ttl_s)
+                pipe.delete(keys.idempotency(owner, line_idempotency_key(batch_id, line)))
+            if jobs:
+                pipe.zrem(keys.owner_jobs(owner), *jobs.values())
             await pipe.execute()
+
+
+def line_idempotency_key(batch_id: str, line: int) -> str:
+    """The Idempotency-Key a batch line's job is submitted with: a feeder that died between
+    submitting and recording the line resubmits into the same job."""
+    return f"batch:{batch_id}:{line}"

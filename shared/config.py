@@ -280,8 +280,9 @@ class Settings(BaseSettings):
     it the batch is `expired`: unfinished lines are canceled and reported as `batch_expired`.
     Shorten it only for tests."""
 
-    batch_line_ttl_s: int = Field(3600, ge=1)
-    """How long a batch line's job record is kept once its result is in the batch's files."""
+    batch_line_ttl_s: int = Field(60, ge=1)
+    """How long a batch line's job record (GET /v1/jobs/{id}) is kept once its result is in the
+    batch's files; Redis holds the records of the lines finished this recently, plus the window."""
 
     # --- Worker -----------------------------------------------------------------------------------
     worker_concurrency: int | None = Field(None, ge=1)

@@ -92,7 +92,11 @@ def test_a_batch_runs_to_its_output_file(
     output_file = client.files.retrieve(done.output_file_id)
     assert output_file.purpose == "batch_output"
     assert [b.id for b in client.batches.list()] == [batch.id]
-    # Nothing of the batch's bookkeeping is left in Redis but its record.
+    # Redis keeps the window, not the history: the lines' records lapse soon, out of the job
+    # list, their idempotency keys gone; nothing of the batch's bookkeeping is left but its record.
+    assert 0 < redis_client.ttl(keys.job(line["response"]["request_id"])) <= 60
+    assert redis_client.keys("genq:idem:*") == []
+    assert sum(redis_client.zcard(index) for index in redis_client.keys("genq:owner:*:jobs")) == 0
     assert redis_client.zcard(keys.BATCHES_ACTIVE) == 0
     assert not redis_client.exists(keys.batch_window(batch.id), keys.batch_parts(batch.id))
 
