@@ -39,12 +39,14 @@ import redis.exceptions
 from api.batch_lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
 from api.files import Files
 from api.queue import Accepted, JobQueue
-from shared import keys
+from shared import keys, metrics
 from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key, result_file_id
 from shared.config import Settings
 from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
 from shared.files import FilePurpose, NewFile
 from shared.filestore import FileStorage, lines_from
+from shared.ids import new_id
+from shared.messages import task_message
 from shared.schemas import JobStatus
 
 log = logging.getLogger("genq.batches")
@@ -298,6 +300,8 @@ class BatchFeeder:
         ):
             await anyio.to_thread.run_sync(_delete_part, storage, part)  # another feeder got there first
             return False
+        metrics.BATCH_LINES.labels("completed").inc(completed)
+        metrics.BATCH_LINES.labels("failed").inc(len(lines) - completed)
         jobs = {number: window[number]["job"] for number in lines if "job" in window[number]}
         await self._store.forget_lines(record["owner"], batch_id, jobs, self._settings.batch_line_ttl_s)
         return True
@@ -377,9 +381,10 @@ class BatchFeeder:
         parts = await self._store.parts(batch_id)
         output = await self._join(record, parts, "output", ".out")
         error = await self._join(record, parts, "error", ".err")
-        ending = Ending(ending.status, ending.errors, output, error)
+        ending = Ending(ending.status, ending.errors, output, error, _webhook_message(record, ending.status))
         if not await self._store.finish(record, ending):
             return False
+        metrics.BATCHES.labels(ending.status.value).inc()
         await anyio.to_thread.run_sync(_delete_parts, self._files.storage, parts)
         log.info(json.dumps({"event": "batch_ended", "batch_id": batch_id, "status": ending.status.value}))
         return True
@@ -408,6 +413,14 @@ _NOT_RUN = {
         "this request could not be executed before the completion window expired",
     ),
 }
+
+
+def _webhook_message(record: dict[str, str], status: BatchStatus) -> bytes:
+    """The batch.<status> delivery message when the batch has a webhook URL."""
+    if not record.get("webhook_url"):
+        return b""
+    event = f"batch.{status.value}"
+    return task_message(keys.BATCH_WEBHOOK_TASK, new_id(), [record["id"], event], keys.WEBHOOK_QUEUE, 0)
 
 
 def _ending(record: dict[str, str]) -> BatchStatus | None:

@@ -14,6 +14,10 @@ from shared.config import Settings
 from shared.errors import InvalidRequest, NotFound
 from shared.files import FilePurpose
 from shared.schemas import MetadataKey, MetadataValue
+from shared.ssrf import check_url
+
+#: The metadata entry naming a batch's webhook URL.
+WEBHOOK_METADATA_KEY = "webhook_url"
 
 
 class OutputExpiresAfter(BaseModel):
@@ -56,9 +60,21 @@ class Batches:
             raise InvalidRequest(f"no batch input file {body.input_file_id!r}", param="input_file_id")
         now = time.time()
         expires = body.output_expires_after.seconds if body.output_expires_after else 0
-        new = NewBatch(new_batch_id(), owner, body.endpoint, body.input_file_id, now,
-                       now + self._settings.batch_completion_window_s, body.metadata, expires)  # fmt: skip
+        webhook = await self._webhook_url(body.metadata or {}, owner)
+        window = self._settings.batch_completion_window_s
+        new = NewBatch(new_batch_id(), owner, body.endpoint, body.input_file_id, now, now + window,
+                       body.metadata, expires, webhook)  # fmt: skip
         return public_batch(await self.store.create(new))
+
+    async def _webhook_url(self, metadata: dict[str, str], owner: str) -> str:
+        """Where the batch's end is announced: metadata's webhook_url, else the key's default."""
+        url = metadata.get(WEBHOOK_METADATA_KEY) or self._settings.batch_webhook_urls.get(owner, "")
+        if url:
+            try:
+                await check_url(url, self._settings.webhook_policy)
+            except InvalidRequest as exc:
+                raise InvalidRequest(exc.message, param=f"metadata.{WEBHOOK_METADATA_KEY}") from None
+        return url
 
     async def get(self, batch_id: str, owner: str) -> dict[str, Any]:
         record = await self.store.get(batch_id, owner)

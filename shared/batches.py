@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from shared import keys, scripts
 from shared.files import NewFile
+from shared.metrics import BatchSnapshot
 
 
 class BatchStatus(enum.StrEnum):
@@ -108,6 +109,8 @@ class NewBatch:
     metadata: dict[str, str] | None
     #: Seconds the output and error files live after they are made (0: until deleted).
     output_expires_after_s: int = 0
+    #: Where the batch's end is announced ("" for nowhere).
+    webhook_url: str = ""
 
     def fields(self) -> dict[str, str]:
         return {
@@ -117,6 +120,7 @@ class NewBatch:
             "expires_at": repr(self.expires_at), "metadata": orjson.dumps(self.metadata).decode(),
             "output_expires_after_s": str(self.output_expires_after_s), "total": "0", "completed": "0",
             "failed": "0", "cursor_offset": "0", "cursor_line": "0", "part_seq": "0",
+            "webhook_url": self.webhook_url,
         }  # fmt: skip
 
 
@@ -128,6 +132,8 @@ class Ending:
     errors: list[dict[str, Any]] | None = None
     output: NewFile | None = None
     error: NewFile | None = None
+    #: The batch.<status> webhook delivery message, pushed in the same step as the end (b"": none).
+    webhook_message: bytes = b""
 
 
 def _bytes(value: bytes | str) -> bytes:
@@ -210,6 +216,12 @@ class BatchStore:
             await self._redis.zrem(keys.BATCHES_ACTIVE, *gone)
         return [record for record in records if record]
 
+    async def snapshot(self) -> BatchSnapshot:
+        """How many batches are active and how many of their lines are in flight (/metrics)."""
+        ids = cast(list[str], await self._redis.zrange(keys.BATCHES_ACTIVE, 0, -1))
+        sizes = await self.window_size(ids)
+        return BatchSnapshot(len(ids), sum(sizes.values()))
+
     async def record(self, batch_id: str) -> dict[str, str]:
         return cast(dict[str, str], await self._redis.hgetall(keys.batch(batch_id)))
 
@@ -281,7 +293,7 @@ class BatchStore:
                   orjson.dumps({"object": "list", "data": ending.errors}).decode() if ending.errors else "",
                   _flat(ending.output.fields()) if ending.output else "",
                   _flat(ending.error.fields()) if ending.error else "",
-                  time.time_ns() // 1000, made.expires_at if made else 0],
+                  time.time_ns() // 1000, made.expires_at if made else 0, ending.webhook_message],
         )  # fmt: skip
         return bool(done)
 

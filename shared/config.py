@@ -280,6 +280,11 @@ class Settings(BaseSettings):
     it the batch is `expired`: unfinished lines are canceled and reported as `batch_expired`.
     Shorten it only for tests."""
 
+    batch_webhook_urls: dict[str, str] = {}
+    """Per-key default URL of batch webhooks (batch.completed, batch.failed, batch.expired,
+    batch.cancelled) as JSON {"<owner id>": "https://..."}; a batch's metadata `webhook_url`
+    overrides it. Signed like job webhooks, checked against the same target policy."""
+
     batch_line_ttl_s: int = Field(60, ge=1)
     """How long a batch line's job record (GET /v1/jobs/{id}) is kept once its result is in the
     batch's files; Redis holds the records of the lines finished this recently, plus the window."""

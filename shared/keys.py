@@ -171,6 +171,16 @@ WEBHOOK_KEY_SECRET = PREFIX + ":webhook-secret:{owner}"
 WEBHOOK_KEY_SECRET_PREVIOUS = PREFIX + ":webhook-secret:{owner}:previous"
 WEBHOOK_SECRET_GRACE_S = 86_400
 
+#: Hash of one batch webhook delivery's state (as WEBHOOK_DELIVERY, for batch.<status> events).
+#: TTL: the batch record's remaining TTL, set at the first claim.
+BATCH_WEBHOOK_DELIVERY = PREFIX + ":batch:{batch_id}:webhook:{event}"
+
+#: List of one batch's webhook delivery attempts (JSON each). TTL: the batch's.
+BATCH_WEBHOOK_LOG = PREFIX + ":batch:{batch_id}:webhooks"
+
+#: Celery task that delivers one batch event: args [batch_id, event] (event: batch.completed, ...).
+BATCH_WEBHOOK_TASK = "genq.webhook.deliver_batch"
+
 #: Celery queue of webhook deliveries: its own workers, never a GPU worker's.
 WEBHOOK_QUEUE = "webhooks"
 
@@ -275,3 +285,7 @@ def batch_invalid(batch_id: str) -> str:
 
 def batch_parts(batch_id: str) -> str:
     return BATCH_PARTS.format(batch_id=batch_id)
+
+
+def batch_webhook_log(batch_id: str) -> str:
+    return BATCH_WEBHOOK_LOG.format(batch_id=batch_id)

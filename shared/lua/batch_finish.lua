@@ -1,8 +1,9 @@
 -- A batch ends. KEYS: batch, active batches, window, invalid lines, parts, output file, error
 -- file, owner's files. ARGV: final status, now, errors JSON ('' for none), output file fields
 -- as a JSON array ('' for none), error file fields likewise, files' index score, files'
--- expires_at (0: none).
--- The batch's files become the owner's and the batch leaves the feeder's set in one step.
+-- expires_at (0: none), the batch webhook's delivery message ('' for none).
+-- The batch's files become the owner's, its webhook is enqueued and it leaves the feeder's set
+-- in one step: the batch.<status> event is sent once, never lost.
 -- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
 local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
 local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
@@ -20,6 +21,7 @@ add_file(KEYS[6], ARGV[4], 'output_file_id')
 add_file(KEYS[7], ARGV[5], 'error_file_id')
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'errors', ARGV[3]) end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+if ARGV[8] ~= '' then redis.call('LPUSH', K.webhook_queue, ARGV[8]) end
 redis.call('ZREM', KEYS[2], rec[2])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 return 1

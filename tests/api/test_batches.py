@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -49,6 +50,14 @@ def results(client: openai.OpenAI, file_id: str | None) -> dict[str, dict[str, A
     by_id = {line["custom_id"]: line for line in lines}
     assert len(by_id) == len(lines), "a custom_id appears twice"
     return by_id
+
+
+def metric(base_url: str, name: str) -> float:
+    """One sample of the API's /metrics (0 when absent)."""
+    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 @pytest.fixture
@@ -263,6 +272,10 @@ def test_cancel_mid_run_keeps_partial_results(
         while client.batches.retrieve(batch.id).request_counts.completed < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        # Operators see it: one batch active, its window (2 lines) in flight.
+        assert metric(url, "genq_batches_active") == 1
+        assert 1 <= metric(url, "genq_batch_lines_inflight") <= 2
+        cancelled_before = metric(url, 'genq_batches_total{status="cancelled"}')
         cancelling = client.batches.cancel(batch.id)
         assert cancelling.status == "cancelling" and cancelling.cancelling_at
         cancelled = wait_for(client, batch.id, {"cancelled"})
@@ -271,6 +284,8 @@ def test_cancel_mid_run_keeps_partial_results(
         assert len(output) >= 2 and len(errors) >= 4
         assert {line["error"]["code"] for line in errors.values()} == {"batch_cancelled"}
         assert client.batches.cancel(batch.id).status == "cancelled"  # an ended batch stays as it is
+        assert metric(url, 'genq_batches_total{status="cancelled"}') == cancelled_before + 1
+        assert metric(url, "genq_batches_active") == 0
         # Its jobs in flight were canceled: none is left queued or running.
         assert redis_client.zcard(keys.queued(keys.queue_for_model(TEST_MODEL))) == 0
 

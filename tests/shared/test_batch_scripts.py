@@ -104,9 +104,9 @@ def test_commit_takes_each_part_number_once(redis_client: redis.Redis) -> None:
     assert redis_client.lrange(keys.batch_parts(BATCH), 0, -1) == ["part-0"]
 
 
-def finish_args(status: BatchStatus, output: NewFile | None) -> list[Any]:
+def finish_args(status: BatchStatus, output: NewFile | None, webhook: str = "") -> list[Any]:
     fields = orjson.dumps([i for pair in output.fields().items() for i in pair]).decode() if output else ""
-    return [status.value, "1900.0", "", fields, "", 123, 0]
+    return [status.value, "1900.0", "", fields, "", 123, 0, webhook]
 
 
 def finish_keys() -> list[str]:
@@ -121,7 +121,9 @@ def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> N
     make_batch(redis_client, BatchStatus.FINALIZING)
     redis_client.rpush(keys.batch_parts(BATCH), "part-0")
     output = NewFile(result_file_id(BATCH, "output"), OWNER, 10, 1900, "out.jsonl", FilePurpose.BATCH_OUTPUT)
-    assert run(redis_client, "batch_finish", finish_keys(), finish_args(BatchStatus.COMPLETED, output)) == 1
+    finished = finish_args(BatchStatus.COMPLETED, output, webhook="the delivery message")
+    assert run(redis_client, "batch_finish", finish_keys(), finished) == 1
+    assert redis_client.lrange(keys.queue_key(keys.WEBHOOK_QUEUE, 0), 0, -1) == ["the delivery message"]
     record = redis_client.hgetall(keys.batch(BATCH))
     assert (record["status"], record["completed_at"]) == ("completed", "1900.0")
     assert record["output_file_id"] == output.file_id and "error_file_id" not in record
@@ -129,8 +131,11 @@ def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> N
     assert redis_client.zrange(keys.owner_files(OWNER), 0, -1) == [output.file_id]
     assert redis_client.zcard(keys.BATCHES_ACTIVE) == 0 and not redis_client.exists(keys.batch_parts(BATCH))
     # Ended: a second finish (a feeder retried after a crash) changes nothing.
-    assert run(redis_client, "batch_finish", finish_keys(), finish_args(BatchStatus.CANCELLED, None)) == 0
+    assert (
+        run(redis_client, "batch_finish", finish_keys(), finish_args(BatchStatus.CANCELLED, None, "m2")) == 0
+    )
     assert redis_client.hget(keys.batch(BATCH), "status") == "completed"
+    assert redis_client.llen(keys.queue_key(keys.WEBHOOK_QUEUE, 0)) == 1  # its webhook is sent once
 
 
 @pytest.mark.parametrize(
