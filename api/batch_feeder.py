@@ -38,6 +38,7 @@ import redis.exceptions
 
 from api.batch_lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
 from api.files import Files
+from api.openai_compat import Kind
 from api.queue import Accepted, JobQueue
 from shared import keys, metrics
 from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key, result_file_id
@@ -53,7 +54,7 @@ log = logging.getLogger("genq.batches")
 
 #: After a period that did work, the next comes this soon (a busy batch is not held to the
 #: interval); an idle feeder waits the whole interval.
-BUSY_PAUSE_S = 0.02
+BUSY_PAUSE_S = 0.05
 
 
 def fair_shares(demands: dict[str, dict[str, int]], free: int, start: int) -> dict[str, int]:
@@ -311,32 +312,28 @@ class BatchFeeder:
     ) -> list[tuple[int, bytes, bool]]:
         """(line, result line, succeeded) for each finished line of the window, in line order."""
         batch_id, kind = record["id"], KIND_OF_ENDPOINT[record["endpoint"]]
+        jobs = {number: entry["job"] for number, entry in window.items() if "job" in entry}
+        statuses = dict(zip(jobs, await self._store.job_statuses(list(jobs.values())), strict=True))
         results = []
         for number in sorted(window):
             entry = window[number]
             if "error" in entry:
                 error = entry["error"]
-                results.append((number, error_result(batch_id, number, entry["custom_id"], error["code"],
-                                                     error["message"]), False))  # fmt: skip
+                line = error_result(batch_id, number, entry["custom_id"], error["code"], error["message"])
+                results.append((number, line, False))
                 continue
-            try:
-                job = await self._queue.get(entry["job"], record["owner"])
-            except NotFound:
-                message = "the line's job record is gone (expired or deleted)"
-                results.append(
-                    (number, error_result(batch_id, number, entry["custom_id"], "job_lost", message), False)
-                )
+            status = statuses[number]
+            if status is not None and not JobStatus(status).is_terminal():
                 continue
-            status = JobStatus(job["status"])
-            if not status.is_terminal():
-                continue
-            if status is JobStatus.CANCELED and ending is not None:
-                results.append((number, _wound_up(batch_id, number, entry["custom_id"], ending), False))
-                continue
-            results.append(
-                (number, job_result(batch_id, number, entry, kind, job), status is JobStatus.SUCCEEDED)
-            )
+            job = await self._job(entry["job"], record["owner"])
+            results.append(_job_line(batch_id, number, entry, kind, job, ending))
         return results
+
+    async def _job(self, job_id: str, owner: str) -> dict[str, Any] | None:
+        try:
+            return await self._queue.get(job_id, owner)
+        except NotFound:
+            return None
 
     async def _wind_up(self, record: dict[str, str], ending: BatchStatus) -> bool:
         """Cancel the batch's jobs in flight; report lines never fed as not run."""
@@ -428,6 +425,21 @@ def _ending(record: dict[str, str]) -> BatchStatus | None:
     if record["status"] == BatchStatus.CANCELLING:
         return BatchStatus.CANCELLED
     return BatchStatus(record["ending"]) if record.get("ending") else None
+
+
+def _job_line(
+    batch_id: str, number: int, entry: dict[str, Any], kind: Kind, job: dict[str, Any] | None,
+    ending: BatchStatus | None,
+) -> tuple[int, bytes, bool]:  # fmt: skip
+    """(line, result line, succeeded) of a line whose job ended (or whose record is gone)."""
+    custom_id = entry["custom_id"]
+    if job is None:
+        message = "the line's job record is gone (expired or deleted)"
+        return number, error_result(batch_id, number, custom_id, "job_lost", message), False
+    status = JobStatus(job["status"])
+    if status is JobStatus.CANCELED and ending is not None:
+        return number, _wound_up(batch_id, number, custom_id, ending), False
+    return number, job_result(batch_id, number, entry, kind, job), status is JobStatus.SUCCEEDED
 
 
 def _wound_up(batch_id: str, number: int, custom_id: str, ending: BatchStatus) -> bytes:

@@ -297,15 +297,26 @@ class BatchStore:
         )  # fmt: skip
         return bool(done)
 
+    async def job_statuses(self, job_ids: list[str]) -> list[str | None]:
+        """Each job's status (None: its record is gone), one round trip: the feeder reads whole
+        records only of the jobs that ended."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(keys.job(job_id), "status")
+            return cast(list[str | None], await pipe.execute())
+
     async def forget_lines(self, owner: str, batch_id: str, jobs: dict[int, str], ttl_s: int) -> None:
-        """Lines whose results are in storage: their job records and output streams are shortened
-        to ttl_s, they leave the owner's job list, and their idempotency keys go (the cursor is
-        past them: they are never submitted again). So Redis holds a batch's window, not its
-        history."""
+        """Lines whose results are in storage: their job records are shortened to ttl_s (0: gone
+        at once), their output streams deleted (nobody streams a batch line), they leave the
+        owner's job list, and their idempotency keys go (the cursor is past them: they are never
+        submitted again). So Redis holds a batch's window, not its history."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for line, job_id in jobs.items():
-                pipe.expire(keys.job(job_id), ttl_s)
-                pipe.expire(keys.job_stream(job_id), ttl_s)
+                if ttl_s:
+                    pipe.expire(keys.job(job_id), ttl_s)
+                else:
+                    pipe.delete(keys.job(job_id))
+                pipe.delete(keys.job_stream(job_id))
                 pipe.delete(keys.idempotency(owner, line_idempotency_key(batch_id, line)))
             if jobs:
                 pipe.zrem(keys.owner_jobs(owner), *jobs.values())

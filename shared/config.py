@@ -285,9 +285,10 @@ class Settings(BaseSettings):
     batch.cancelled) as JSON {"<owner id>": "https://..."}; a batch's metadata `webhook_url`
     overrides it. Signed like job webhooks, checked against the same target policy."""
 
-    batch_line_ttl_s: int = Field(60, ge=1)
+    batch_line_ttl_s: int = Field(10, ge=0)
     """How long a batch line's job record (GET /v1/jobs/{id}) is kept once its result is in the
-    batch's files; Redis holds the records of the lines finished this recently, plus the window."""
+    batch's files (0: deleted at once); Redis holds the records of the lines finished this
+    recently, plus the window."""
 
     # --- Worker -----------------------------------------------------------------------------------
     worker_concurrency: int | None = Field(None, ge=1)

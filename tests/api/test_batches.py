@@ -103,7 +103,7 @@ def test_a_batch_runs_to_its_output_file(
     assert [b.id for b in client.batches.list()] == [batch.id]
     # Redis keeps the window, not the history: the lines' records lapse soon, out of the job
     # list, their idempotency keys gone; nothing of the batch's bookkeeping is left but its record.
-    assert 0 < redis_client.ttl(keys.job(line["response"]["request_id"])) <= 60
+    assert 0 < redis_client.ttl(keys.job(line["response"]["request_id"])) <= 10
     assert redis_client.keys("genq:idem:*") == []
     assert sum(redis_client.zcard(index) for index in redis_client.keys("genq:owner:*:jobs")) == 0
     assert redis_client.zcard(keys.BATCHES_ACTIVE) == 0
@@ -274,7 +274,8 @@ def test_cancel_mid_run_keeps_partial_results(
             time.sleep(0.05)
         # Operators see it: one batch active, its window (2 lines) in flight.
         assert metric(url, "genq_batches_active") == 1
-        assert 1 <= metric(url, "genq_batch_lines_inflight") <= 2
+        inflight = [metric(url, "genq_batch_lines_inflight") for _ in range(10)]
+        assert max(inflight) <= 2 and max(inflight) >= 1, inflight  # between two periods it can be 0
         cancelled_before = metric(url, 'genq_batches_total{status="cancelled"}')
         cancelling = client.batches.cancel(batch.id)
         assert cancelling.status == "cancelling" and cancelling.cancelling_at
