@@ -184,6 +184,14 @@ class BatchFeeder:
 
     # --- one batch -------------------------------------------------------------------------------
     async def _step(self, record: dict[str, str], share: int) -> bool:
+        try:
+            return await self._advance(record, share)
+        except FileNotFoundError:  # its input file's content vanished from storage mid-batch
+            message = f"the input file {record['input_file_id']} was removed from storage during the batch"
+            problem = {"code": "file_not_found", "message": message, "param": "input_file_id", "line": None}
+            return await self._finish(record, Ending(BatchStatus.FAILED, errors=[problem]))
+
+    async def _advance(self, record: dict[str, str], share: int) -> bool:
         status = BatchStatus(record["status"])
         if status is BatchStatus.VALIDATING:
             return await self._validate(record)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from api.files import Files
 from shared.batches import BATCH_ENDPOINTS, BatchStore, NewBatch, new_batch_id, public_batch
 from shared.config import Settings
-from shared.errors import InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.files import FilePurpose
 from shared.schemas import MetadataKey, MetadataValue
 from shared.ssrf import check_url
@@ -75,6 +75,12 @@ class Batches:
             except InvalidRequest as exc:
                 raise InvalidRequest(exc.message, param=f"metadata.{WEBHOOK_METADATA_KEY}") from None
         return url
+
+    async def check_unused(self, file_id: str) -> None:
+        """Conflict while a batch not yet ended reads the file (its lines would be lost)."""
+        for record in await self.store.active():
+            if record["input_file_id"] == file_id:
+                raise Conflict(f"batch {record['id']} is reading this file; cancel it first", param="file_id")
 
     async def get(self, batch_id: str, owner: str) -> dict[str, Any]:
         record = await self.store.get(batch_id, owner)

@@ -4,6 +4,7 @@ placeholder engine (zero-cost tokens), so what is measured is genq's own path.
     python -m bench.batch                 # 50,000 lines (several minutes)
     python -m bench.batch --lines 10000   # another size
     python -m bench.batch --quick         # 300 lines: a smoke test
+    python -m bench.batch --lines 10000 --uncacheable   # lines at temperature 1: no cache entries
 
 A real `genq api` process (its batch feeder included), a real worker and a private Redis. Measured:
 - upload time (POST /v1/files, streamed) and validation time (batch created -> in_progress);
@@ -12,7 +13,7 @@ A real `genq api` process (its batch feeder included), a real worker and a priva
 - an interactive job's latency (POST /v1/jobs, then a long-poll until it ends), idle and while
   the batch runs, with their ratios (the target: within 2x of idle);
 - that the output file holds exactly one line per custom_id.
-Writes <out>/batch.json and <out>/batch.png.
+Writes <out>/batch.json and <out>/batch.png (batch_uncacheable.* with --uncacheable).
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ CHAT = "/v1/chat/completions"
 SAMPLE_S = 0.25
 
 
-def write_input(path: Path, lines: int) -> int:
-    """A JSONL file of `lines` distinct chat requests (distinct: no cache hits); its size."""
+def write_input(path: Path, lines: int, temperature: float = 0.0) -> int:
+    """A JSONL file of `lines` distinct chat requests (distinct: no cache hits; at temperature 0
+    each answer is written to the response cache, above 0 without a seed none is); its size."""
     with path.open("wb") as out:
         for i in range(lines):
             body = {"model": MODEL, "messages": [{"role": "user", "content": f"classify item {i}"}],
-                    "max_tokens": 8, "temperature": 0}  # fmt: skip
+                    "max_tokens": 8, "temperature": temperature}  # fmt: skip
             out.write(
                 orjson.dumps({"custom_id": f"item-{i}", "method": "POST", "url": CHAT, "body": body}) + b"\n"
             )
@@ -196,6 +198,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def more_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", type=int, default=50_000, help="request lines in the file")
+    parser.add_argument(
+        "--uncacheable", action="store_true", help="lines at temperature 1 (no response-cache entries)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -210,10 +215,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         start_worker(stack, "worker", settings, scratch)
         api, port = start_api(stack, "api", settings, scratch)
         path = scratch / "requests.jsonl"
-        report["file_bytes"] = write_input(path, lines)
+        report["file_bytes"] = write_input(path, lines, 1.0 if args.uncacheable else 0.0)
+        report["cacheable_lines"] = not args.uncacheable
         report.update(run_async(measure(port, redis.url, api.process.pid, path, lines, probes)))
     print_tables(report)
-    write_report(args.out, "batch", report, plot)
+    write_report(args.out, "batch_uncacheable" if args.uncacheable else "batch", report, plot)
     return report
 
 

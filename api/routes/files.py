@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import StreamingResponse
 
+from api.batches import Batches
 from api.deps import OwnerDep
 from api.files import Files
 from api.openai_compat import OpenAIRoute
@@ -71,5 +72,9 @@ async def file_content(request: Request, file_id: str, owner: OwnerDep) -> Respo
 
 @router.delete("/{file_id}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
 async def delete_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
-    """Delete the file's record and content."""
-    return json_response(await _files(request).delete(file_id, owner))
+    """Delete the file's record and content (409 while a batch not yet ended reads it)."""
+    files = _files(request)
+    await files.get(file_id, owner)  # 404 before anything else
+    batches: Batches = request.app.state.batches
+    await batches.check_unused(file_id)
+    return json_response(await files.delete(file_id, owner))

@@ -277,6 +277,8 @@ def test_cancel_mid_run_keeps_partial_results(
         inflight = [metric(url, "genq_batch_lines_inflight") for _ in range(10)]
         assert max(inflight) <= 2 and max(inflight) >= 1, inflight  # between two periods it can be 0
         cancelled_before = metric(url, 'genq_batches_total{status="cancelled"}')
+        with pytest.raises(openai.ConflictError):  # its input file is being read
+            client.files.delete(batch.input_file_id)
         cancelling = client.batches.cancel(batch.id)
         assert cancelling.status == "cancelling" and cancelling.cancelling_at
         cancelled = wait_for(client, batch.id, {"cancelled"})
@@ -287,6 +289,7 @@ def test_cancel_mid_run_keeps_partial_results(
         assert client.batches.cancel(batch.id).status == "cancelled"  # an ended batch stays as it is
         assert metric(url, 'genq_batches_total{status="cancelled"}') == cancelled_before + 1
         assert metric(url, "genq_batches_active") == 0
+        assert client.files.delete(batch.input_file_id).deleted  # the batch ended: the file may go
         # Its jobs in flight were canceled: none is left queued or running.
         assert redis_client.zcard(keys.queued(keys.queue_for_model(TEST_MODEL))) == 0
 
@@ -307,3 +310,24 @@ def test_a_batch_past_its_window_expires_with_what_finished(
         output, errors = assert_each_line_once(client, expired, 12)
         assert len(output) >= 1 and len(errors) >= 1
         assert {line["error"]["code"] for line in errors.values()} == {"batch_expired"}
+
+
+def test_input_content_lost_mid_run_fails_the_batch_keeping_what_finished(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    settings = slow_settings(make_settings)
+    start_worker(settings)
+    with live_server(settings) as url:
+        client = client_for(url)
+        batch = client.batches.create(input_file_id=upload(client, slow_lines(10)), endpoint=CHAT,
+                                      completion_window="24h")  # fmt: skip
+        deadline = time.monotonic() + 60
+        while client.batches.retrieve(batch.id).request_counts.completed < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (settings.data_dir / "files" / batch.input_file_id).unlink()  # storage lost it
+        failed = wait_for(client, batch.id, {"failed", "completed"})
+        assert failed.status == "failed" and [e.code for e in failed.errors.data] == ["file_not_found"]
+        assert len(results(client, failed.output_file_id)) >= 2
