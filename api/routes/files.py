@@ -23,7 +23,10 @@ from shared.files import public_file
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
 
-FILE_ERRORS = OPENAI_ERRORS | {413: OPENAI_ERRORS[400]}
+#: An upload may also be too large (413) or, on an API without keys, lack Authorization (415).
+FILE_ERRORS = OPENAI_ERRORS | {413: OPENAI_ERRORS[400], 415: OPENAI_ERRORS[400]}
+#: A file a batch still reads cannot be deleted.
+DELETE_ERRORS = OPENAI_ERRORS | {409: OPENAI_ERRORS[400]}
 
 
 def _files(request: Request) -> Files:
@@ -70,7 +73,7 @@ async def file_content(request: Request, file_id: str, owner: OwnerDep) -> Respo
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
-@router.delete("/{file_id}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
+@router.delete("/{file_id}", responses=DELETE_ERRORS, dependencies=[ReadLimit])
 async def delete_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
     """Delete the file's record and content (409 while a batch not yet ended reads it)."""
     files = _files(request)
