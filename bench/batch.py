@@ -5,6 +5,8 @@ placeholder engine (zero-cost tokens), so what is measured is genq's own path.
     python -m bench.batch --lines 10000   # another size
     python -m bench.batch --quick         # 300 lines: a smoke test
     python -m bench.batch --lines 10000 --uncacheable   # lines at temperature 1: no cache entries
+    python -m bench.batch --lines 10000 --uncacheable --max-inflight 12   # batch lines below the
+                                          # worker's 16 slots: room for interactive jobs
 
 A real `genq api` process (its batch feeder included), a real worker and a private Redis. Measured:
 - upload time (POST /v1/files, streamed) and validation time (batch created -> in_progress);
@@ -13,7 +15,8 @@ A real `genq api` process (its batch feeder included), a real worker and a priva
 - an interactive job's latency (POST /v1/jobs, then a long-poll until it ends), idle and while
   the batch runs, with their ratios (the target: within 2x of idle);
 - that the output file holds exactly one line per custom_id.
-Writes <out>/batch.json and <out>/batch.png (batch_uncacheable.* with --uncacheable).
+Writes <out>/batch.json and <out>/batch.png (batch_uncacheable*, batch*_inflight<N> with those
+options).
 """
 
 from __future__ import annotations
@@ -201,6 +204,10 @@ def more_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--uncacheable", action="store_true", help="lines at temperature 1 (no response-cache entries)"
     )
+    parser.add_argument(
+        "--max-inflight", type=int, default=None,
+        help="GENQ_BATCH_MAX_INFLIGHT (and the window) for this run; default the settings' default",
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -212,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         redis = start_redis(stack, scratch / "redis")
         settings = {**BENCH_SETTINGS, "REDIS_URL": redis.url, "DATA_DIR": str(scratch / "genq"),
                     "MODEL": MODEL, "PLACEHOLDER_STEP_S": "0", "MAX_WAIT_S": "120"}  # fmt: skip
+        if args.max_inflight is not None:
+            limit = str(args.max_inflight)
+            settings |= {"BATCH_MAX_INFLIGHT": limit, "BATCH_WINDOW": limit}
+        report["batch_max_inflight"] = args.max_inflight
         start_worker(stack, "worker", settings, scratch)
         api, port = start_api(stack, "api", settings, scratch)
         path = scratch / "requests.jsonl"
@@ -219,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["cacheable_lines"] = not args.uncacheable
         report.update(run_async(measure(port, redis.url, api.process.pid, path, lines, probes)))
     print_tables(report)
-    write_report(args.out, "batch_uncacheable" if args.uncacheable else "batch", report, plot)
+    name = "batch" + ("_uncacheable" if args.uncacheable else "")
+    name += f"_inflight{args.max_inflight}" if args.max_inflight is not None else ""
+    write_report(args.out, name, report, plot)
     return report
 
 
