@@ -133,17 +133,16 @@ def test_bad_lines_are_reported_in_the_error_file(client: openai.OpenAI, worker:
         chat_line("unknown-model", "x", model="no-such-model"),
         chat_line("streamed", "x", stream=True),
         chat_line("tools", "x", tools=[{"type": "function"}]),
+        chat_line("get", "x").replace(b'"POST"', b'"GET"'),
+        chat_line("x" * 513, "x"),
         chat_line("ok-2", "two"),
     ]
     batch = client.batches.create(input_file_id=upload(client, b"".join(lines)), endpoint=CHAT,
                                   completion_window="24h")  # fmt: skip
     done = wait_for(client, batch.id, {"completed", "failed"})
     assert done.status == "completed"
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
-        10,
-        2,
-        8,
-    )
+    counts = done.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (12, 2, 10)
     output = results(client, done.output_file_id)
     assert set(output) == {"ok-1", "ok-2"}
     assert output["ok-1"]["response"]["body"]["choices"][0]["message"]["content"]
@@ -158,6 +157,8 @@ def test_bad_lines_are_reported_in_the_error_file(client: openai.OpenAI, worker:
         ("unknown-model", "invalid_request"),
         ("streamed", "invalid_request"),
         ("tools", "invalid_request"),
+        ("get", "invalid_method"),
+        (None, "invalid_custom_id"),
     ]
     assert all(line["response"] is None for line in errors)
     assert "line 2" in errors[0]["error"]["message"] and "no-such-model" in errors[5]["error"]["message"]
@@ -174,10 +175,13 @@ def test_a_completions_batch_and_a_line_whose_job_fails(client: openai.OpenAI, w
     # echo scores the prompt: the placeholder model has no logits, so that job fails when it runs.
     content = line("plain") + b"\n" + line("echo", echo=True)
     batch = client.batches.create(input_file_id=upload(client, content), endpoint="/v1/completions",
-                                  completion_window="24h")  # fmt: skip
+                                  completion_window="24h",
+                                  output_expires_after={"anchor": "created_at", "seconds": 3600})  # fmt: skip
     done = wait_for(client, batch.id, {"completed", "failed"})
     body = results(client, done.output_file_id)["plain"]["response"]["body"]
     assert body["object"] == "text_completion" and body["choices"][0]["text"]
+    output_file = client.files.retrieve(done.output_file_id)  # expires as asked
+    assert output_file.expires_at == output_file.created_at + 3600
     failed = results(client, done.error_file_id)["echo"]
     assert failed["error"] is None and failed["response"]["status_code"] == 500
     assert failed["response"]["request_id"] and failed["response"]["body"]["error"]["message"]
