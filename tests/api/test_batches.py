@@ -335,3 +335,23 @@ def test_input_content_lost_mid_run_fails_the_batch_keeping_what_finished(
         failed = wait_for(client, batch.id, {"failed", "completed"})
         assert failed.status == "failed" and [e.code for e in failed.errors.data] == ["file_not_found"]
         assert len(results(client, failed.output_file_id)) >= 2
+
+
+def test_lines_refused_for_now_wait_instead_of_failing(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """The key may hold only 3 live jobs: most submissions of the window are refused (429 for a
+    client); the batch's lines wait for room and all complete."""
+    settings = make_settings(max_live_jobs_per_key=3)
+    start_worker(settings)
+    with live_server(settings) as url:
+        client = client_for(url)
+        content = b"".join(chat_line(f"req-{i}", f"x {i}", max_tokens=20) for i in range(20))
+        batch = client.batches.create(
+            input_file_id=upload(client, content), endpoint=CHAT, completion_window="24h"
+        )
+        done = wait_for(client, batch.id, {"completed", "failed"})
+        assert (done.request_counts.completed, done.request_counts.failed) == (20, 0)
+        assert len(results(client, done.output_file_id)) == 20
