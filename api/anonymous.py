@@ -6,6 +6,9 @@ Without keys, anyone who can reach the port is trusted, and on loopback a browse
   (403 otherwise);
 - a cross-site form or `fetch` without a preflight may POST only "simple" content types
   (text/plain, form encodings), so a POST with a body must say `application/json` (415 otherwise).
+  The one exception, a file upload (`multipart/form-data` to /v1/files), must carry an
+  `Authorization` header (any value, as OpenAI's clients always send): a cross-site page cannot
+  add one without a CORS preflight, which this API never grants.
 The probes (/healthz, /readyz) answer under any name: kubelets send the pod's address as Host,
 and they reveal nothing. `*` in GENQ_ALLOWED_HOSTS serves every name.
 """
@@ -45,11 +48,21 @@ def refusal_of(scope: Scope, allowed_hosts: frozenset[str]) -> GenqError | None:
         )
     if scope["method"] == "POST" and _has_body(headers):
         media_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-        if media_type != b"application/json":
+        if media_type != b"application/json" and not _upload(scope, media_type, headers):
             return UnsupportedMediaType(
                 "a request body must be sent as application/json", param="Content-Type"
             )
     return None
+
+
+#: The path that takes multipart uploads.
+UPLOAD_PATH = "/v1/files"
+
+
+def _upload(scope: Scope, media_type: bytes, headers: dict[bytes, bytes]) -> bool:
+    """A file upload a cross-site page could not have sent (it carries Authorization)."""
+    multipart = media_type == b"multipart/form-data"
+    return scope["path"] == UPLOAD_PATH and multipart and b"authorization" in headers
 
 
 def _host_name(host: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,20 +18,26 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import observability
 from api.anonymous import AnonymousGuard
+from api.batch_feeder import BatchFeeder
+from api.batches import Batches
 from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
+from api.files import Files
 from api.hotpath import HotPaths
-from api.limits import BodySizeLimit
+from api.limits import MULTIPART_OVERHEAD, BodySizeLimit
 from api.queue import JobQueue
 from api.queue_stats import QueueStatsReader
 from api.ratelimit import RateLimiter
-from api.routes import jobs, openai, ops, playground, stream, webhooks
+from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
 from api.server import OneWriteHttpProtocol
 from api.stream_hub import StreamHub
 from shared import keys
 from shared.autopipeline import open_commands
+from shared.batches import BatchStore
 from shared.config import Settings
+from shared.files import FileRecords
+from shared.filestore import storage_from_settings
 from shared.logging import configure_logging
 from shared.reaper import Reaper
 from shared.store import JobStore, OwnerBounds
@@ -81,6 +88,26 @@ def running_reaper(settings: Settings) -> Iterator[Reaper]:
         client.close()
 
 
+def batch_api(app: FastAPI, settings: Settings, client: aioredis.Redis) -> BatchFeeder:
+    """The files and batches services on app.state, and the batch feeder (not yet started)."""
+    files = Files(FileRecords(client), storage_from_settings(settings), settings.file_max_bytes)
+    app.state.files = files
+    store = BatchStore(client, settings.job_ttl_s)
+    app.state.batches = Batches(settings, store, files)
+    return BatchFeeder(settings, client, store, files, app.state.queue)
+
+
+@asynccontextmanager
+async def running_feeder(feeder: BatchFeeder) -> AsyncIterator[None]:
+    """The batch feeder as a task of this process's event loop."""
+    feeding = asyncio.create_task(feeder.run_forever(), name="genq-batch-feeder")
+    try:
+        yield
+    finally:
+        feeder.stop()
+        await feeding
+
+
 class GenqAPI(FastAPI):
     """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py)."""
 
@@ -127,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = StreamHub(redis_client(settings, max_connections=1))
         app.state.stream_hub = hub
         app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
+        feeder = batch_api(app, settings, client)
         events.start()
         hub.start()
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
@@ -134,8 +162,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
         gc.freeze()
         try:
-            with running_reaper(settings):
-                yield
+            async with running_feeder(feeder):
+                with running_reaper(settings):
+                    yield
         finally:
             gc.unfreeze()
             await events.stop()
@@ -155,16 +184,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    app.include_router(jobs.router)
-    app.include_router(ops.router)
-    app.include_router(stream.router)
-    app.include_router(openai.router)
-    app.include_router(playground.router)
+    routers = (jobs.router, ops.router, stream.router, openai.router, files.router, batches.router,
+               playground.router, webhooks.router, webhooks.secret_router, observability.router)  # fmt: skip
+    for router in routers:
+        app.include_router(router)
     app.mount("/static", playground.static_files(), name="static")
-    app.include_router(webhooks.router)
-    app.include_router(webhooks.secret_router)
-    app.include_router(observability.router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
     app.add_middleware(observability.HttpMetrics)
     logging.getLogger("genq.api").debug("app created")
     return app

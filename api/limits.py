@@ -9,31 +9,41 @@ from api.asgi import read_body, replay
 from api.errors import genq_error_response
 from shared.errors import PayloadTooLarge
 
+#: Room for a multipart upload's boundaries and small fields beyond the file's own cap.
+MULTIPART_OVERHEAD = 1 << 20
+
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """`max_bytes` for every path, except those in `per_path` (file uploads: their own cap)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.per_path.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._reject(scope, receive, send)
+            if declared.isdigit() and int(declared) > max_bytes:
+                await self._reject(scope, receive, send, max_bytes)
             else:  # the server enforces Content-Length: nothing more can arrive
                 await self.app(scope, receive, send)
             return
         # Chunked: read it here (bounded), then replay it. Raising from inside `receive` would
         # not do: FastAPI reports any error while reading a body as malformed JSON.
-        body = await read_body(receive, self.max_bytes)
+        if scope["path"] in self.per_path:  # an upload checks its own size as it streams it
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive, max_bytes)
         if body is None:
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, max_bytes)
             return
         await self.app(scope, replay(body, receive), send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLarge(f"the request body exceeds {self.max_bytes} bytes")
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
+        error = PayloadTooLarge(f"the request body exceeds {max_bytes} bytes")
         await genq_error_response(error)(scope, receive, send)

@@ -16,7 +16,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.queue_stats import QueueStatsReader
 from shared.config import Settings
 from shared.errors import Unauthorized
-from shared.metrics import HTTP_DURATION, HTTP_REQUESTS, REQUESTS_INFLIGHT, QueueStatsCollector
+from shared.metrics import (
+    HTTP_DURATION,
+    HTTP_REQUESTS,
+    REQUESTS_INFLIGHT,
+    BatchStatsCollector,
+    QueueStatsCollector,
+)
 
 router = APIRouter(tags=["ops"])
 
@@ -116,5 +122,6 @@ async def metrics(request: Request) -> Response:
     reader: QueueStatsReader = request.app.state.queue_stats
     registry = CollectorRegistry()
     registry.register(QueueStatsCollector(await reader.read()))
+    registry.register(BatchStatsCollector(await request.app.state.batches.store.snapshot()))
     body = generate_latest(_registry()) + generate_latest(registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

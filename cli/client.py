@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -95,6 +96,33 @@ class JobsClient:
     def list(self, status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
         params = {k: v for k, v in {"status": status, "limit": limit, "cursor": cursor}.items() if v}
         return self._call("GET", "/v1/jobs", params=params)
+
+    # --- batches (the OpenAI Batch API) ---------------------------------------------------------
+    def upload(self, path: Path) -> dict[str, Any]:
+        """Upload a JSONL file of batch requests (streamed from disk)."""
+        with path.open("rb") as source:
+            files = {"file": (path.name, source)}
+            return self._call("POST", "/v1/files", files=files, data={"purpose": "batch"}, timeout=None)
+
+    def create_batch(self, file_id: str, endpoint: str) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        return self._call("POST", "/v1/batches", json=body)
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/batches/{batch_id}")
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel")
+
+    def download(self, file_id: str, path: Path) -> None:
+        """A file's content, streamed to `path`."""
+        with self._http.stream("GET", f"/v1/files/{file_id}/content", timeout=None) as reply:
+            if reply.is_error:
+                reply.read()
+                raise _api_error(reply)
+            with path.open("wb") as out:
+                for chunk in reply.iter_bytes():
+                    out.write(chunk)
 
     def follow(self, job_id: str, timeout_s: float) -> Iterator[StreamEvent]:
         """The job's output as it is generated, then `Finished` with the final job, or with its

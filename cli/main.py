@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from cli.batches import batch_app
 from cli.jobs import EXIT_CODES, jobs_app, submit
 from shared.config import Settings
 
@@ -21,6 +22,7 @@ health_app = typer.Typer(help="Health probes (exit 0 healthy, 1 not).", no_args_
 app.add_typer(health_app, name="health")
 app.command(epilog=EXIT_CODES)(submit)
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(batch_app, name="batch")
 
 
 def _is_loopback(host: str) -> bool:
@@ -143,8 +145,8 @@ def drain(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context, name: str) -> None:
-    """Run a benchmark (bench/README):
-    `genq bench gateway|end_to_end|machinery|engine|scale|cache|chaos [--quick]`."""
+    """Run a benchmark: `genq bench NAME [--quick]`, NAME one of gateway, end_to_end, machinery,
+    engine, scale, cache, chaos, batch (bench/README)."""
     import runpy
 
     sys.argv = [f"bench.{name}", *ctx.args]

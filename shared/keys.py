@@ -75,6 +75,49 @@ OWNER_BYTES = PREFIX + ":owner:{owner}:bytes:{day}"
 #: String: the id of the process running the reaper this period (SET NX PX: one at a time).
 REAPER_LOCK = PREFIX + ":reaper:lock"
 
+#: Hash of one uploaded or generated file's record (id, owner, bytes, created_at, filename,
+#: purpose, expires_at); its content lives in the file storage (shared/filestore.py) under the id.
+#: No TTL: a file lives until deleted, or until its expires_at (EXPIREAT) for batch outputs
+#: created with output_expires_after.
+FILE = PREFIX + ":file:{file_id}"
+
+#: Sorted set of one owner's file ids scored by creation time (Unix seconds). No TTL; DELETE
+#: removes members, and lists skip (and drop) ids whose record expired.
+OWNER_FILES = PREFIX + ":owner:{owner}:files"
+
+#: Hash of one batch: its OpenAI fields, and the feeder's durable progress (cursor_offset and
+#: cursor_line into the input file, part_seq, ending). TTL: job_ttl_s, set when created.
+BATCH = PREFIX + ":batch:{batch_id}"
+
+#: Sorted set of one owner's batch ids scored by creation time in microseconds (the list pages
+#: through it). TTL: job_ttl_s, renewed on each creation.
+OWNER_BATCHES = PREFIX + ":owner:{owner}:batches"
+
+#: Sorted set of the ids of batches not yet ended, scored by creation time: what the feeder
+#: works on. Create adds; the script that ends a batch removes. No TTL.
+BATCHES_ACTIVE = PREFIX + ":batches:active"
+
+#: Hash line number -> JSON of one batch's lines in flight: {"job", "custom_id", "echo"} for a
+#: line queued as a job, {"custom_id", "error"} for a line whose error is not yet written. At most
+#: Settings.batch_window entries. Deleted when the batch ends; TTL: the batch's.
+BATCH_WINDOW = PREFIX + ":batch:{batch_id}:window"
+
+#: Hash line number -> JSON {"custom_id", "code", "message"} of the lines validation refused
+#: (bad JSON, wrong endpoint, duplicate custom_id, ...). Deleted when the batch ends; TTL: the
+#: batch's.
+BATCH_INVALID = PREFIX + ":batch:{batch_id}:invalid"
+
+#: List of the storage names of one batch's committed result parts, in order (each commit of
+#: finished lines writes one `.out` and one `.err` object). The end of the batch joins them into
+#: its output and error files and deletes them. TTL: the batch's.
+BATCH_PARTS = PREFIX + ":batch:{batch_id}:parts"
+
+#: String: the id of the API process feeding batches this period (SET NX PX: one at a time).
+BATCH_FEEDER_LOCK = PREFIX + ":batches:feeder-lock"
+
+#: Integer the feeder increments each period: where its round-robin over keys starts. No TTL.
+BATCH_ROTATION = PREFIX + ":batches:rotation"
+
 #: Pub/sub channel: a job id each time a job reaches a terminal state (long-pollers wake on it).
 JOB_EVENTS_CHANNEL = PREFIX + ":events:jobs"
 
@@ -135,6 +178,16 @@ WEBHOOK_KEY_SECRET = PREFIX + ":webhook-secret:{owner}"
 #: WEBHOOK_SECRET_GRACE_S, so receivers can switch without missing an event. TTL: that grace.
 WEBHOOK_KEY_SECRET_PREVIOUS = PREFIX + ":webhook-secret:{owner}:previous"
 WEBHOOK_SECRET_GRACE_S = 86_400
+
+#: Hash of one batch webhook delivery's state (as WEBHOOK_DELIVERY, for batch.<status> events).
+#: TTL: the batch record's remaining TTL, set at the first claim.
+BATCH_WEBHOOK_DELIVERY = PREFIX + ":batch:{batch_id}:webhook:{event}"
+
+#: List of one batch's webhook delivery attempts (JSON each). TTL: the batch's.
+BATCH_WEBHOOK_LOG = PREFIX + ":batch:{batch_id}:webhooks"
+
+#: Celery task that delivers one batch event: args [batch_id, event] (event: batch.completed, ...).
+BATCH_WEBHOOK_TASK = "genq.webhook.deliver_batch"
 
 #: Celery queue of webhook deliveries: its own workers, never a GPU worker's.
 WEBHOOK_QUEUE = "webhooks"
@@ -212,3 +265,35 @@ def queue_for_model(model: str) -> str:
 def queue_key(queue: str, priority: int) -> str:
     """The Redis list holding `queue`'s messages of a kombu priority step (0 is served first)."""
     return f"{queue}{PRIORITY_SEPARATOR}{priority}" if priority else queue
+
+
+def file(file_id: str) -> str:
+    return FILE.format(file_id=file_id)
+
+
+def owner_files(owner: str) -> str:
+    return OWNER_FILES.format(owner=owner)
+
+
+def batch(batch_id: str) -> str:
+    return BATCH.format(batch_id=batch_id)
+
+
+def owner_batches(owner: str) -> str:
+    return OWNER_BATCHES.format(owner=owner)
+
+
+def batch_window(batch_id: str) -> str:
+    return BATCH_WINDOW.format(batch_id=batch_id)
+
+
+def batch_invalid(batch_id: str) -> str:
+    return BATCH_INVALID.format(batch_id=batch_id)
+
+
+def batch_parts(batch_id: str) -> str:
+    return BATCH_PARTS.format(batch_id=batch_id)
+
+
+def batch_webhook_log(batch_id: str) -> str:
+    return BATCH_WEBHOOK_LOG.format(batch_id=batch_id)

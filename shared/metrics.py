@@ -60,6 +60,18 @@ for _tier in ("api", "worker", "broker"):
 RATE_LIMITED = Counter("genq_rate_limited_total", "Requests refused by a rate limit.", ["kind"])
 SHED = Counter("genq_shed_total", "Submissions refused or rerouted by admission control.", ["reason"])
 
+# --- Batches (the batch feeder, in the API) ---------------------------------------------------------
+BATCHES = Counter("genq_batches_total", "Batches ended, by final status.", ["status"])
+for _status in ("completed", "failed", "expired", "cancelled"):
+    BATCHES.labels(_status)
+BATCH_LINES = Counter(
+    "genq_batch_lines_total",
+    "Batch lines whose result was written: completed (output file) or failed (error file).",
+    ["result"],
+)
+for _result in ("completed", "failed"):
+    BATCH_LINES.labels(_result)
+
 # --- Webhooks (the webhook worker) ------------------------------------------------------------------
 WEBHOOK_ATTEMPTS = Counter(
     "genq_webhook_attempts_total",
@@ -179,3 +191,27 @@ class QueueStatsCollector(Collector):
         )
         limit.add_metric([], self._memory.max_bytes)
         return [used, limit]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSnapshot:
+    """The batch feeder's load, read from Redis at scrape time (any API process answers)."""
+
+    #: Batches not yet ended.
+    active: int
+    #: Their lines queued or running as jobs (or with a result not yet written).
+    lines_inflight: int
+
+
+class BatchStatsCollector(Collector):
+    def __init__(self, snapshot: BatchSnapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> list[Metric]:
+        active = GaugeMetricFamily("genq_batches_active", "Batches not yet ended (validating to finalizing).")
+        active.add_metric([], self._snapshot.active)
+        inflight = GaugeMetricFamily(
+            "genq_batch_lines_inflight", "Lines of active batches in their windows (queued or running)."
+        )
+        inflight.add_metric([], self._snapshot.lines_inflight)
+        return [active, inflight]

@@ -47,6 +47,7 @@ TEMPLATES = {
     "owner_live_key": keys.OWNER_LIVE,
     "owner_bytes_key": keys.OWNER_BYTES,
     "webhook_delivery_key": keys.WEBHOOK_DELIVERY,
+    "batch_webhook_delivery_key": keys.BATCH_WEBHOOK_DELIVERY,
 }
 
 

@@ -53,6 +53,7 @@ from celery import Task, shared_task, signals
 from celery.exceptions import Reject
 
 from shared import key_secrets, keys, metrics, scripts, signing
+from shared.batches import public_batch
 from shared.config import Settings
 from shared.ids import new_id
 from shared.messages import task_message
@@ -148,18 +149,41 @@ return 1
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
+    #: The job the event is about; for a batch event (`batch`), the batch.
     job_id: str
     event: str
-    #: "start", "completed", or "output:<task id>" (a job has many output deliveries).
+    #: "start", "completed", or "output:<task id>" (a job has many output deliveries); a batch
+    #: event's own name ("batch.completed", ...).
     name: str
+    batch: bool = False
 
     @classmethod
     def of(cls, job_id: str, event: str, task_id: str) -> Delivery:
         return cls(job_id, event, f"output:{task_id}" if event == WebhookEvent.OUTPUT else event)
 
+    @classmethod
+    def of_batch(cls, batch_id: str, event: str) -> Delivery:
+        return cls(batch_id, event, event, batch=True)
+
     @property
     def key(self) -> str:
+        if self.batch:
+            return keys.BATCH_WEBHOOK_DELIVERY.format(batch_id=self.job_id, event=self.name)
         return DELIVERY.format(job_id=self.job_id, delivery=self.name)
+
+    @property
+    def task(self) -> str:
+        """The Celery task that delivers it."""
+        return keys.BATCH_WEBHOOK_TASK if self.batch else keys.WEBHOOK_TASK
+
+    @property
+    def log_key(self) -> str:
+        return keys.batch_webhook_log(self.job_id) if self.batch else keys.webhook_log(self.job_id)
+
+    @property
+    def record_key(self) -> str:
+        """The record the delivery's state lives as long as (the job's, or the batch's)."""
+        return keys.batch(self.job_id) if self.batch else keys.job(self.job_id)
 
     @property
     def webhook_id(self) -> str:
@@ -218,7 +242,7 @@ def publish(
     now = datetime.datetime.now(datetime.UTC)
     eta = now + datetime.timedelta(seconds=countdown) if countdown > 0 else None
     args = [delivery.job_id, delivery.event]
-    message = task_message(keys.WEBHOOK_TASK, task_id, args, keys.WEBHOOK_QUEUE, 0, retries=generation,
+    message = task_message(delivery.task, task_id, args, keys.WEBHOOK_QUEUE, 0, retries=generation,
                            kwargs=kwargs, eta=eta)  # fmt: skip
     pipe = client.pipeline(transaction=True)
     pipe.lpush(WEBHOOK_LIST, message)
@@ -248,7 +272,7 @@ class Deliveries:
         now = time.time()
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         outcome, held_until = self._claim(
-            keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery.job_id)]
+            keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery)]
         )
         return Claim(_text(outcome)), float(_text(held_until))
 
@@ -260,19 +284,19 @@ class Deliveries:
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""
         self._record(
-            keys=[delivery.key, keys.webhook_log(delivery.job_id), keys.WEBHOOK_PENDING],
-            args=[generation, self._ttl(delivery.job_id), log_entry, drop_body, *flat],
+            keys=[delivery.key, delivery.log_key, keys.WEBHOOK_PENDING],
+            args=[generation, self._ttl(delivery), log_entry, drop_body, *flat],
         )
 
     def publish(
         self, delivery: Delivery, task_id: str, generation: int, countdown: float, kwargs: dict[str, float]
     ) -> None:
         """Publish `delivery`'s message for `generation`, due in `countdown` seconds."""
-        publish(self._redis, delivery, task_id, generation, countdown, kwargs, self._ttl(delivery.job_id))
+        publish(self._redis, delivery, task_id, generation, countdown, kwargs, self._ttl(delivery))
 
-    def _ttl(self, job_id: str) -> int:
-        """The job record's remaining TTL (delivery state and log live as long as the job)."""
-        remaining_ms = int(self._redis.pttl(keys.job(job_id)))
+    def _ttl(self, delivery: Delivery) -> int:
+        """The job's (or batch's) remaining TTL: delivery state and log live as long as it."""
+        remaining_ms = int(self._redis.pttl(delivery.record_key))
         return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
 
     # --- ordering -------------------------------------------------------------------------------
@@ -310,6 +334,21 @@ class Deliveries:
         url, body, owner = self._redis.hmget(delivery.key, "url", "body", "owner")
         if url is not None and body is not None:
             return Frozen(str(url), str(body).encode(), str(owner or ""))
+        built = self._batch_event(delivery) if delivery.batch else self._job_event(delivery)
+        if built is None:
+            return None
+        url, payload, owner = built
+        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hsetnx(delivery.key, "url", url)
+        pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
+        pipe.hsetnx(delivery.key, "owner", owner)
+        pipe.hmget(delivery.key, "url", "body", "owner")
+        url, body, owner = pipe.execute()[-1]
+        return Frozen(str(url), str(body).encode(), str(owner or ""))
+
+    def _job_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+        """(url, body, owner) of a job event; None when there is nothing to send."""
         record: dict[str, str] = self._redis.hgetall(keys.job(delivery.job_id))  # type: ignore[assignment]
         if not record:
             return None
@@ -317,14 +356,15 @@ class Deliveries:
             return None
         job = public_job(record)
         payload = {"type": EVENT_TYPES[delivery.event], "timestamp": rfc3339(time.time()), "data": job}
-        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hsetnx(delivery.key, "url", str(job["input"]["webhook"]))
-        pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
-        pipe.hsetnx(delivery.key, "owner", record.get("owner", ""))
-        pipe.hmget(delivery.key, "url", "body", "owner")
-        url, body, owner = pipe.execute()[-1]
-        return Frozen(str(url), str(body).encode(), str(owner or ""))
+        return str(job["input"]["webhook"]), payload, record.get("owner", "")
+
+    def _batch_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+        """(url, body, owner) of a batch event (its data: the batch as GET /v1/batches/{id})."""
+        record: dict[str, str] = self._redis.hgetall(keys.batch(delivery.job_id))  # type: ignore[assignment]
+        if not record or not record.get("webhook_url"):
+            return None
+        payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
+        return record["webhook_url"], payload, record["owner"]
 
     def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
         """Send the frozen body once; the attempt's number and result."""
@@ -391,6 +431,15 @@ def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -
     that, the message goes back on the queue rather than being acknowledged unused."""
     try:
         _deliver_once(task, Delivery.of(job_id, event, task.request.id), due_at)
+    except StoreUnavailable as exc:
+        raise Reject(str(exc), requeue=True) from exc
+
+
+def _deliver_batch(task: Task, batch_id: str, event: str, due_at: float | None = None) -> None:
+    """Deliver a batch's end (batch.completed, .failed, .expired, .cancelled): the same claims,
+    retries, hops and signatures as a job's events."""
+    try:
+        _deliver_once(task, Delivery.of_batch(batch_id, event), due_at)
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
@@ -473,6 +522,18 @@ deliver = shared_task(
     max_retries=None,
     ignore_result=True,
 )(_deliver)
+
+
+#: The batch events' task, on the same queue.
+deliver_batch = shared_task(
+    bind=True,
+    name=keys.BATCH_WEBHOOK_TASK,
+    queue=keys.WEBHOOK_QUEUE,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,
+    ignore_result=True,
+)(_deliver_batch)
 
 
 def _warn_at_start(sender: Any = None, **_: Any) -> None:

@@ -1,5 +1,5 @@
 // genq playground: submit a job, follow /v1/jobs/{id}/stream (fetch + SSE parsing, because
-// EventSource cannot send an Authorization header), list the caller's recent jobs.
+// EventSource cannot send an Authorization header), list the caller's recent jobs and batches.
 "use strict";
 
 const KEY_STORAGE = "genq.apiKey";
@@ -307,6 +307,49 @@ function renderJobs(jobs) {
   }));
 }
 
+// --- batches --------------------------------------------------------------------------------
+
+const BATCH_ENDED = ["completed", "failed", "expired", "cancelled"];
+let batchTimer = null;
+
+async function loadBatches() {
+  try {
+    const page = await apiJSON("/v1/batches?limit=10");
+    renderBatches(page.data);
+    clearTimeout(batchTimer);
+    // While one is running, its progress is re-read every few seconds.
+    if (page.data.some((batch) => !BATCH_ENDED.includes(batch.status))) batchTimer = setTimeout(loadBatches, 3000);
+  } catch (error) {
+    if (!(error instanceof Unauthorized)) showError(error.message);
+  }
+}
+
+function renderBatches(batches) {
+  $("batches-empty").hidden = batches.length > 0;
+  $("batches").replaceChildren(...batches.map((batch) => {
+    const counts = batch.request_counts;
+    const done = counts.completed + counts.failed;
+    const item = document.createElement("li");
+    item.className = "batch";
+    item.title = batch.id;
+    const name = document.createElement("span");
+    name.className = "snippet";
+    name.textContent = `${batch.endpoint.replace("/v1/", "")} · ${batch.id.slice(6, 14)}`;
+    const pill = document.createElement("span");
+    pill.className = "pill";
+    pill.dataset.status = batch.status;
+    pill.textContent = batch.status;
+    const bar = document.createElement("progress");
+    bar.max = Math.max(counts.total, 1);
+    bar.value = done;
+    const when = document.createElement("span");
+    when.className = "when progress-text";
+    when.textContent = `${done} / ${counts.total} (${counts.failed} failed) · ${new Date(batch.created_at * 1000).toLocaleTimeString()}`;
+    item.append(name, pill, bar, when);
+    return item;
+  }));
+}
+
 async function openJob(job) {
   if (state.controller) state.controller.abort();
   state.controller = new AbortController();
@@ -346,15 +389,15 @@ function switchMode() {
 function start() {
   $("composer").addEventListener("submit", submit);
   $("cancel").addEventListener("click", cancel);
-  $("refresh").addEventListener("click", loadJobs);
-  $("key-button").addEventListener("click", () => askForKey().then(() => { loadModels(); loadJobs(); }));
+  $("refresh").addEventListener("click", () => { loadJobs(); loadBatches(); });
+  $("key-button").addEventListener("click", () => askForKey().then(() => { loadModels(); loadJobs(); loadBatches(); }));
   $("clear-chat").addEventListener("click", () => { state.chat = []; renderTranscript(); });
   $("temperature").addEventListener("input", () => { $("temperature-value").value = $("temperature").value; });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("composer").requestSubmit();
   });
   for (const radio of document.querySelectorAll('input[name="mode"]')) radio.addEventListener("change", switchMode);
-  loadModels().then((ok) => ok && loadJobs());
+  loadModels().then((ok) => { if (ok) { loadJobs(); loadBatches(); } });
 }
 
 start();

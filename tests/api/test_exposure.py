@@ -78,3 +78,16 @@ async def test_metrics_with_a_token_answer_only_to_it(
 
 async def test_metrics_without_a_token_stay_open(api: httpx.AsyncClient) -> None:
     assert (await api.get("/metrics")).status_code == 200
+
+
+async def test_an_anonymous_api_takes_an_upload_only_with_authorization(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    """A cross-site form can post multipart/form-data but cannot add Authorization (preflight)."""
+    async with api_client(make_settings()) as api:
+        upload = {"files": {"file": ("a.jsonl", b"{}\n")}, "data": {"purpose": "batch"}}
+        refused = await api.post("/v1/files", **upload)
+        assert refused.status_code == 415 and refused.json()["error"]["param"] == "Content-Type"
+        assert_nothing_written(redis_client)
+        taken = await api.post("/v1/files", headers={"authorization": "Bearer unused"}, **upload)
+        assert taken.status_code == 200, taken.text

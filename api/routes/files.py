@@ -1,0 +1,83 @@
+"""/v1/files: OpenAI's Files API for batch input and output files, scoped to the caller's key.
+
+An upload is parsed by Starlette into a spooled temporary file (memory up to 1 MiB, then disk)
+and streamed from there to the file storage: a 200 MB file is never held in API memory.
+Errors leave in OpenAI's shape, like the completion routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
+from fastapi.responses import StreamingResponse
+
+from api.batches import Batches
+from api.deps import OwnerDep
+from api.files import Files
+from api.openai_compat import OpenAIRoute
+from api.ratelimit import ReadLimit, SubmitLimit
+from api.responses import json_response
+from api.routes.openai import OPENAI_ERRORS
+from shared.files import public_file
+
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
+
+#: An upload may also be too large (413) or, on an API without keys, lack Authorization (415).
+FILE_ERRORS = OPENAI_ERRORS | {413: OPENAI_ERRORS[400], 415: OPENAI_ERRORS[400]}
+#: A file a batch still reads cannot be deleted.
+DELETE_ERRORS = OPENAI_ERRORS | {409: OPENAI_ERRORS[400]}
+
+
+def _files(request: Request) -> Files:
+    files: Files = request.app.state.files
+    return files
+
+
+@router.post("", responses=FILE_ERRORS, dependencies=[SubmitLimit])
+async def upload_file(
+    request: Request, owner: OwnerDep, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+) -> Response:
+    """Upload a JSONL file of batch requests (`purpose=batch`)."""
+    created = await _files(request).upload(owner, file.file, file.filename or "", purpose)
+    return json_response(created)
+
+
+@router.get("", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
+async def list_files(
+    request: Request,
+    owner: OwnerDep,
+    purpose: str | None = None,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+) -> Response:
+    """The caller's files, newest first unless `order=asc`."""
+    found, more = await _files(request).records.page(owner, after, limit, purpose, order == "desc")
+    data = [public_file(record) for record in found]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return json_response({"object": "list", "data": data, "first_id": first, "last_id": last,
+                          "has_more": more})  # fmt: skip
+
+
+@router.get("/{file_id}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
+async def get_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
+    """One file's record."""
+    return json_response(public_file(await _files(request).get(file_id, owner)))
+
+
+@router.get("/{file_id}/content", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
+async def file_content(request: Request, file_id: str, owner: OwnerDep) -> Response:
+    """The file's bytes, streamed from storage."""
+    chunks = await _files(request).content(file_id, owner)
+    return StreamingResponse(chunks, media_type="application/octet-stream")
+
+
+@router.delete("/{file_id}", responses=DELETE_ERRORS, dependencies=[ReadLimit])
+async def delete_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
+    """Delete the file's record and content (409 while a batch not yet ended reads it)."""
+    files = _files(request)
+    await files.get(file_id, owner)  # 404 before anything else
+    batches: Batches = request.app.state.batches
+    await batches.check_unused(file_id)
+    return json_response(await files.delete(file_id, owner))

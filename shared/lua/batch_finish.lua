@@ -1,0 +1,35 @@
+-- A batch ends. KEYS: batch, active batches, window, invalid lines, parts, output file, error
+-- file, owner's files. ARGV: final status, now, errors JSON ('' for none), output file fields
+-- as a JSON array ('' for none), error file fields likewise, files' index score, files'
+-- expires_at (0: none), the batch webhook's delivery message ('' for none).
+-- The batch's files become the owner's, its webhook is enqueued and it leaves the feeder's set
+-- in one step: the batch.<status> event is sent once, never lost.
+-- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
+local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
+local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
+if not rec[1] or TERMINAL[rec[1]] then return 0 end
+local function add_file(key, fields_json, field)
+  if fields_json == '' then return end
+  local fields = cjson.decode(fields_json)
+  redis.call('HSET', key, unpack(fields))
+  if tonumber(ARGV[7]) > 0 then redis.call('EXPIREAT', key, ARGV[7]) end
+  local id = redis.call('HGET', key, 'id')
+  redis.call('ZADD', KEYS[8], ARGV[6], id)
+  redis.call('HSET', KEYS[1], field, id)
+end
+add_file(KEYS[6], ARGV[4], 'output_file_id')
+add_file(KEYS[7], ARGV[5], 'error_file_id')
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'errors', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+if ARGV[8] ~= '' then
+  -- Indexed as pending like a job's deliveries: the reaper pushes it again should the broker lose it.
+  redis.call('LPUSH', K.webhook_queue, ARGV[8])
+  local delivery = batch_webhook_delivery_key(rec[2], 'batch.' .. ARGV[1])
+  redis.call('HSET', delivery, 'message', ARGV[8])
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', delivery, ttl) end
+  redis.call('ZADD', K.webhook_pending, tonumber(ARGV[2]) + ORPHAN_CHECK_S, delivery)
+end
+redis.call('ZREM', KEYS[2], rec[2])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+return 1
