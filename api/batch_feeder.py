@@ -47,6 +47,7 @@ from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
 from shared.files import FilePurpose, NewFile
 from shared.filestore import FileStorage, lines_from
 from shared.ids import new_id
+from shared.logging import fields
 from shared.messages import task_message
 from shared.schemas import JobStatus
 
@@ -142,7 +143,7 @@ class BatchFeeder:
             try:
                 busy = await self.run_once()
             except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning(json.dumps({"event": "batch_feeder_skipped", "error": type(exc).__name__}))
+                log.warning("batch_feeder_skipped", extra=fields(error=type(exc).__name__))
             pause = BUSY_PAUSE_S if busy else self._settings.batch_feeder_interval_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), pause)
@@ -237,8 +238,10 @@ class BatchFeeder:
         if checked.problem is not None:
             return await self._finish(record, Ending(BatchStatus.FAILED, errors=[checked.problem]))
         await self._store.validated(batch_id, checked.total, checked.invalid)
-        log.info(json.dumps({"event": "batch_validated", "batch_id": batch_id, "total": checked.total,
-                             "invalid": len(checked.invalid)}))  # fmt: skip
+        log.info(
+            "batch_validated",
+            extra=fields(batch_id=batch_id, total=checked.total, invalid=len(checked.invalid)),
+        )
         return True
 
     async def _feed(self, record: dict[str, str], share: int) -> bool:
@@ -391,7 +394,7 @@ class BatchFeeder:
             return False
         metrics.BATCHES.labels(ending.status.value).inc()
         await anyio.to_thread.run_sync(_delete_parts, self._files.storage, parts)
-        log.info(json.dumps({"event": "batch_ended", "batch_id": batch_id, "status": ending.status.value}))
+        log.info("batch_ended", extra=fields(batch_id=batch_id, status=ending.status.value))
         return True
 
     async def _join(

@@ -10,7 +10,6 @@ only costs hits: the cache then serves from level 1 and every other request goes
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from redis.backoff import NoBackoff
 from shared import keys
 from shared.cache import CacheEntry, cache_key, is_cacheable
 from shared.config import Settings
+from shared.logging import fields
 from shared.store import CacheLookup, Submitted
 
 log = logging.getLogger("genq.api")
@@ -142,7 +142,7 @@ class ModelFingerprints:
         try:
             self._known = cast(dict[str, str], await self._redis.hgetall(keys.MODELS))
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            log.warning(json.dumps({"event": "cache_fingerprints_unreadable", "error": type(exc).__name__}))
+            log.warning("cache_fingerprints_unreadable", extra=fields(error=type(exc).__name__))
         self._read_at = time.monotonic()
 
 
@@ -217,7 +217,7 @@ class ResponseCache:
             found = await self._dedicated.hmget(keys.cache_entry(key), ["output", "model_label"])
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             self._dedicated_down_until = time.monotonic() + L2_RETRY_AFTER_S
-            log.warning(json.dumps({"event": "cache_l2_unavailable", "error": type(exc).__name__}))
+            log.warning("cache_l2_unavailable", extra=fields(error=type(exc).__name__))
             return None
         output, label = cast(list[str | None], found)
         return CacheEntry(output, label or "") if output else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import redis.exceptions
@@ -12,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.responses import json_response
 from shared import errors, metrics
+from shared.logging import fields
 from shared.schemas import error_body
 
 log = logging.getLogger("genq.api")
@@ -48,7 +48,7 @@ def genq_error_response(exc: errors.GenqError) -> Response:
 
 
 def redis_down_response(exc: Exception) -> Response:
-    log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
+    log.warning("redis_unavailable", extra=fields(error=type(exc).__name__))
     return genq_error_response(errors.Unavailable("the job store (Redis) is unreachable; retry shortly"))
 
 
@@ -59,12 +59,12 @@ def redis_error_response(exc: redis.exceptions.ResponseError) -> Response:
     if refusal is None:
         return internal_error_response(exc)
     metrics.STORAGE_REFUSED.labels("api").inc()
-    log.warning(json.dumps({"event": "store_write_refused", "error": refusal.message}))
+    log.warning("store_write_refused", extra=fields(error=refusal.message))
     return genq_error_response(refusal)
 
 
 def internal_error_response(exc: BaseException) -> Response:
-    log.error(json.dumps({"event": "internal_error", "error": type(exc).__name__}), exc_info=exc)
+    log.error("internal_error", exc_info=exc, extra=fields(error=type(exc).__name__))
     return genq_error_response(errors.GenqError("an internal error occurred; it was logged"))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from shared import keys
+from shared.logging import fields
 
 log = logging.getLogger("genq.api")
 
@@ -63,7 +63,7 @@ class JobEvents:
             try:
                 await self._listen()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                log.warning(json.dumps({"event": "job_events_reconnect", "error": type(exc).__name__}))
+                log.warning("job_events_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # anything may have finished while we were away
                 await asyncio.sleep(0.5)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ import redis.exceptions
 
 from api.queue import JobQueue
 from shared.errors import NotFound
+from shared.logging import fields
 from shared.schemas import JobStatus
 from shared.streams import START_ID, OutputEntry, entry_order
 
@@ -84,7 +84,7 @@ async def follow(
     except NotFound:
         yield Failure("not_found", f"job {job_id!r} no longer exists (it expired or was removed)")
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        log.warning(json.dumps({"event": "stream_redis_unavailable", "job_id": job_id, "error": str(exc)}))
+        log.warning("stream_redis_unavailable", extra=fields(job_id=job_id, error=str(exc)))
         yield Failure("unavailable", "the job store (Redis) is unreachable; reconnect with Last-Event-ID")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -32,6 +31,7 @@ from api.errors import genq_error_response, validation_error_response
 from api.queue import JobQueue
 from api.responses import json_response
 from shared import errors
+from shared.logging import fields
 from shared.schemas import ChatMessage, JobCreate, JobStatus, Priority
 
 log = logging.getLogger("genq.api")
@@ -449,7 +449,7 @@ def translate(exc: Exception) -> Response | None:
     if isinstance(exc, RequestValidationError):
         return _from_genq(validation_error_response(exc))
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        log.warning(json.dumps({"event": "redis_unavailable", "error": type(exc).__name__}))
+        log.warning("redis_unavailable", extra=fields(error=type(exc).__name__))
         return _from_genq(
             genq_error_response(errors.Unavailable("the job store is unreachable; retry shortly"))
         )

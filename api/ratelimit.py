@@ -6,7 +6,6 @@ clock is the Redis server's (TIME), so replicas with skewed clocks agree.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -20,6 +19,7 @@ from shared import keys, metrics
 from shared.autopipeline import Commands
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
+from shared.logging import fields
 
 log = logging.getLogger("genq.api")
 Kind = Literal["submit", "read"]
@@ -125,7 +125,7 @@ class RateLimiter:
             if kind == "read"
             else self._settings.rate_limit_fail_open_submits
         )
-        log.warning(json.dumps({"event": "rate_limit_unavailable", "kind": kind, "fail_open": fail_open}))
+        log.warning("rate_limit_unavailable", extra=fields(kind=kind, fail_open=fail_open))
         if fail_open:
             return {}
         raise Unavailable("rate limiting is unavailable (Redis unreachable); retry shortly") from exc

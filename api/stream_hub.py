@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +20,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from shared import keys
+from shared.logging import fields
 from shared.streams import entry_order
 
 log = logging.getLogger("genq.api")
@@ -80,7 +80,7 @@ class StreamHub:
             try:
                 await self._read_once()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                log.warning(json.dumps({"event": "stream_hub_reconnect", "error": type(exc).__name__}))
+                log.warning("stream_hub_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # followers fall back on their own reads until Redis is back
                 await asyncio.sleep(0.5)
 

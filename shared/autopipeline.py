@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -48,6 +47,7 @@ import redis.exceptions
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, InvalidResponse, NoScriptError, RedisError
 
+from shared.logging import fields
 from shared.metrics import REDIS_BATCH
 
 #: The most commands one write carries; more in one turn go out as several writes at once.
@@ -98,8 +98,12 @@ async def open_commands(client: aioredis.Redis, enabled: bool = True) -> Command
         await commands.execute("PING")
     except TakeOverFailed as exc:
         await commands.aclose()
-        log.warning(json.dumps({"event": "autopipeline_off", "error": repr(exc.__cause__ or exc),
-                                "message": "serving through redis-py's own connection pool"}))  # fmt: skip
+        log.warning(
+            "autopipeline_off",
+            extra=fields(
+                error=repr(exc.__cause__ or exc), message="serving through redis-py's own connection pool"
+            ),
+        )
         return DirectCommands(client)
     except redis.exceptions.RedisError:
         pass  # Redis down: the next command connects again

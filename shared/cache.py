@@ -10,7 +10,6 @@ they always agree. Nothing here imports FastAPI or torch.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import redis
 import redis.exceptions
 
 from shared import keys
+from shared.logging import fields
 from shared.structured import schema_of
 
 log = logging.getLogger("genq.cache")
@@ -134,7 +134,7 @@ def write_entry(client: redis.Redis, key: str, entry: CacheEntry, ttl_s: int) ->
             pipe.expire(keys.cache_entry(key), ttl_s)
             pipe.execute()
     except redis.exceptions.RedisError as exc:
-        log.warning(json.dumps({"event": "cache_write_failed", "error": type(exc).__name__}))
+        log.warning("cache_write_failed", extra=fields(error=type(exc).__name__))
 
 
 def _number(value: float) -> float:

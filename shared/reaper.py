@@ -17,7 +17,6 @@ anyway. Every action is counted (genq_reaper_actions_total) and logged with the 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -29,6 +28,7 @@ import redis.exceptions
 
 from shared import keys, metrics, scripts
 from shared.config import Settings
+from shared.logging import fields
 from shared.messages import retagged
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
 
@@ -83,7 +83,7 @@ class Reaper:
             try:
                 self.run_once()
             except redis.exceptions.RedisError as exc:
-                log.warning(json.dumps({"event": "reaper_skipped", "error": type(exc).__name__}))
+                log.warning("reaper_skipped", extra=fields(error=type(exc).__name__))
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run_forever, name="genq-reaper", daemon=True)
@@ -128,4 +128,4 @@ class Reaper:
             return
         done[outcome] = done.get(outcome, 0) + 1
         metrics.REAPER_ACTIONS.labels(outcome).inc()
-        log.warning(json.dumps({"event": "reaper_action", "action": outcome, subject: job_id}))
+        log.warning("reaper_action", extra=fields(action=outcome, **{subject: job_id}))

@@ -12,7 +12,6 @@ in no list and no hash: the reaper's orphan check pushes it again (shared/lua/re
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ from kombu.transport import redis as kombu_redis
 
 from shared import metrics
 from shared.errors import storage_refusal
+from shared.logging import fields
 
 log = logging.getLogger("genq.worker")
 
@@ -51,7 +51,7 @@ def while_refused(call: Callable[[], T], event: str) -> T:
             if refusal is None:
                 raise
             if not warned:  # once per call: the store's refusal is logged elsewhere too
-                log.warning(json.dumps({"event": event, "error": refusal.message}))
+                log.warning(event, extra=fields(error=refusal.message))
                 warned = True
             metrics.STORAGE_REFUSED.labels("broker").inc()
             time.sleep(RETRY_S)
@@ -81,7 +81,7 @@ class PatientQoS(kombu_redis.QoS):
             with _left_behind_lock:
                 _left_behind.update(tags)
             self._delivered.clear()
-            log.warning(json.dumps({"event": "broker_restore_deferred", "messages": len(tags)}))
+            log.warning("broker_restore_deferred", extra=fields(messages=len(tags)))
             raise
 
 
@@ -143,7 +143,7 @@ class Channel(kombu_redis.Channel):
                     _left_behind.update(tags[index:])
                 return
         if tags:
-            log.info(json.dumps({"event": "broker_restored_after_reconnect", "messages": len(tags)}))
+            log.info("broker_restored_after_reconnect", extra=fields(messages=len(tags)))
 
 
 class Transport(kombu_redis.Transport):

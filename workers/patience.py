@@ -8,7 +8,6 @@ back on the queue.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import redis.exceptions
 
 from shared import metrics
 from shared.errors import storage_refusal
+from shared.logging import fields
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -47,7 +47,7 @@ def patiently(call: Callable[[], T], retry_s: float = STORE_RETRY_S) -> T:
                 raise
             metrics.STORAGE_REFUSED.labels("worker").inc()
             reason = refusal.message
-        log.warning(json.dumps({"event": "store_call_retried", "error": reason}))
+        log.warning("store_call_retried", extra=fields(error=reason))
         if time.monotonic() > give_up:
             raise StoreUnavailable(reason)
         time.sleep(RETRY_PAUSE_S)

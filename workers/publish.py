@@ -8,7 +8,6 @@ stream reader that sees the job terminal can drain the stream and miss nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import redis
 import redis.exceptions
 
 from shared import keys
+from shared.logging import fields
 
 log = logging.getLogger("genq.worker")
 
@@ -82,7 +82,7 @@ class OutputPublisher:
             pipe.expire(stream, self._ttl_s)
             pipe.execute()
         except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
-            log.warning(json.dumps({"event": "output_publish_failed", "job_id": job_id, "error": str(exc)}))
+            log.warning("output_publish_failed", extra=fields(job_id=job_id, error=str(exc)))
             return
         if self._listener is not None:
             self._listener(job_id)

@@ -13,7 +13,6 @@ failed because this process stops.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -33,6 +32,7 @@ from redis.retry import Retry
 from shared import keys, metrics
 from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
+from shared.logging import fields
 from shared.reaper import Reaper
 from shared.store import ClaimOutcome, WorkerJobs, as_text
 from shared.structured import schema_of
@@ -122,8 +122,10 @@ class WorkerRuntime:
         """The engine died (EngineConfig.on_fatal, called before it fails anything in flight):
         hand every job this worker runs back to the queue, then exit non-zero so the supervisor
         restarts the worker. A hand-back that cannot be written is left to the job's lease."""
-        log.critical(json.dumps({"event": "engine_fatal", "worker": self.worker_id, "error": repr(error),
-                                 "handing_back": len(self._inflight)}))  # fmt: skip
+        log.critical(
+            "engine_fatal",
+            extra=fields(worker=self.worker_id, error=repr(error), handing_back=len(self._inflight)),
+        )
         with self._lock:
             held = dict(self._inflight)
         for job_id, record in held.items():
@@ -131,15 +133,14 @@ class WorkerRuntime:
                 if self.jobs.hand_back(job_id, self.worker_id, record, count_attempt=True):
                     metrics.HANDED_BACK.labels("engine_fatal").inc()
             except redis.exceptions.RedisError as exc:
-                log.warning(json.dumps({"event": "hand_back_failed", "job_id": job_id,
-                                        "error": type(exc).__name__}))  # fmt: skip
+                log.warning("hand_back_failed", extra=fields(job_id=job_id, error=type(exc).__name__))
         logging.shutdown()
         os._exit(FATAL_EXIT)
 
     def mark_ready(self) -> None:
         self.ready_file.parent.mkdir(parents=True, exist_ok=True)
         self.ready_file.touch()
-        log.info(json.dumps({"event": "worker_ready", "worker": self.worker_id, "model": self.model_id}))
+        log.info("worker_ready", extra=fields(worker=self.worker_id, model=self.model_id))
 
     def drain(self, timeout_s: float) -> None:
         """Called on SIGTERM: after timeout_s, stop every job still running and hand it back."""
@@ -151,7 +152,7 @@ class WorkerRuntime:
             for job_id in held:
                 if self.engine is not None:
                     self.engine.cancel(job_id)
-            log.warning(json.dumps({"event": "drain_timeout", "handed_back": len(held)}))
+            log.warning("drain_timeout", extra=fields(handed_back=len(held)))
 
         timer = threading.Timer(timeout_s, hand_back_all)
         timer.daemon = True
@@ -181,8 +182,9 @@ class WorkerRuntime:
         the store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
         if claim.outcome is not ClaimOutcome.CLAIMED:
-            log.info(json.dumps({"event": "job_skipped", "job_id": job_id, "outcome": claim.outcome.value,
-                                 "status": claim.status}))  # fmt: skip
+            log.info(
+                "job_skipped", extra=fields(job_id=job_id, outcome=claim.outcome.value, status=claim.status)
+            )
             return
         record = claim.record
         if record.get("started_at"):
@@ -192,7 +194,7 @@ class WorkerRuntime:
             self._inflight[job_id] = record
         self._report_inflight()
         try:
-            fields = self._generate(job_id, record)
+            ended = self._generate(job_id, record)
         finally:
             with self._lock:
                 self._inflight.pop(job_id, None)
@@ -202,9 +204,9 @@ class WorkerRuntime:
         if drained:
             if self._store(lambda: self.jobs.hand_back(job_id, self.worker_id, record, count_attempt=False)):
                 metrics.HANDED_BACK.labels("drain").inc()
-                log.info(json.dumps({"event": "job_handed_back", "job_id": job_id, "reason": "drain"}))
-        elif fields is not None:
-            self._finish(job_id, record, fields)
+                log.info("job_handed_back", extra=fields(job_id=job_id, reason="drain"))
+        elif ended is not None:
+            self._finish(job_id, record, ended)
 
     def _finish(self, job_id: str, record: dict[str, str], fields: dict[str, str | bytes]) -> None:
         """End the job; a success is also written to the response cache: in the same script when
@@ -232,10 +234,10 @@ class WorkerRuntime:
         assert self.engine is not None, "a worker without an engine received a generation job"
         request = self._request(job_id, record)
         label: dict[str, str | bytes] = {"model_label": self.engine.label}
-        started: dict[str, object] = {"event": "job_started", "job_id": job_id, "model": self.engine.model_id}
+        started: dict[str, object] = {"job_id": job_id, "model": self.engine.model_id}
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
             started["input"] = orjson.loads(record["input"])
-        log.info(json.dumps(started))
+        log.info("job_started", extra=fields(**started))
         try:
             result = self.engine.submit(request).result()
             self.output.flush(job_id)
@@ -253,11 +255,10 @@ class WorkerRuntime:
         metrics.JOB_LATENCY.labels(record["queue"]).observe(
             max(0.0, time.time() - float(record["created_at"]))
         )
-        succeeded: dict[str, object] = {"event": "job_succeeded", "job_id": job_id,
-                                        "completion_tokens": result.completion_tokens}  # fmt: skip
+        succeeded: dict[str, object] = {"job_id": job_id, "completion_tokens": result.completion_tokens}
         if self.settings.log_prompts:
             succeeded["output"] = result.text
-        log.info(json.dumps(succeeded))
+        log.info("job_succeeded", extra=fields(**succeeded))
         return label | _success_fields(result)
 
     def _observe(self, result: GenerationResult) -> None:
@@ -319,7 +320,7 @@ class WorkerRuntime:
         self.jobs.heartbeat(self.worker_id, self.registry)
         for job_id in self.jobs.renew(self.worker_id, list(self._inflight)):
             # Canceled, ended elsewhere, or handed to another worker: stop generating it.
-            log.info(json.dumps({"event": "lease_lost", "job_id": job_id}))
+            log.info("lease_lost", extra=fields(job_id=job_id))
             if self.engine is not None:
                 self.engine.cancel(job_id)
         if self.ready_file.exists():
@@ -330,7 +331,7 @@ class WorkerRuntime:
             try:
                 self._beat()
             except redis.exceptions.RedisError as exc:
-                log.warning(json.dumps({"event": "heartbeat_failed", "error": str(exc)}))
+                log.warning("heartbeat_failed", extra=fields(error=str(exc)))
 
     def _cancel_loop(self) -> None:
         while not self._stopped.is_set():

@@ -12,12 +12,13 @@ Patching is best effort and never raises into the worker: a failure is logged an
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
+
+from shared.logging import fields
 
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api
@@ -76,16 +77,14 @@ class PodDeletionCost:
             )
         except Exception as exc:  # best effort: the worker must keep serving
             log.warning(
-                json.dumps(
-                    {
-                        "event": "pod_deletion_cost_patch_failed",
-                        "pod": self.pod_name,
-                        "namespace": self.namespace,
-                        "inflight": cost,
-                        "retry_in_s": self.min_interval_s,
-                        "error": _describe(exc),
-                    }
-                )
+                "pod_deletion_cost_patch_failed",
+                extra=fields(
+                    pod=self.pod_name,
+                    namespace=self.namespace,
+                    inflight=cost,
+                    retry_in_s=self.min_interval_s,
+                    error=_describe(exc),
+                ),
             )
             return False
         self._sent = cost
@@ -119,12 +118,8 @@ def from_env(
         return None
     if not env.get("KUBERNETES_SERVICE_HOST"):
         log.warning(
-            json.dumps(
-                {
-                    "event": "pod_deletion_cost_disabled",
-                    "reason": "GENQ_POD_DELETION_COST is on but this is not a Kubernetes pod",
-                }
-            )
+            "pod_deletion_cost_disabled",
+            extra=fields(reason="GENQ_POD_DELETION_COST is on but this is not a Kubernetes pod"),
         )
         return None
     return PodDeletionCost(namespace, pod_name, min_interval_s=min_interval_s)

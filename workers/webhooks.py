@@ -36,7 +36,6 @@ import collections
 import datetime
 import enum
 import functools
-import json
 import logging
 import math
 import queue
@@ -56,6 +55,7 @@ from shared import key_secrets, keys, metrics, scripts, signing
 from shared.batches import public_batch
 from shared.config import Settings
 from shared.ids import new_id
+from shared.logging import fields
 from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
@@ -403,19 +403,18 @@ def log_entry(
 
 def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict) -> None:
     # Never the body (it holds the prompt and output) and never the secret.
-    line = {
-        "event": "webhook_attempt",
-        "job_id": delivery.job_id,
-        "webhook_event": delivery.event,
-        "webhook_id": delivery.webhook_id,
-        "attempt": attempt,
-        "outcome": outcome.outcome,
-        "status_code": result.status_code,
-        "error": result.error,
-        "duration_ms": result.duration_ms,
-    }
+    line = fields(
+        job_id=delivery.job_id,
+        webhook_event=delivery.event,
+        webhook_id=delivery.webhook_id,
+        attempt=attempt,
+        outcome=outcome.outcome,
+        status_code=result.status_code,
+        error=result.error,
+        duration_ms=result.duration_ms,
+    )
     level = logging.INFO if outcome.outcome in (Outcome.DELIVERED, Outcome.RETRYING) else logging.WARNING
-    log.log(level, json.dumps(line))
+    log.log(level, "webhook_attempt", extra=line)
 
 
 @functools.cache
@@ -453,9 +452,10 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     if claim is not Claim.CLAIMED:
         # A copy of a message the broker handed out again (see the module docstring), or a
         # message for a delivery that already has its outcome: nothing to do.
-        dropped = {"event": "webhook_copy_dropped", "job_id": delivery.job_id,
-                   "webhook_event": delivery.event, "generation": generation, "claim": claim}  # fmt: skip
-        log.info(json.dumps(dropped))
+        dropped = fields(
+            job_id=delivery.job_id, webhook_event=delivery.event, generation=generation, claim=claim
+        )
+        log.info("webhook_copy_dropped", extra=dropped)
         return
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
         _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
@@ -466,8 +466,7 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
         return
     frozen = patiently(lambda: deliveries.freeze(delivery))
     if frozen is None:
-        log.info(json.dumps({"event": "webhook_skipped", "job_id": delivery.job_id,
-                             "webhook_event": delivery.event}))  # fmt: skip
+        log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
         patiently(lambda: deliveries.record(delivery, generation, {"outcome": Outcome.SKIPPED}, None))
         return
     attempt, result = patiently(lambda: deliveries.attempt(delivery, frozen))
@@ -475,13 +474,13 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     _log(delivery, attempt, result, outcome)
     metrics.WEBHOOK_ATTEMPTS.labels(delivery.event, outcome.outcome).inc()
     metrics.WEBHOOK_DURATION.observe(result.duration_ms / 1000)
-    fields: dict[str, str] = {"outcome": Outcome.PENDING if outcome.retry_in is not None else outcome.outcome}
+    state: dict[str, str] = {"outcome": Outcome.PENDING if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
-        patiently(lambda: deliveries.record(delivery, generation, fields, entry))
+        patiently(lambda: deliveries.record(delivery, generation, state, entry))
         return
-    fields["next_at"] = repr(time.time() + outcome.retry_in)
-    _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, fields, entry)
+    state["next_at"] = repr(time.time() + outcome.retry_in)
+    _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, state, entry)
 
 
 def _look_again_later(
@@ -547,10 +546,10 @@ def _warn_at_start(sender: Any = None, **_: Any) -> None:
             "GENQ_WEBHOOK_ALLOW_PRIVATE is on: webhooks may reach loopback, private and link-local "
             "addresses on any port"
         )
-        log.warning(json.dumps({"event": "webhook_ssrf_guard_lifted", "message": message}))
+        log.warning("webhook_ssrf_guard_lifted", extra=fields(message=message))
     if settings.webhook_secret is None:
         message = "GENQ_WEBHOOK_SECRET is unset: webhook deliveries are sent without signatures"
-        log.warning(json.dumps({"event": "webhook_unsigned", "message": message}))
+        log.warning("webhook_unsigned", extra=fields(message=message))
     else:
         signing.parse_secrets(settings.webhook_secret.get_secret_value())  # fail at start, not per delivery
 
@@ -583,7 +582,7 @@ class OutputWebhooks:
             self._ensure_thread()
             self._inbox.put_nowait(job_id)
         except Exception:  # the engine's hook must never fail because of a webhook
-            log.warning(json.dumps({"event": "webhook_output_dropped", "job_id": job_id}), exc_info=True)
+            log.warning("webhook_output_dropped", exc_info=True, extra=fields(job_id=job_id))
 
     def close(self) -> None:
         self._stopped.set()
@@ -605,7 +604,7 @@ class OutputWebhooks:
                     self._note(job_id)
                 self._send_due()
             except Exception:  # a Redis outage must not end the thread
-                log.warning(json.dumps({"event": "webhook_output_failed", "job_id": job_id}), exc_info=True)
+                log.warning("webhook_output_failed", exc_info=True, extra=fields(job_id=job_id))
                 time.sleep(0.5)
 
     def _next_due_in(self) -> float:

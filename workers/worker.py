@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from celery import signals
 from shared import keys, metrics
 from shared.celery_app import create_celery_app
 from shared.config import Settings
-from shared.logging import configure_logging
+from shared.logging import configure_logging, fields
 from workers import context
 from workers.engine import EngineConfig, FatalEngineError, StepStats, build_engine
 from workers.runtime import WorkerRuntime
@@ -77,11 +76,11 @@ def serve_metrics(port: int) -> int | None:
             message = (
                 f"GENQ_WORKER_METRICS_PORT {port} is taken (another worker here?); /metrics on {candidate}"
             )
-            log.warning(json.dumps({"event": "metrics_port_taken", "port": candidate, "message": message}))
+            log.warning("metrics_port_taken", extra=fields(port=candidate, message=message))
         return candidate
     last = port + METRICS_PORT_TRIES - 1
     message = f"GENQ_WORKER_METRICS_PORT {port} to {last} are all taken: this worker serves no /metrics"
-    log.warning(json.dumps({"event": "metrics_off", "message": message}))
+    log.warning("metrics_off", extra=fields(message=message))
     return None
 
 
@@ -156,6 +155,5 @@ def _on_ready(**_: Any) -> None:
 @signals.worker_shutting_down.connect
 def _on_shutdown(sig: str = "", how: str = "", **_: Any) -> None:
     runtime = context.runtime()
-    log.info(json.dumps({"event": "worker_draining", "signal": sig, "how": how,
-                         "inflight": runtime.inflight}))  # fmt: skip
+    log.info("worker_draining", extra=fields(signal=sig, how=how, inflight=runtime.inflight))
     runtime.drain(runtime.settings.drain_timeout_s)

@@ -7,7 +7,6 @@ with real-shaped Pod and Status bodies and applies merge patches; no cluster is 
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -92,8 +91,8 @@ def test_api_errors_are_logged_and_retried_later(
     with caplog.at_level(logging.WARNING, logger="workers.scalein"):
         assert cost.update(4) is False
     (record,) = caplog.records
-    event = json.loads(record.getMessage())
-    assert event["event"] == "pod_deletion_cost_patch_failed"
+    event = record.genq_fields
+    assert record.getMessage() == "pod_deletion_cost_patch_failed"
     assert event["pod"] == POD and event["inflight"] == 4
     assert f"HTTP {code}" in event["error"]
     assert annotation(kube) is None

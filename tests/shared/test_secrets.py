@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from shared.config import Settings
-from shared.logging import JsonFormatter, configure_logging
+from shared.logging import JsonFormatter, configure_logging, fields
 from tests.conftest import ROOT
 
 KEY = "sk-live-0123456789abcdef"
@@ -46,8 +46,10 @@ def test_genq_api_refuses_to_start_on_a_placeholder_outside_dev_mode(tmp_path) -
     assert "CHANGE-ME-api-key-1" not in result.stdout + result.stderr
 
 
-def _formatted(logger: str, message: str) -> dict[str, object]:
+def _formatted(logger: str, message: str, **event_fields: object) -> dict[str, object]:
     record = logging.LogRecord(logger, logging.WARNING, __file__, 1, message, None, None)
+    if event_fields:
+        record.__dict__.update(fields(**event_fields))  # as `extra=fields(...)` sets it
     return json.loads(JsonFormatter().format(record))
 
 
@@ -63,8 +65,10 @@ def _formatted(logger: str, message: str) -> dict[str, object]:
     ],
 )
 def test_urls_in_log_lines_keep_only_scheme_host_and_port(url: str, shown: str) -> None:
-    line = _formatted("genq.webhooks", json.dumps({"event": "x", "error": f"POST {url} failed"}))
-    assert line["error"] == f"POST {shown} failed"
+    line = _formatted("genq.webhooks", "x", error=f"POST {url} failed")
+    assert (line["event"], line["error"]) == ("x", f"POST {shown} failed")
+    plain = _formatted("httpx", f"HTTP Request: POST {url}")  # a library's own message
+    assert plain["message"] == f"HTTP Request: POST {shown}"
 
 
 def test_httpx_request_lines_are_not_logged() -> None:

@@ -55,7 +55,6 @@ FatalEngineError when the model cannot load or its warm-up output is not finite.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import queue
 import threading
@@ -66,6 +65,7 @@ from typing import Any
 
 import torch
 
+from shared.logging import fields
 from workers.engine.batch import RunningBatch
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
@@ -547,7 +547,7 @@ class TransformersEngine:
 
     @staticmethod
     def _log_failure(event: str, sequence: Sequence, exc: Exception) -> None:
-        logger.warning(json.dumps({"event": event, "job_id": sequence.request_id, "error": repr(exc)}))
+        logger.warning(event, extra=fields(job_id=sequence.request_id, error=repr(exc)))
 
     def _record_step(
         self, batch_size: int, prefill_tokens: int, first_token_ms: list[float], duration: float
@@ -570,7 +570,7 @@ class TransformersEngine:
         try:
             hook(stats)
         except Exception as exc:  # metrics must not stop generation
-            logger.warning(json.dumps({"event": "on_step_failed", "error": repr(exc)}))
+            logger.warning("on_step_failed", extra=fields(error=repr(exc)))
 
     # ---- start-up and death ----------------------------------------------------------------------
 
@@ -598,7 +598,7 @@ class TransformersEngine:
         flight fails with the FatalEngineError: never as a failure of the request itself."""
         fatal = FatalEngineError(f"engine loop failed: {exc!r}")
         fatal.__cause__ = exc
-        logger.error(json.dumps({"event": "engine_fatal", "model": self.model_id, "error": repr(exc)}))
+        logger.error("engine_fatal", extra=fields(model=self.model_id, error=repr(exc)))
         self.fatal_error = fatal
         with self._lock:
             self._accepting = False

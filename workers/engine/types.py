@@ -7,12 +7,13 @@ thread calls, and these types are the whole contract between the two.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
+
+from shared.logging import fields
 
 FinishReason = Literal["stop", "length"]
 #: How a raw `prompt` becomes tokens: "chat" wraps it as one user message of the chat template,
@@ -176,7 +177,7 @@ def call_on_fatal(on_fatal: Callable[[FatalEngineError], None] | None, error: Fa
     try:
         on_fatal(error)
     except Exception as hook_exc:
-        logging.getLogger(__name__).error(json.dumps({"event": "on_fatal_failed", "error": repr(hook_exc)}))
+        logging.getLogger(__name__).error("on_fatal_failed", extra=fields(error=repr(hook_exc)))
 
 
 class InjectedFault(RuntimeError):
