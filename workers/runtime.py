@@ -90,9 +90,8 @@ class WorkerRuntime:
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self.output = OutputPublisher(
-            self.redis, settings.job_ttl_s, OutputWebhooks(self.redis, settings).on_output
-        )
+        self._output_webhooks = OutputWebhooks(self.redis, settings)
+        self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._output_webhooks.on_output)
         self._deletion_cost = scalein.from_env(
             settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
         )
@@ -162,6 +161,7 @@ class WorkerRuntime:
         self._stopped.set()
         self.reaper.stop()
         self.output.stop()
+        self._output_webhooks.close()
         self.ready_file.unlink(missing_ok=True)
         with contextlib.suppress(redis.exceptions.RedisError):
             self.jobs.leave(self.worker_id, self.registry)
