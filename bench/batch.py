@@ -54,13 +54,15 @@ CHAT = "/v1/chat/completions"
 SAMPLE_S = 0.25
 
 
-def write_input(path: Path, lines: int, temperature: float = 0.0) -> int:
+def write_input(
+    path: Path, lines: int, temperature: float = 0.0, model: str = MODEL, max_tokens: int = 8
+) -> int:
     """A JSONL file of `lines` distinct chat requests (distinct: no cache hits; at temperature 0
     each answer is written to the response cache, above 0 without a seed none is); its size."""
     with path.open("wb") as out:
         for i in range(lines):
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"classify item {i}"}],
-                    "max_tokens": 8, "temperature": temperature}  # fmt: skip
+            body = {"model": model, "messages": [{"role": "user", "content": f"classify item {i}"}],
+                    "max_tokens": max_tokens, "temperature": temperature}  # fmt: skip
             out.write(
                 orjson.dumps({"custom_id": f"item-{i}", "method": "POST", "url": CHAT, "body": body}) + b"\n"
             )
@@ -128,11 +130,14 @@ async def _interactive_during(api: httpx.AsyncClient) -> list[float]:
 
 async def _output_lines(api: httpx.AsyncClient, batch: dict[str, Any]) -> dict[str, int]:
     ids: list[str] = []
+    tokens = 0
     async with api.stream("GET", f"/v1/files/{batch['output_file_id']}/content") as reply:
         async for line in reply.aiter_lines():
             if line:
-                ids.append(orjson.loads(line)["custom_id"])
-    return {"lines": len(ids), "distinct_custom_ids": len(set(ids))}
+                result = orjson.loads(line)
+                ids.append(result["custom_id"])
+                tokens += result["response"]["body"]["usage"]["completion_tokens"]
+    return {"lines": len(ids), "distinct_custom_ids": len(set(ids)), "completion_tokens": tokens}
 
 
 async def measure(
@@ -158,6 +163,7 @@ async def measure(
         "output": run["output_lines"], "upload_s": round(run["upload_s"], 2),
         "validation_s": round(run["validation_s"], 2), "run_s": round(run["run_s"], 2),
         "lines_per_s": round(lines / run["run_s"], 1),
+        "completion_tokens_per_s": round(run["output_lines"]["completion_tokens"] / run["run_s"], 1),
         "lines_per_s_from_create": round(lines / run["total_s"], 1),
         "redis_idle_mb": round(idle_redis, 1), "redis_peak_mb": peak_redis,
         "api_rss_idle_mb": round(idle_rss, 1), "api_rss_peak_mb": peak_rss,
@@ -171,10 +177,11 @@ async def measure(
 
 def print_tables(report: dict[str, Any]) -> None:
     print_table(
-        f"Batch of {report['lines']:,} lines (placeholder engine)",
-        ["upload s", "validation s", "lines/s", "Redis idle→peak MB", "API RSS growth MB",
+        f"Batch of {report['lines']:,} lines ({report['model']})",
+        ["upload s", "validation s", "lines/s", "tokens/s", "Redis idle→peak MB", "API RSS growth MB",
          "interactive p50 ratio", "p99 ratio"],
         [[report["upload_s"], report["validation_s"], report["lines_per_s"],
+          report["completion_tokens_per_s"],
           f"{report['redis_idle_mb']}→{report['redis_peak_mb']}", report["api_rss_growth_mb"],
           report["interactive_p50_ratio"], report["interactive_p99_ratio"]]],
     )  # fmt: skip
@@ -204,6 +211,8 @@ def more_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--uncacheable", action="store_true", help="lines at temperature 1 (no response-cache entries)"
     )
+    parser.add_argument("--model", default=MODEL, help="the model the lines name (and the worker serves)")
+    parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens of each line")
     parser.add_argument(
         "--max-inflight", type=int, default=None,
         help="GENQ_BATCH_MAX_INFLIGHT (and the window) for this run; default the settings' default",
@@ -218,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with bench_stack("batch") as (stack, scratch):
         redis = start_redis(stack, scratch / "redis")
         settings = {**BENCH_SETTINGS, "REDIS_URL": redis.url, "DATA_DIR": str(scratch / "genq"),
-                    "MODEL": MODEL, "PLACEHOLDER_STEP_S": "0", "MAX_WAIT_S": "120"}  # fmt: skip
+                    "MODEL": args.model, "PLACEHOLDER_STEP_S": "0", "MAX_WAIT_S": "120"}  # fmt: skip
         if args.max_inflight is not None:
             limit = str(args.max_inflight)
             settings |= {"BATCH_MAX_INFLIGHT": limit, "BATCH_WINDOW": limit}
@@ -226,11 +235,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         start_worker(stack, "worker", settings, scratch)
         api, port = start_api(stack, "api", settings, scratch)
         path = scratch / "requests.jsonl"
-        report["file_bytes"] = write_input(path, lines, 1.0 if args.uncacheable else 0.0)
+        report["model"], report["max_tokens"] = args.model, args.max_tokens
+        temperature = 1.0 if args.uncacheable else 0.0
+        report["file_bytes"] = write_input(path, lines, temperature, args.model, args.max_tokens)
         report["cacheable_lines"] = not args.uncacheable
         report.update(run_async(measure(port, redis.url, api.process.pid, path, lines, probes)))
     print_tables(report)
-    name = "batch" + ("_uncacheable" if args.uncacheable else "")
+    name = (
+        "batch"
+        + (f"_{args.model}" if args.model != MODEL else "")
+        + ("_uncacheable" if args.uncacheable else "")
+    )
     name += f"_inflight{args.max_inflight}" if args.max_inflight is not None else ""
     write_report(args.out, name, report, plot)
     return report

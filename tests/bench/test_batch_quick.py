@@ -16,7 +16,8 @@ def test_batch_quick(tmp_path: Path) -> None:
     report = run_quick("batch", tmp_path)
     assert report["status"] == "completed" and report["lines"] == 300
     assert report["request_counts"] == {"total": 300, "completed": 300, "failed": 0}
-    assert report["output"] == {"lines": 300, "distinct_custom_ids": 300}
+    assert report["output"] == {"lines": 300, "distinct_custom_ids": 300, "completion_tokens": 300 * 8}
+    assert report["completion_tokens_per_s"] > 0
     assert report["lines_per_s"] > 0 and report["upload_s"] > 0 and report["validation_s"] >= 0
     assert report["redis_peak_mb"] >= report["redis_idle_mb"] > 0 and report["api_rss_peak_mb"] > 0
     assert_latencies(report["interactive_idle"])
