@@ -21,6 +21,7 @@ from workers.engine.types import (
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
+    OutputUpdate,
     RequestError,
     StepStats,
     call_on_fatal,
@@ -143,7 +144,7 @@ class PlaceholderEngine:
             if stop in text:
                 return self._finish(seq, text[: text.index(stop)], "stop")
         if request.on_output is not None:
-            request.on_output(text, len(seq.produced))
+            request.on_output(OutputUpdate(text, len(seq.produced)))
         if len(seq.produced) >= request.params.max_tokens:
             return self._finish(seq, text, "length")
         return False
