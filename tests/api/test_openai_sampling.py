@@ -196,3 +196,50 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
         extra_body={"response_format": {"type": "json_object"}},
     )
     assert (plain.choices[0].text, plain.choices[0].finish_reason) == ("{}", "stop")
+
+
+def _stream_while_running(base_url: str, create: object, ask: dict[str, object]) -> tuple[list[object], str]:
+    """The chunks of a stream, and the job's status when its first token chunk came."""
+    status = ""
+    chunks: list[object] = []
+    with create.with_streaming_response.create(**ask, stream=True) as raw:  # type: ignore[attr-defined]
+        job_id = raw.headers["x-genq-job-id"]
+        for piece in raw.parse():
+            chunks.append(piece)
+            if not status and piece.choices and piece.choices[0].logprobs:
+                status = httpx.get(f"{base_url}/v1/jobs/{job_id}").json()["status"]
+    return chunks, status
+
+
+def test_logprobs_and_n_stream_token_by_token_while_the_job_runs(base_url: str) -> None:
+    """vLLM's chunk shapes: one choice per chunk with its index, each token's logprobs in its own
+    chunk, sent as generated (the job is still running at the first one), equal to the
+    non-streamed answer (same seed)."""
+    client = _client(base_url)
+    ask = {"model": MODEL, "prompt": "hello", "max_tokens": 300, "temperature": 1.0, "seed": 7, "n": 2,
+           "logprobs": 1, "extra_body": {"min_tokens": 300}}  # fmt: skip
+    chunks, status = _stream_while_running(base_url, client.completions, ask)
+    assert status == "running"
+    whole = client.completions.create(**ask)  # type: ignore[call-overload]
+    for choice in whole.choices:
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]  # type: ignore[attr-defined]
+        tokens = [c for c in mine if c.logprobs]
+        assert all(len(c.logprobs.tokens) == 1 for c in tokens)  # one token per chunk
+        assert "".join(c.text for c in mine) == choice.text
+        streamed = [lp for c in tokens for lp in c.logprobs.token_logprobs]
+        assert streamed == choice.logprobs.token_logprobs and len(streamed) == 300
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+            "temperature": 1.0, "seed": 3, "n": 2, "logprobs": True, "top_logprobs": 2,
+            "extra_body": {"min_tokens": 200}}  # fmt: skip
+    chunks, status = _stream_while_running(base_url, client.chat.completions, chat)
+    assert status == "running"
+    for index in (0, 1):
+        entries = [
+            entry
+            for c in chunks
+            if c.choices and c.choices[0].index == index and c.choices[0].logprobs  # type: ignore[attr-defined]
+            for entry in c.choices[0].logprobs.content  # type: ignore[attr-defined]
+        ]
+        assert len(entries) == 200 and all(len(entry.top_logprobs) == 2 for entry in entries)
