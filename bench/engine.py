@@ -3,6 +3,7 @@
     python -m bench.engine            # the default model, fp32, CPU (~3-4 minutes on 2 cores)
     python -m bench.engine --quick    # random-tiny, a few tokens: a smoke test that takes seconds
     python -m bench.engine --device cuda --model PATH   # on a GPU (dtype: bf16 where supported)
+    python -m bench.engine --structured-only   # only the structured-output row: engine_structured.json
 
 Same prompts (chat-templated), same machine, same process, same torch threads, one run. Every job
 generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate), so both sides do the
@@ -328,6 +329,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16/fp16 on CUDA), float32, ...")
     parser.add_argument("--model-cache", type=Path, default=Path(".genq/models"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--structured-only", action="store_true",
+        help="only the structured-output row (writes engine_structured.json/png, leaves engine.json)",
+    )  # fmt: skip
 
 
 def machine_label(device: str) -> str:
@@ -353,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     steps: list[StepStats] = []
     config = replace(config, on_step=steps.append)
     loaded = load_model(config)
+    if args.structured_only:
+        return structured_only(args.out, config, loaded, steps, sizes, args.quick)
     texts = prompts(max(biggest, 2 * sizes.concurrency[0]))
     report: dict[str, Any] = {
         "model": config.model,
@@ -389,6 +396,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     write_report(args.out, "engine", report, plot)
     print(f"peak RSS {report['peak_rss_mb']} MB")
     return report
+
+
+def structured_only(
+    out: Path, config: EngineConfig, loaded: LoadedModel, steps: list[StepStats], sizes: Sizes, quick: bool
+) -> dict[str, Any]:
+    """The structured-output row alone (--structured-only), with the same engine settings."""
+    engine = TransformersEngine(config, loaded)
+    engine.start()
+    try:
+        row = run_structured(engine, steps, sizes)
+    finally:
+        engine.shutdown(60)
+    report = {"model": config.model, "label": loaded.label, "quick": quick, "tokens_per_job": sizes.tokens,
+              "torch_threads": torch.get_num_threads(), "machine": machine_label(config.device),
+              "structured": row}  # fmt: skip
+    print(json.dumps(row))
+    write_report(out, "engine_structured", report, plot_structured)
+    return report
+
+
+def plot_structured(report: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    row = report["structured"]
+    figure, axis = plt.subplots(figsize=(5.5, 4))
+    values = [row["plain"]["tokens_per_s"], row["json_schema"]["tokens_per_s"]]
+    axis.bar(["without schema", "with JSON schema"], values, color=["#4c72b0", "#55a868"])
+    axis.set(ylabel="output tokens/s", title=f"c={row['concurrency']}: {row['throughput_ratio']:.2f}x")
+    figure.suptitle(f"{report['model']}, {report['torch_threads']} threads, {report['machine']}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":
