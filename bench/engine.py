@@ -91,10 +91,12 @@ class Sizes:
     long_jobs: int
     #: Concurrency of the structured-output row (with a JSON schema against without).
     structured_concurrency: int
+    #: Alternating rounds of that row (the ratio is of the medians).
+    structured_rounds: int
 
 
-FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15, 16)
-QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3, 4)
+FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15, 16, 3)
+QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3, 4, 1)
 
 
 def prompts(count: int) -> list[str]:
@@ -229,26 +231,58 @@ def run_engine(
 
 
 def run_structured(engine: TransformersEngine, steps: list[StepStats], sizes: Sizes) -> dict[str, Any]:
-    """Throughput with a JSON schema enforced against without, same prompts and tokens, and the
-    mask's cost per decode step (from the engine's StepStats)."""
+    """Throughput with a JSON schema enforced against without, same prompts and tokens, in
+    alternating rounds (plain, schema, plain, ...) so a load change on a shared machine hits both
+    sides; the ratio is of the medians. Also per CPU-second of this process (time.process_time: all
+    its threads), which other processes' load barely moves, and the mask's cost per decode step
+    (from the engine's StepStats)."""
     concurrency = sizes.structured_concurrency
     texts = prompts(concurrency)
-    plain = run_engine(engine, texts, sizes.tokens, concurrency)
-    steps.clear()
-    structured = run_engine(engine, texts, sizes.tokens, concurrency, json.dumps(RECORDS_SCHEMA))
-    masked = [step for step in steps if step.masked_rows]
+    schema = json.dumps(RECORDS_SCHEMA)
+    rounds: dict[str, list[dict[str, Any]]] = {"plain": [], "json_schema": []}
+    masked: list[StepStats] = []
+    for _ in range(sizes.structured_rounds):
+        rounds["plain"].append(_timed_run(engine, texts, sizes.tokens, concurrency, None))
+        steps.clear()
+        rounds["json_schema"].append(_timed_run(engine, texts, sizes.tokens, concurrency, schema))
+        masked += [step for step in steps if step.masked_rows]
     per_step_ms = [step.mask_s * 1000 for step in masked]
+    plain, structured = (_median_run(rounds[side]) for side in ("plain", "json_schema"))
     return {
         "concurrency": concurrency,
+        "rounds": sizes.structured_rounds,
         "plain": plain,
         "json_schema": structured,
+        "round_ratios": [
+            round(s["tokens_per_s"] / p["tokens_per_s"], 3)
+            for p, s in zip(rounds["plain"], rounds["json_schema"], strict=True)
+        ],
         "throughput_ratio": round(structured["tokens_per_s"] / plain["tokens_per_s"], 3),
+        "cpu_throughput_ratio": round(structured["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"], 3),
         "mask_ms_per_step_p50": round(percentile(per_step_ms, 50), 3),
         "mask_ms_per_step_p99": round(percentile(per_step_ms, 99), 3),
         "mask_ms_per_row": round(sum(per_step_ms) / max(1, sum(step.masked_rows for step in masked)), 4),
         "mask_share_of_step": round(
             sum(s.mask_s for s in masked) / max(1e-9, sum(s.duration_s for s in masked)), 4
         ),
+    }
+
+
+def _timed_run(
+    engine: TransformersEngine, texts: list[str], tokens: int, concurrency: int, schema: str | None
+) -> dict[str, Any]:
+    cpu = time.process_time()
+    run = run_engine(engine, texts, tokens, concurrency, schema)
+    run["cpu_s"] = round(time.process_time() - cpu, 3)
+    run["tokens_per_cpu_s"] = round(run["output_tokens"] / max(1e-9, run["cpu_s"]), 2)
+    return run
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median tokens/s, and the median tokens per CPU-second over all runs."""
+    ranked = sorted(runs, key=lambda run: run["tokens_per_s"])
+    return ranked[len(ranked) // 2] | {
+        "tokens_per_cpu_s": percentile([run["tokens_per_cpu_s"] for run in runs], 50)
     }
 
 

@@ -52,6 +52,8 @@ def test_bench_engine_structured_row_alone(tmp_path: Path) -> None:
     )  # fmt: skip
     report = json.loads((tmp_path / "engine_structured.json").read_text())
     structured = report["structured"]
+    assert structured["rounds"] == len(structured["round_ratios"]) == 1
+    assert structured["cpu_throughput_ratio"] > 0 and structured["plain"]["tokens_per_cpu_s"] > 0
     assert structured["json_schema"]["output_tokens"] == structured["plain"]["output_tokens"] > 0
     assert structured["throughput_ratio"] > 0 and structured["mask_ms_per_step_p50"] > 0
     assert (tmp_path / "engine_structured.png").stat().st_size > 0
