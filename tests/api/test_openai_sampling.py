@@ -211,43 +211,47 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
     assert (plain.choices[0].text, plain.choices[0].finish_reason) == ("{}", "stop")
 
 
-def _stream_while_running(base_url: str, create: object, ask: dict[str, object]) -> tuple[list[object], str]:
-    """The chunks of a stream, and the job's status when its first token chunk came."""
+def _stream_while_running(
+    base_url: str, create: object, ask: dict[str, object]
+) -> tuple[list[object], dict[str, object]]:
+    """The chunks of a stream, the job's status when its first token chunk came, and the job at
+    the end."""
     status = ""
     chunks: list[object] = []
     with create.with_streaming_response.create(**ask, stream=True) as raw:  # type: ignore[attr-defined]
-        job_id = raw.headers["x-genq-job-id"]
+        job_url = f"{base_url}/v1/jobs/{raw.headers['x-genq-job-id']}"
         for piece in raw.parse():
             chunks.append(piece)
             if not status and piece.choices and piece.choices[0].logprobs:
-                status = httpx.get(f"{base_url}/v1/jobs/{job_id}").json()["status"]
-    return chunks, status
+                status = httpx.get(job_url).json()["status"]
+    return chunks, {"status_at_first_token": status, "job": httpx.get(job_url).json()}
 
 
 def test_logprobs_and_n_stream_token_by_token_while_the_job_runs(base_url: str) -> None:
     """vLLM's chunk shapes: one choice per chunk with its index, each token's logprobs in its own
-    chunk, sent as generated (the job is still running at the first one), equal to the
-    non-streamed answer (same seed)."""
+    chunk, sent as generated (the job is still running at the first one), and together exactly
+    the job's stored result (what a non-streamed request gets)."""
     client = _client(base_url)
     ask = {"model": MODEL, "prompt": "hello", "max_tokens": 300, "temperature": 1.0, "seed": 7, "n": 2,
            "logprobs": 1, "extra_body": {"min_tokens": 300}}  # fmt: skip
-    chunks, status = _stream_while_running(base_url, client.completions, ask)
-    assert status == "running"
-    whole = client.completions.create(**ask)  # type: ignore[call-overload]
-    for choice in whole.choices:
-        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]  # type: ignore[attr-defined]
+    chunks, seen = _stream_while_running(base_url, client.completions, ask)
+    assert seen["status_at_first_token"] == "running"
+    for index, choice in enumerate(seen["job"]["output"]["choices"]):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]  # type: ignore[attr-defined]
         tokens = [c for c in mine if c.logprobs]
         assert all(len(c.logprobs.tokens) == 1 for c in tokens)  # one token per chunk
-        assert "".join(c.text for c in mine) == choice.text
-        streamed = [lp for c in tokens for lp in c.logprobs.token_logprobs]
-        assert streamed == choice.logprobs.token_logprobs and len(streamed) == 300
+        assert "".join(c.text for c in mine) == choice["text"]
+        pairs = (zip(c.logprobs.tokens, c.logprobs.token_logprobs, strict=True) for c in tokens)
+        streamed = [pair for chunk_pairs in pairs for pair in chunk_pairs]
+        assert streamed == [(entry["token"], entry["logprob"]) for entry in choice["logprobs"]]
+        assert len(streamed) == 300
         assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
 
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
             "temperature": 1.0, "seed": 3, "n": 2, "logprobs": True, "top_logprobs": 2,
             "extra_body": {"min_tokens": 200}}  # fmt: skip
-    chunks, status = _stream_while_running(base_url, client.chat.completions, chat)
-    assert status == "running"
+    chunks, seen = _stream_while_running(base_url, client.chat.completions, chat)
+    assert seen["status_at_first_token"] == "running"
     for index in (0, 1):
         entries = [
             entry
