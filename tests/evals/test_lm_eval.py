@@ -44,9 +44,12 @@ def genq_url(
 ) -> Iterator[str]:
     redis.Redis.from_url(redis_server.url).flushall()
     tmp = tmp_path_factory.mktemp("lm-eval")
+    # The production lease and heartbeat, not the suite's 3 s ones (made for the fault tests): on a
+    # loaded 2-core VM, a worker busy with the model can miss a 3 s lease and hand a job back.
     settings = suite_settings(
         redis_server.url, tmp / "genq", model="smollm2-135m-instruct", model_cache=MODEL_CACHE,
-        cache_enabled=False,
+        cache_enabled=False, heartbeat_interval_s=2.0, heartbeat_ttl_s=10.0, lease_ttl_s=30.0,
+        reaper_interval_s=2.0,
     )  # fmt: skip
     worker = WorkerProcess(settings, tmp / "worker.log")
     api = ApiProcess(settings, tmp / "api.log")
