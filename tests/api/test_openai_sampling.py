@@ -260,3 +260,24 @@ def test_logprobs_and_n_stream_token_by_token_while_the_job_runs(base_url: str) 
             for entry in c.choices[0].logprobs.content  # type: ignore[attr-defined]
         ]
         assert len(entries) == 200 and all(len(entry.top_logprobs) == 2 for entry in entries)
+
+
+def test_the_jobs_stream_carries_the_first_completion_live(base_url: str) -> None:
+    """GET /v1/jobs/{id}/stream shows one text: with n, the first completion's (output.text)."""
+    body = {"prompt": "hello", "template": "none", "n": 2, "temperature": 1.0, "seed": 9,
+            "max_tokens": 200, "min_tokens": 200}  # fmt: skip
+    job_id = httpx.post(f"{base_url}/v1/jobs", json=body).json()["id"]
+    deltas: list[str] = []
+    event, done = "", {}
+    with httpx.stream("GET", f"{base_url}/v1/jobs/{job_id}/stream", timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "output":
+                deltas.append(json.loads(line.removeprefix("data: "))["delta"])
+            elif line.startswith("data: ") and event == "done":
+                done = json.loads(line.removeprefix("data: "))
+                break
+    choices = done["output"]["choices"]
+    assert "".join(deltas) == done["output"]["text"] == choices[0]["text"] != choices[1]["text"]
+    assert len(deltas) > 1  # live deltas, not one piece at the end
