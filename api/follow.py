@@ -44,11 +44,14 @@ HEARTBEAT_S = 15.0
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """New text: `delta`, with `tokens` completion tokens generated so far."""
+    """New text: `delta`, with `tokens` completion tokens generated so far, of completion `index`
+    (OpenAI's n), and the new tokens' log-probability entries when the job asked for them."""
 
     id: str
     delta: str
     tokens: int
+    index: int = 0
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,7 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
             for entry in entries:
                 cursor = entry.id
                 quiet_since = loop.time()
-                yield Output(entry.id, entry.delta, entry.tokens)
+                yield _output(entry)
             if entries and loop.time() < next_check:
                 continue  # read again at once: the wake may also have been the job's end
             job = await queue.get(job_id, owner)
@@ -137,19 +140,24 @@ async def _finish(queue: JobQueue, job: dict[str, Any], cursor: str) -> AsyncIte
         after = entry_order(cursor)
         for entry in entries:
             if entry_order(entry.id) > after:
-                yield Output(entry.id, entry.delta, entry.tokens)
+                yield _output(entry)
         missing = _missing_text(job, entries)
         if missing:
             yield Output(FINAL_ID, missing, _completion_tokens(job))
     yield Done(job)
 
 
+def _output(entry: OutputEntry) -> Output:
+    return Output(entry.id, entry.delta, entry.tokens, entry.index, entry.logprobs)
+
+
 def _missing_text(job: dict[str, Any], entries: list[OutputEntry]) -> str:
-    """The end of a succeeded job's text that its stream never carried ('' when none, or when the
-    stream is no prefix of it: then the `Done` job's output is the authority)."""
+    """The end of a succeeded job's text (its first completion's) that its stream never carried
+    ('' when none, or when the stream is no prefix of it: then the `Done` job's output is the
+    authority)."""
     output = job.get("output") or {}
     text = str(output.get("text") or "")
-    streamed = "".join(entry.delta for entry in entries)
+    streamed = "".join(entry.delta for entry in entries if entry.index == 0)
     if job["status"] != JobStatus.SUCCEEDED or not text.startswith(streamed):
         return ""
     return text[len(streamed) :]

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from api.errors import genq_error_response, validation_error_response
+from api.follow import FINAL_ID, Output
 from api.queue import JobQueue
 from api.responses import json_response
 from shared import errors
@@ -350,11 +351,56 @@ def _text_logprobs(tokens: list[dict[str, Any]], offset: int) -> dict[str, Any]:
     }
 
 
+class LiveChunks:
+    """A live stream's chunks, per completion (`index`, OpenAI's n): its text deltas as the job
+    publishes them, or with logprobs one chunk per token with its entry; once the job ended, what
+    the stream has not carried yet, from the finished job (whose entries repeat the streamed ones
+    exactly: workers/engine/logprobs.describe_streamed)."""
+
+    def __init__(self, kind: Kind, job: dict[str, Any], logprobs: bool, include_usage: bool) -> None:
+        self._kind, self._job, self._logprobs, self._include_usage = kind, job, logprobs, include_usage
+        self._texts: dict[int, str] = {}
+        self._tokens: dict[int, int] = {}
+
+    def add(self, output: Output) -> list[dict[str, Any]]:
+        """The chunks of one stream entry (none for the text a stream lacked: rest() sends it)."""
+        if output.id == FINAL_ID:
+            return []
+        if self._logprobs:
+            return [self._token(output.index, entry) for entry in output.logprobs or []]
+        return [self._text(output.index, output.delta)] if output.delta else []
+
+    def rest(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """A succeeded job's chunks the stream has not sent yet."""
+        chunks: list[dict[str, Any]] = []
+        for index, sample in enumerate(samples(job)):
+            if self._logprobs:
+                entries = (sample.get("logprobs") or [])[self._tokens.get(index, 0) :]
+                chunks.extend(self._token(index, entry) for entry in entries)
+                continue
+            sent, text = self._texts.get(index, ""), sample["text"]
+            if text.startswith(sent) and len(text) > len(sent):  # else the job's text is the authority
+                chunks.append(self._text(index, text[len(sent) :]))
+        return chunks
+
+    def _token(self, index: int, entry: dict[str, Any]) -> dict[str, Any]:
+        sent = self._texts.get(index, "")
+        self._texts[index] = sent + entry["text"]
+        self._tokens[index] = self._tokens.get(index, 0) + 1
+        text, usage = entry["text"], self._include_usage
+        return _token_chunk(self._kind, self._job, index, text, [entry], len(sent), usage)
+
+    def _text(self, index: int, delta: str) -> dict[str, Any]:
+        self._texts[index] = self._texts.get(index, "") + delta
+        return chunk(self._kind, self._job, delta, None, self._include_usage, index)
+
+
 def buffered_chunks(
     kind: Kind, job: dict[str, Any], logprobs: bool, echo: bool, include_usage: bool
 ) -> list[dict[str, Any]]:
-    """A succeeded job's stream chunks, sent once it ended: per completion (n), its echoed prompt,
-    then one chunk per token with its logprobs, or its whole text in one chunk without them."""
+    """A succeeded job's stream chunks, sent once it ended (best_of's ranked samples, echo with
+    logprobs): per completion (n), its echoed prompt, then one chunk per token with its logprobs,
+    or its whole text in one chunk without them."""
     chunks = []
     prompt = job["input"]["prompt"] or ""
     for index, sample in enumerate(samples(job)):

@@ -22,8 +22,9 @@ OWNER_JOBS = PREFIX + ":owner:{owner}:jobs"
 #: String "<job id> <request digest>" for an Idempotency-Key. TTL: Settings.idempotency_ttl_s.
 IDEMPOTENCY = PREFIX + ":idem:{owner}:{key_digest}"
 
-#: Redis Stream of one job's output deltas (fields: delta, tokens), written by the worker while
-#: it generates and read by any API replica's SSE endpoint. Capped at JOB_STREAM_MAXLEN entries
+#: Redis Stream of one job's output deltas (fields: delta, tokens; index and logprobs when the job
+#: asked for several completions or log-probabilities: shared/streams.py), written by the worker
+#: while it generates and read by any API replica's SSE endpoint. Capped at JOB_STREAM_MAXLEN entries
 #: (approximately); TTL: the job's.
 JOB_STREAM = PREFIX + ":job:{job_id}:stream"
 JOB_STREAM_MAXLEN = 4096

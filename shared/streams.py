@@ -1,8 +1,10 @@
 """Reading a job's output stream (keys.JOB_STREAM): the API side of workers/publish.py.
 
-Entries are `{delta, tokens}`; their Redis ids are increasing, so a reader resumes after the
-last id it saw (XRANGE with an exclusive start). Waiting for new ones is the stream hub's
-(api/stream_hub.py): one blocking read per process, never one per reader.
+Entries are `{delta, tokens}`, with `index` (a completion other than the first, OpenAI's n) and
+`logprobs` (JSON list of the new tokens' entries, when the job asked for them); their Redis ids
+are increasing, so a reader resumes after the last id it saw (XRANGE with an exclusive start).
+Waiting for new ones is the stream hub's (api/stream_hub.py): one blocking read per process,
+never one per reader.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from shared import keys
 from shared.autopipeline import Commands
@@ -30,6 +34,11 @@ class OutputEntry:
     delta: str
     #: Completion tokens generated so far (when the delta was published).
     tokens: int
+    #: Which of the job's completions (n) this continues.
+    index: int = 0
+    #: Log-probability entries of the tokens streamed since the completion's previous entry (in the
+    #: job output's format); None when the job asked for none. Their texts may trail `delta`.
+    logprobs: list[dict[str, Any]] | None = None
 
 
 def is_entry_id(text: str) -> bool:
@@ -69,7 +78,15 @@ class OutputStreams:
 
 
 def _entries(rows: list[Any]) -> list[OutputEntry]:
-    return [
-        OutputEntry(str(entry_id), str(fields.get("delta", "")), int(fields.get("tokens", 0) or 0))
-        for entry_id, fields in rows
-    ]
+    return [_entry(str(entry_id), fields) for entry_id, fields in rows]
+
+
+def _entry(entry_id: str, fields: dict[str, Any]) -> OutputEntry:
+    logprobs = fields.get("logprobs")
+    return OutputEntry(
+        entry_id,
+        str(fields.get("delta", "")),
+        int(fields.get("tokens", 0) or 0),
+        int(fields.get("index", 0) or 0),
+        None if logprobs is None else list(orjson.loads(logprobs)),
+    )

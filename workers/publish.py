@@ -1,9 +1,12 @@
-"""Publishes a running job's new text to its Redis Stream without slowing the engine loop.
+"""Publishes a running job's new output to its Redis Stream without slowing the engine loop.
 
 The engine calls `offer()` from its loop thread (already throttled to a few calls per second
-per job); that only records the latest text. A background thread turns it into a delta and
-XADDs it. Before a job's final state is written, `flush()` publishes what is pending, so a
-stream reader that sees the job terminal can drain the stream and miss nothing.
+per job) with the job's OutputUpdate; that only records the latest one per completion. A
+background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
+completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
+since the last entry, in the job output's format) when the job asked for them. Before a job's
+final state is written, `flush()` publishes what is pending, so a stream reader that sees the job
+terminal can drain the stream and miss nothing.
 """
 
 from __future__ import annotations
@@ -12,16 +15,33 @@ import logging
 import threading
 from collections.abc import Callable
 
+import orjson
 import redis
 import redis.exceptions
 
 from shared import keys
 from shared.logging import fields
+from workers.engine.logprobs import finite
+from workers.engine.types import OutputUpdate, TokenLogprob
 
 log = logging.getLogger("genq.worker")
 
 #: Called after each published delta with the job id (e.g. the `output` webhook).
 OutputListener = Callable[[str], None]
+#: A job's completion: (job id, OutputUpdate.index).
+Completion = tuple[str, int]
+
+
+def token_entry(entry: TokenLogprob) -> dict[str, object]:
+    """A token's log-probability as the job's output and its stream store it
+    (shared.schemas.TokenLogprob)."""
+    return {
+        "id": entry.token_id,
+        "token": entry.token,
+        "text": entry.text,
+        "logprob": None if entry.logprob is None else finite(entry.logprob),
+        "top_logprobs": [{"id": i, "token": t, "logprob": finite(v)} for i, t, v in entry.top],
+    }
 
 
 class OutputPublisher:
@@ -29,30 +49,34 @@ class OutputPublisher:
         self._redis = client
         self._ttl_s = ttl_s
         self._listener = listener
-        self._latest: dict[str, tuple[str, int]] = {}
-        self._published: dict[str, int] = {}
+        self._latest: dict[Completion, OutputUpdate] = {}
+        #: Characters and log-probability entries published so far, per completion.
+        self._published: dict[Completion, tuple[int, int]] = {}
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="genq-output", daemon=True)
         self._thread.start()
 
-    def offer(self, job_id: str, text: str, tokens: int) -> None:
-        """From the engine thread: the job's whole text so far. Never blocks on Redis."""
+    def offer(self, job_id: str, update: OutputUpdate) -> None:
+        """From the engine thread: one completion's output so far. Never blocks on Redis."""
         with self._wake:
-            self._latest[job_id] = (text, tokens)
+            self._latest[(job_id, update.index)] = update
             self._wake.notify()
 
     def flush(self, job_id: str) -> None:
         """Publish what is pending for a job now (from its task thread, before it ends)."""
         with self._wake:
-            pending = self._latest.pop(job_id, None)
-        if pending is not None:
-            self._publish(job_id, *pending)
+            pending = sorted((key, update) for key, update in self._latest.items() if key[0] == job_id)
+            for key, _ in pending:
+                del self._latest[key]
+        for key, update in pending:
+            self._publish(key, update)
 
     def forget(self, job_id: str) -> None:
         with self._wake:
-            self._latest.pop(job_id, None)
-            self._published.pop(job_id, None)
+            for table in (self._latest, self._published):
+                for key in [key for key in table if key[0] == job_id]:
+                    del table[key]
 
     def stop(self) -> None:
         with self._wake:
@@ -67,18 +91,25 @@ class OutputPublisher:
                 if self._stopped:
                     return
                 batch, self._latest = self._latest, {}
-            for job_id, (text, tokens) in batch.items():
-                self._publish(job_id, text, tokens)
+            for key, update in batch.items():
+                self._publish(key, update)
 
-    def _publish(self, job_id: str, text: str, tokens: int) -> None:
-        start = self._published.get(job_id, 0)
-        if len(text) <= start:
+    def _publish(self, key: Completion, update: OutputUpdate) -> None:
+        chars, entries = self._published.get(key, (0, 0))
+        new = update.logprobs[entries:] if update.logprobs is not None else ()
+        if len(update.text) <= chars and not new:
             return
-        self._published[job_id] = len(text)
+        self._published[key] = (max(chars, len(update.text)), entries + len(new))
+        entry_fields: dict[str, str | int | bytes] = {"delta": update.text[chars:], "tokens": update.tokens}
+        if update.index:
+            entry_fields["index"] = update.index
+        if update.logprobs is not None:
+            entry_fields["logprobs"] = orjson.dumps([token_entry(entry) for entry in new])
+        job_id = key[0]
         stream = keys.job_stream(job_id)
         try:
             pipe = self._redis.pipeline(transaction=False)
-            pipe.xadd(stream, {"delta": text[start:], "tokens": tokens}, maxlen=keys.JOB_STREAM_MAXLEN)
+            pipe.xadd(stream, entry_fields, maxlen=keys.JOB_STREAM_MAXLEN)  # type: ignore[arg-type]
             pipe.expire(stream, self._ttl_s)
             pipe.execute()
         except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not

@@ -45,10 +45,8 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
-from workers.engine.logprobs import finite
-from workers.engine.types import TokenLogprob
 from workers.patience import StoreUnavailable, patiently
-from workers.publish import OutputPublisher
+from workers.publish import OutputPublisher, token_entry
 from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
@@ -296,7 +294,7 @@ class WorkerRuntime:
             messages=job_input["messages"],
             template=job_input.get("template", "chat"),
             deadline=time.monotonic() + self.settings.job_timeout_s,
-            on_output=lambda text, tokens: self.output.offer(job_id, text, tokens),
+            on_output=lambda update: self.output.offer(job_id, update),
         )
 
     # --- background ------------------------------------------------------------------------------
@@ -359,9 +357,9 @@ def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
         "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
     }
     if result.logprobs is not None:
-        output["logprobs"] = [_token_entry(entry) for entry in result.logprobs]
+        output["logprobs"] = [token_entry(entry) for entry in result.logprobs]
     if result.prompt_logprobs is not None:
-        output["prompt_logprobs"] = [_token_entry(entry) for entry in result.prompt_logprobs]
+        output["prompt_logprobs"] = [token_entry(entry) for entry in result.prompt_logprobs]
     if result.choices:
         output["choices"] = [_choice_entry(choice) for choice in result.choices]
     metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
@@ -373,19 +371,8 @@ def _choice_entry(choice: GenerationResult) -> dict[str, object]:
     entry: dict[str, object] = {"text": choice.text, "finish_reason": choice.finish_reason,
                                 "completion_tokens": choice.completion_tokens}  # fmt: skip
     if choice.logprobs is not None:
-        entry["logprobs"] = [_token_entry(token) for token in choice.logprobs]
+        entry["logprobs"] = [token_entry(token) for token in choice.logprobs]
     return entry
-
-
-def _token_entry(entry: TokenLogprob) -> dict[str, object]:
-    """A token's log-probability as the job's output stores it (shared.schemas.TokenLogprob)."""
-    return {
-        "id": entry.token_id,
-        "token": entry.token,
-        "text": entry.text,
-        "logprob": None if entry.logprob is None else finite(entry.logprob),
-        "top_logprobs": [{"id": i, "token": t, "logprob": finite(v)} for i, t, v in entry.top],
-    }
 
 
 def ready_file_fresh(path: Path, max_age_s: float) -> bool:

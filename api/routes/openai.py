@@ -27,6 +27,7 @@ from api.openai_compat import (
     ChatCompletionRequest,
     CompletionRequest,
     Kind,
+    LiveChunks,
     OpenAIRoute,
     buffered_chunks,
     chunk,
@@ -131,7 +132,8 @@ async def _complete(
     headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1)
+        ranked = isinstance(body, CompletionRequest) and (body.best_of or 1) > (body.n or 1)
+        shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1, ranked)
         return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, headers)
     with slot:
         job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
@@ -147,33 +149,36 @@ class Shown:
     include_usage: bool
     #: Completions (OpenAI's n).
     n: int
+    #: best_of > n: which samples are returned is known once all have ended.
+    ranked: bool
 
     @property
     def buffered(self) -> bool:
-        """Logprobs or several completions: chunks come from the finished job (live deltas carry
-        one text, without its logprobs)."""
-        return self.logprobs or self.n > 1
+        """Chunks come from the finished job: ranked samples, or an echoed prompt with its logprobs
+        (scored at prefill, but stored with the job's result only)."""
+        return self.ranked or (self.echo and self.logprobs)
 
 
 async def _stream(
     kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, shown: Shown, slot: Slot
 ) -> AsyncIterator[bytes]:
-    """The job as OpenAI chunks; a client that goes away cancels the job (nobody will read it).
-    With logprobs the chunks are the job's tokens, sent when it ends: the live deltas carry text only."""
+    """The job as OpenAI chunks, live per completion (with logprobs, per token); a client that goes
+    away cancels the job (nobody will read it)."""
     ended, include_usage = False, shown.include_usage
+    live = LiveChunks(kind, job, shown.logprobs, include_usage)
     try:
         for frame in _opening(kind, job, shown):
             yield frame
         async for event in follow(queue, job["id"], owner):
             match event:
-                case Output(delta=delta):
-                    if not shown.buffered:
-                        yield _data(chunk(kind, job, delta, None, include_usage))
+                case Output() if not shown.buffered:
+                    for body in live.add(event):
+                        yield _data(body)
                 case Ping():
                     yield b": ping\n\n"
                 case Done(job=final):
                     ended = True
-                    for frame in _tokens(kind, final, shown) + _closing(kind, final, include_usage):
+                    for frame in _rest(kind, final, shown, live) + _closing(kind, final, include_usage):
                         yield frame
                 case Failure(type=failure, message=message):
                     ended = True
@@ -186,19 +191,24 @@ async def _stream(
 
 
 def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
-    """Chat's assistant-role chunk per choice; an echoed prompt (at once, unless buffered)."""
+    """Chat's assistant-role chunk per choice; a completion's echoed prompt per choice (at once,
+    unless buffered)."""
     roles = range(shown.n) if kind is Kind.CHAT else range(0)
     frames = [_data(chunk(kind, job, None, None, shown.include_usage, index)) for index in roles]
     if shown.echo and not shown.buffered:
-        frames.append(_data(chunk(kind, job, job["input"]["prompt"], None, shown.include_usage)))
+        prompt = job["input"]["prompt"]
+        frames += [_data(chunk(kind, job, prompt, None, shown.include_usage, i)) for i in range(shown.n)]
     return frames
 
 
-def _tokens(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
-    """Buffered: the succeeded job's chunks (per completion, per token with logprobs)."""
-    if not shown.buffered or job["status"] != JobStatus.SUCCEEDED:
+def _rest(kind: Kind, job: dict[str, Any], shown: Shown, live: LiveChunks) -> list[bytes]:
+    """A succeeded job's chunks not streamed live: all of them when buffered."""
+    if job["status"] != JobStatus.SUCCEEDED:
         return []
-    chunks = buffered_chunks(kind, job, shown.logprobs, shown.echo, shown.include_usage)
+    if shown.buffered:
+        chunks = buffered_chunks(kind, job, shown.logprobs, shown.echo, shown.include_usage)
+    else:
+        chunks = live.rest(job)
     return [_data(body) for body in chunks]
 
 

@@ -60,6 +60,10 @@ def sse_frame(event: StreamEvent) -> bytes:
 async def _frames(events: AsyncIterator[StreamEvent], slot: Slot) -> AsyncIterator[bytes]:
     with slot:
         async for event in events:
+            # This endpoint shows one text, the job's output.text: its first completion's. (Entries
+            # of the others, and ones carrying only log-probabilities, are for the OpenAI routes.)
+            if isinstance(event, Output) and (event.index or not event.delta):
+                continue
             yield sse_frame(event)
 
 

@@ -138,6 +138,9 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as nothing_error:
         client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
     assert nothing_error.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as token_ids_error:  # vLLM takes them; genq does not yet
+        client.completions.create(model=TEST_MODEL, prompt=[[9906, 1917]])
+    assert (token_ids_error.value.param or "").startswith("prompt")
     with pytest.raises(openai.NotFoundError) as model_error:
         client.chat.completions.create(model="gpt-nope", messages=messages)  # type: ignore[arg-type]
     assert model_error.value.code == "model_not_found"

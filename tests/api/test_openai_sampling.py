@@ -161,31 +161,44 @@ def test_best_of_returns_the_most_likely_completions(base_url: str) -> None:
     assert job["output"]["usage"]["completion_tokens"] == 6
 
 
-def test_structured_completions_through_the_openai_client_all_validate(base_url: str) -> None:
-    """64 at concurrency 16 here (the engine test runs 200 at concurrency 16 without the HTTP hops)."""
-    from tests.workers.engine.test_structured import SCHEMA  # one schema for the engine and the wire
+#: The wire test's schema: compact (about 20 tokens an answer), so 200 answers stay quick; the
+#: engine's test (tests/workers/engine/test_structured.py) runs 200 of a larger one.
+COMPACT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "member": {"type": "boolean"},
+    },
+    "required": ["colour", "age", "member"],
+    "additionalProperties": False,
+}
 
+
+def test_structured_completions_through_the_openai_client_all_validate(base_url: str) -> None:
+    """200 json_schema completions from 16 concurrent clients: every one parses and validates."""
     client = _client(base_url)
     response_format = {
         "type": "json_schema",
-        "json_schema": {"name": "person", "schema": SCHEMA, "strict": True},
+        "json_schema": {"name": "person", "schema": COMPACT_SCHEMA, "strict": True},
     }
 
     def ask(index: int) -> tuple[str | None, str | None]:
         completion = client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"person {index} as JSON"}],
-            max_tokens=120,
+            max_tokens=60,
             seed=index,
             response_format=response_format,  # type: ignore[arg-type]
         )
         return completion.choices[0].message.content, completion.choices[0].finish_reason
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(ask, range(64)))
+        answers = list(pool.map(ask, range(200)))
     for content, finish_reason in answers:
         assert finish_reason == "stop"
-        jsonschema.validate(json.loads(content or ""), SCHEMA)
+        jsonschema.validate(json.loads(content or ""), COMPACT_SCHEMA)
+    assert len({content for content, _ in answers}) > 50  # sampled, not one answer repeated
     # json_object on random weights: "{" (107) and "}" (109) pushed hard, the grammar still decides.
     braces = {"107": 50, "109": 100}
     plain = client.completions.create(  # type: ignore[call-overload]
@@ -196,3 +209,75 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
         extra_body={"response_format": {"type": "json_object"}},
     )
     assert (plain.choices[0].text, plain.choices[0].finish_reason) == ("{}", "stop")
+
+
+def _stream_while_running(
+    base_url: str, create: object, ask: dict[str, object]
+) -> tuple[list[object], dict[str, object]]:
+    """The chunks of a stream, the job's status when its first token chunk came, and the job at
+    the end."""
+    status = ""
+    chunks: list[object] = []
+    with create.with_streaming_response.create(**ask, stream=True) as raw:  # type: ignore[attr-defined]
+        job_url = f"{base_url}/v1/jobs/{raw.headers['x-genq-job-id']}"
+        for piece in raw.parse():
+            chunks.append(piece)
+            if not status and piece.choices and piece.choices[0].logprobs:
+                status = httpx.get(job_url).json()["status"]
+    return chunks, {"status_at_first_token": status, "job": httpx.get(job_url).json()}
+
+
+def test_logprobs_and_n_stream_token_by_token_while_the_job_runs(base_url: str) -> None:
+    """vLLM's chunk shapes: one choice per chunk with its index, each token's logprobs in its own
+    chunk, sent as generated (the job is still running at the first one), and together exactly
+    the job's stored result (what a non-streamed request gets)."""
+    client = _client(base_url)
+    ask = {"model": MODEL, "prompt": "hello", "max_tokens": 300, "temperature": 1.0, "seed": 7, "n": 2,
+           "logprobs": 1, "extra_body": {"min_tokens": 300}}  # fmt: skip
+    chunks, seen = _stream_while_running(base_url, client.completions, ask)
+    assert seen["status_at_first_token"] == "running"
+    for index, choice in enumerate(seen["job"]["output"]["choices"]):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]  # type: ignore[attr-defined]
+        tokens = [c for c in mine if c.logprobs]
+        assert all(len(c.logprobs.tokens) == 1 for c in tokens)  # one token per chunk
+        assert "".join(c.text for c in mine) == choice["text"]
+        pairs = (zip(c.logprobs.tokens, c.logprobs.token_logprobs, strict=True) for c in tokens)
+        streamed = [pair for chunk_pairs in pairs for pair in chunk_pairs]
+        assert streamed == [(entry["token"], entry["logprob"]) for entry in choice["logprobs"]]
+        assert len(streamed) == 300
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+            "temperature": 1.0, "seed": 3, "n": 2, "logprobs": True, "top_logprobs": 2,
+            "extra_body": {"min_tokens": 200}}  # fmt: skip
+    chunks, seen = _stream_while_running(base_url, client.chat.completions, chat)
+    assert seen["status_at_first_token"] == "running"
+    for index in (0, 1):
+        entries = [
+            entry
+            for c in chunks
+            if c.choices and c.choices[0].index == index and c.choices[0].logprobs  # type: ignore[attr-defined]
+            for entry in c.choices[0].logprobs.content  # type: ignore[attr-defined]
+        ]
+        assert len(entries) == 200 and all(len(entry.top_logprobs) == 2 for entry in entries)
+
+
+def test_the_jobs_stream_carries_the_first_completion_live(base_url: str) -> None:
+    """GET /v1/jobs/{id}/stream shows one text: with n, the first completion's (output.text)."""
+    body = {"prompt": "hello", "template": "none", "n": 2, "temperature": 1.0, "seed": 9,
+            "max_tokens": 200, "min_tokens": 200}  # fmt: skip
+    job_id = httpx.post(f"{base_url}/v1/jobs", json=body).json()["id"]
+    deltas: list[str] = []
+    event, done = "", {}
+    with httpx.stream("GET", f"{base_url}/v1/jobs/{job_id}/stream", timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "output":
+                deltas.append(json.loads(line.removeprefix("data: "))["delta"])
+            elif line.startswith("data: ") and event == "done":
+                done = json.loads(line.removeprefix("data: "))
+                break
+    choices = done["output"]["choices"]
+    assert "".join(deltas) == done["output"]["text"] == choices[0]["text"] != choices[1]["text"]
+    assert len(deltas) > 1  # live deltas, not one piece at the end

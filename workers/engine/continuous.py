@@ -33,9 +33,10 @@ prefix) to score its prompt, and with max_tokens 0 it ends there. A request with
 has its row's logits masked to what the grammar allows (structured.py); it ends with "stop" when
 the grammar is complete.
 
-Streaming: on_output(text so far, completion tokens so far) is called from the loop thread at most
-once per output_interval_s per request, never after the result, with any trailing partial stop
-string held back. It runs inline, so it must be cheap (the worker hands it to a queue); it may raise
+Streaming: on_output(OutputUpdate: text so far, completion tokens so far, and with logprobs the
+entries of the tokens streamed so far) is called from the loop thread at most once per
+output_interval_s per request, never after the result, with any trailing partial stop string held
+back. It runs inline, so it must be cheap (the worker hands it to a queue); it may raise
 without harming the loop.
 
 Metrics: EngineConfig.on_step receives a StepStats after every step (batch size, tokens generated,
@@ -70,7 +71,7 @@ from workers.engine.batch import RunningBatch
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
-from workers.engine.logprobs import describe, prompt_logprobs, step_logprobs
+from workers.engine.logprobs import describe, describe_streamed, prompt_logprobs, step_logprobs
 from workers.engine.parallel import SampleGroup, sample_count
 from workers.engine.penalties import adjust_logits
 from workers.engine.sampling import choose_tokens, make_generator
@@ -83,6 +84,7 @@ from workers.engine.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    OutputUpdate,
     RequestError,
     SamplingParams,
     StepStats,
@@ -495,8 +497,14 @@ class TransformersEngine:
         sequence.last_output_at = now
         text = text if text is not None else self._decode_text(sequence.completion)
         visible = streamable(text, sequence.request.params.stop)
+        logprobs = None
+        if sequence.request.params.logprobs is not None:
+            # Decodes only the tokens not streamed yet.
+            scores = sequence.scores
+            describe_streamed(self._decode_ids, sequence.completion, scores, visible, sequence.streamed)
+            logprobs = tuple(sequence.streamed)
         try:
-            callback(visible, len(sequence.completion))
+            callback(OutputUpdate(visible, len(sequence.completion), logprobs))
         except Exception as exc:  # a broken publisher must not stop generation
             self._log_failure("on_output_failed", sequence, exc)
 

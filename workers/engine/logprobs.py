@@ -82,14 +82,33 @@ def describe(
     decode(ids, skip_special_tokens) is the tokenizer's decode."""
     pieces = _pieces(decode, ids, text, skip_special)
     return tuple(
-        TokenLogprob(
-            token_id=token,
-            token=decode([token], False),
-            text=piece,
-            logprob=raw.logprob,
-            top=tuple((top_id, decode([top_id], False), value) for top_id, value in raw.top),
-        )
-        for token, raw, piece in zip(ids, raws, pieces, strict=True)
+        _entry(decode, token, raw, piece) for token, raw, piece in zip(ids, raws, pieces, strict=True)
+    )
+
+
+def describe_streamed(
+    decode: Decode, ids: Sequence[int], raws: Sequence[RawLogprob], text: str, described: list[TokenLogprob]
+) -> None:
+    """Streaming: append to `described` (the entries streamed so far) those of the next tokens whose
+    piece lies wholly inside `text`, the visible text so far. The newest token is left for later:
+    only the last token of a result takes the text's remainder, so every entry appended here is
+    the one describe() gives the finished completion."""
+    used = sum(len(entry.text) for entry in described)
+    for index in range(len(described), len(ids) - 1):
+        added = _added(decode, ids, index, True)
+        if used + added > len(text):
+            return
+        described.append(_entry(decode, ids[index], raws[index], text[used : used + added]))
+        used += added
+
+
+def _entry(decode: Decode, token: int, raw: RawLogprob, piece: str) -> TokenLogprob:
+    return TokenLogprob(
+        token_id=token,
+        token=decode([token], False),
+        text=piece,
+        logprob=raw.logprob,
+        top=tuple((top_id, decode([top_id], False), value) for top_id, value in raw.top),
     )
 
 
@@ -97,17 +116,22 @@ def _pieces(decode: Decode, ids: Sequence[int], text: str, skip_special: bool) -
     """What each token adds to `text`; the pieces concatenate to `text` exactly."""
     pieces, used = [], 0
     for index in range(len(ids)):
-        window = list(ids[max(0, index - _DECODE_WINDOW) : index + 1])
-        # A trailing U+FFFD is half a character: it is added by the token that completes it.
-        added = len(decode(window, skip_special).rstrip("\ufffd")) - len(
-            decode(window[:-1], skip_special).rstrip("\ufffd")
-        )
-        end = min(len(text), used + max(0, added))
+        end = min(len(text), used + _added(decode, ids, index, skip_special))
         pieces.append(text[used:end])
         used = end
     if pieces and used < len(text):
         pieces[-1] += text[used:]
     return pieces
+
+
+def _added(decode: Decode, ids: Sequence[int], index: int, skip_special: bool) -> int:
+    """Characters token `index` adds to the decoded text (decoded with the few tokens before it)."""
+    window = list(ids[max(0, index - _DECODE_WINDOW) : index + 1])
+    # A trailing U+FFFD is half a character: it is added by the token that completes it.
+    added = len(decode(window, skip_special).rstrip("\ufffd")) - len(
+        decode(window[:-1], skip_special).rstrip("\ufffd")
+    )
+    return max(0, added)
 
 
 def finite(value: float) -> float:

@@ -6,6 +6,7 @@ Sample i of a seeded request is seeded with seed + i (what vLLM does for n > 1),
 differ and the whole request is still reproducible. best_of generates best_of samples and returns
 the n with the highest cumulative log-probability (raw, like every logprob here), best first;
 usage counts every sample generated. A failing sample fails the request and cancels its siblings.
+Samples stream (on_output) with their index, unless they are ranked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from workers.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from workers.engine.types import GenerationRequest, GenerationResult, OutputCallback, SamplingParams
 
 
 def sample_count(params: SamplingParams) -> int:
@@ -45,10 +46,18 @@ def child_requests(request: GenerationRequest) -> list[GenerationRequest]:
                 logprobs=logprobs,
                 prompt_logprobs=params.prompt_logprobs if index == 0 else None,  # scored once
             ),
-            on_output=None,  # several texts have no one "text so far" to stream
+            # Each sample streams as its own completion (OpenAI's choice index); ranked samples
+            # do not: which of them are returned is known only once all have ended.
+            on_output=None if ranks(params) else _indexed(request.on_output, index),
         )
         for index in range(sample_count(params))
     ]
+
+
+def _indexed(callback: OutputCallback | None, index: int) -> OutputCallback | None:
+    if callback is None:
+        return None
+    return lambda update: callback(replace(update, index=index))
 
 
 class SampleGroup:

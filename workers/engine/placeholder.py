@@ -23,6 +23,7 @@ from workers.engine.types import (
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
+    OutputUpdate,
     RequestError,
     StepStats,
     call_on_fatal,
@@ -166,7 +167,7 @@ class PlaceholderEngine:
         # ~180 stream writes on every 256-token job (bench/machinery.py), which no model makes.
         if request.on_output is not None and now - seq.last_output_at >= self._config.output_interval_s:
             seq.last_output_at = now
-            request.on_output(text or " ".join(seq.produced), len(seq.produced))
+            request.on_output(OutputUpdate(text or " ".join(seq.produced), len(seq.produced)))
         return False
 
     def _take_cancel(self, request_id: str) -> bool:

@@ -47,6 +47,8 @@ class Sequence:
     scores: list[RawLogprob] = field(default_factory=list)
     #: Log-probabilities of the prompt's tokens (when SamplingParams.prompt_logprobs is set).
     prompt_scores: list[RawLogprob] | None = None
+    #: The completion's log-probability entries streamed so far (logprobs.describe_streamed).
+    streamed: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def request_id(self) -> str:

@@ -20,9 +20,26 @@ FinishReason = Literal["stop", "length"]
 #: "none" tokenizes it verbatim (OpenAI's /v1/completions), None leaves it to EngineConfig.prompt_as_chat.
 PromptTemplate = Literal["chat", "none"]
 
-#: Called from the engine thread with (text generated so far, completion tokens so far).
-#: It must be cheap and must not raise; throttling is the callee's business.
-OutputCallback = Callable[[str, int], None]
+
+@dataclass(frozen=True, slots=True)
+class OutputUpdate:
+    """A running request's output so far, as its on_output callback receives it."""
+
+    #: The text generated so far that is safe to show (no trailing partial stop string).
+    text: str
+    #: Completion tokens generated so far.
+    tokens: int
+    #: With SamplingParams.logprobs: the entries of the tokens streamed so far, each one's text
+    #: wholly inside `text` (the newest token waits for the next update or the result, whose
+    #: entries repeat these exactly). None when the request asked for no log-probabilities.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    #: Which of the request's completions this is (OpenAI's n; see parallel.py).
+    index: int = 0
+
+
+#: Called from the engine thread with the request's OutputUpdate. It must be cheap and must not
+#: raise; throttling is the callee's business.
+OutputCallback = Callable[[OutputUpdate], None]
 
 
 @dataclass(frozen=True, slots=True)

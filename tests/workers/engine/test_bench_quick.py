@@ -44,6 +44,22 @@ def test_bench_engine_quick(tmp_path: Path) -> None:
     assert (tmp_path / "engine.png").stat().st_size > 0
 
 
+def test_bench_engine_structured_row_alone(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--quick", "--structured-only", "--threads", "1",
+         "--out", str(tmp_path), "--model-cache", str(MODEL_CACHE)],
+        cwd=ROOT, check=True, timeout=240, capture_output=True,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "engine_structured.json").read_text())
+    structured = report["structured"]
+    assert structured["rounds"] == len(structured["round_ratios"]) == 1
+    assert structured["cpu_throughput_ratio"] > 0 and structured["plain"]["tokens_per_cpu_s"] > 0
+    assert structured["json_schema"]["output_tokens"] == structured["plain"]["output_tokens"] > 0
+    assert structured["throughput_ratio"] > 0 and structured["mask_ms_per_step_p50"] > 0
+    assert (tmp_path / "engine_structured.png").stat().st_size > 0
+    assert not (tmp_path / "engine.json").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_bench_engine_on_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
     completed = subprocess.run(

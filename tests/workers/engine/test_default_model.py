@@ -72,7 +72,7 @@ def test_short_job_overtakes_long_ones_and_cancel_frees_them(default_engine: Eng
                 f"long{i}",
                 SamplingParams(max_tokens=256, ignore_eos=True),
                 messages=[{"role": "user", "content": f"Tell me a very long story number {i}."}],
-                on_output=lambda text, tokens: started.set(),
+                on_output=lambda update: started.set(),
             )
         )
         for i in range(3)

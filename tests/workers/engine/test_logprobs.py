@@ -3,13 +3,15 @@ batched or not, with or without penalties (they are the raw model's, as vLLM ret
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.loading import LoadedModel
-from workers.engine.types import GenerationResult
+from workers.engine.types import GenerationResult, OutputUpdate
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time there was a", "def add(a, b):"]
 
@@ -88,3 +90,19 @@ def test_default_model_logprobs_match_transformers(
     futures = [engine.submit(_raw(f"d{i}", p, prompt_logprobs=5)) for i, p in enumerate(PROMPTS)]
     for prompt, future in zip(PROMPTS, futures, strict=True):
         _check_against_reference(default_model, prompt, future.result(60))
+
+
+def test_streamed_logprobs_are_the_results_own(random_engine: EngineFactory) -> None:
+    """Each on_output update carries the entries streamed so far: a prefix of the result's entries
+    (the same tokens, texts and numbers), whose texts lie inside the update's text."""
+    engine = random_engine(output_interval_s=0.0)
+    updates: list[OutputUpdate] = []
+    request = _raw("streamed", "Once upon a time", max_tokens=40, ignore_eos=True, temperature=1.0, seed=3)
+    result = engine.submit(replace(request, on_output=updates.append)).result(60)
+    final = result.logprobs or ()
+    assert len(updates) >= 10 and len(final) == 40
+    for update in updates:
+        streamed = update.logprobs or ()
+        assert streamed == final[: len(streamed)]
+        assert update.text.startswith("".join(entry.text for entry in streamed))
+    assert len(updates[-1].logprobs or ()) >= 30  # streamed as it went, not left for the end

@@ -14,7 +14,7 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import RANDOM_MODEL, EngineConfig
 from workers.engine.loading import LoadedModel, load_model
-from workers.engine.types import FatalEngineError, GenerationResult
+from workers.engine.types import FatalEngineError, GenerationResult, OutputUpdate
 
 
 def _request(request_id: str, prompt: str, max_tokens: int = 12, **params: object) -> GenerationRequest:
@@ -140,7 +140,7 @@ def test_on_output_is_throttled_and_never_after_the_result(random_engine: Engine
         "stream",
         SamplingParams(max_tokens=200, ignore_eos=True),
         prompt="stream me",
-        on_output=lambda text, tokens: calls.append((time.monotonic(), text, tokens)),
+        on_output=lambda update: calls.append((time.monotonic(), update.text, update.tokens)),
     )
     result = engine.submit(request).result(60)
     count = len(calls)
@@ -157,7 +157,7 @@ def test_on_output_is_throttled_and_never_after_the_result(random_engine: Engine
 def test_failing_on_output_does_not_stop_generation(random_engine: EngineFactory) -> None:
     engine = random_engine(output_interval_s=0.0)
 
-    def explode(text: str, tokens: int) -> None:
+    def explode(update: OutputUpdate) -> None:
         raise ValueError("publisher is down")
 
     request = GenerationRequest("boom", SamplingParams(max_tokens=5), prompt="x", on_output=explode)

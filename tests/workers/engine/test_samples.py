@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
-from workers.engine.types import GenerationResult
+from workers.engine.types import GenerationResult, OutputUpdate
 
 
 def _request(request_id: str, **params: object) -> GenerationRequest:
@@ -59,3 +60,18 @@ def test_n_above_best_of_is_refused(random_engine: EngineFactory) -> None:
     engine = random_engine()
     with pytest.raises(RequestError, match="best_of"):
         engine.submit(_request("bad", n=3, best_of=2)).result(30)
+
+
+def test_each_sample_streams_as_its_own_completion(random_engine: EngineFactory) -> None:
+    """on_output carries the sample's index (OpenAI's choice index); ranked samples do not stream."""
+    engine = random_engine(max_batch_size=8, output_interval_s=0.0)
+    updates: list[OutputUpdate] = []
+    request = _request("streamed", n=3, max_tokens=12, ignore_eos=True)
+    result = engine.submit(replace(request, on_output=updates.append)).result(30)
+    for index, choice in enumerate(result.choices):
+        texts = [update.text for update in updates if update.index == index]
+        assert texts and all(choice.text.startswith(text) for text in texts), index
+    ranked: list[OutputUpdate] = []
+    best = _request("ranked", n=1, best_of=2, max_tokens=12, ignore_eos=True)
+    engine.submit(replace(best, on_output=ranked.append)).result(30)
+    assert ranked == []
