@@ -255,7 +255,8 @@ async def wait_for_job(
 
 
 class JobNotCompleted(errors.GenqError):
-    """The job failed or was canceled: answered 500 `server_error`, `code` the job's error type."""
+    """The job failed (other than the engine refusing the request: a 400) or was canceled:
+    answered 500 `server_error`, `code` the job's error type."""
 
     def __init__(self, job: dict[str, Any]) -> None:
         error = job.get("error") or {}
@@ -287,6 +288,9 @@ def completion(kind: Kind, job: dict[str, Any], echo: bool = False) -> dict[str,
     """A finished job as a `chat.completion` or `text_completion` object: one choice per completion
     (n), with logprobs when the job has them; `echo` puts the prompt (and its tokens) first."""
     if job["status"] != JobStatus.SUCCEEDED:
+        refused = job.get("error") or {}
+        if refused.get("type") == "invalid_request":  # the engine refused the request itself: a 400
+            raise errors.InvalidRequest(str(refused.get("message") or "the model refused the request"))
         raise JobNotCompleted(job)
     choices = [_choice(kind, job, index, sample, echo) for index, sample in enumerate(samples(job))]
     return _envelope(kind, job, kind.obj) | {"choices": choices, "usage": _usage(job)}

@@ -146,6 +146,15 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     assert model_error.value.code == "model_not_found"
 
 
+def test_a_request_the_model_refuses_is_a_bad_request(client: openai.OpenAI, worker: WorkerProcess) -> None:
+    """Valid for the API, refused by the engine when the job runs (the placeholder has no
+    probabilities to give): the job fails `invalid_request`, and the caller gets a 400 saying why,
+    not a 500 (the Schemathesis fuzz found that 500)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=TEST_MODEL, prompt="x", logprobs=2, max_tokens=2)
+    assert refused.value.type == "invalid_request_error" and "logprobs" in refused.value.message
+
+
 def test_errors_have_openai_shape_and_the_rest_of_the_api_keeps_genqs(base_url: str) -> None:
     broken = httpx.post(f"{base_url}/v1/chat/completions", content=b"{not json", headers=JSON, timeout=10)
     assert broken.status_code == 400
