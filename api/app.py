@@ -114,8 +114,9 @@ class GenqAPI(FastAPI):
     def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         entry: ASGIApp = self._serve
+        self.hot_paths: HotPaths | None = None
         if settings.api_hot_paths:
-            entry = HotPaths(self, entry, settings.max_body_bytes)
+            entry = self.hot_paths = HotPaths(self, entry, settings.max_body_bytes)
         if not settings.api_key_digests:  # the guard goes first: nothing it refuses reaches either
             entry = AnonymousGuard(entry, settings.allowed_hosts)
         self._entry = entry
@@ -192,5 +193,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
     app.add_middleware(observability.HttpMetrics)
+    if app.hot_paths is not None:
+        app.hot_paths.check()
     logging.getLogger("genq.api").debug("app created")
     return app

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 import redis.exceptions
 from fastapi import Response
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,7 +37,7 @@ from api.asgi import read_body, replay
 from api.auth import owner_of
 from api.errors import genq_error_response, redis_down_response, redis_error_response
 from api.observability import extra_headers, observe, request_id_of
-from api.ratelimit import Kind
+from api.ratelimit import Kind, limit_reads, limit_submissions
 from api.routes import jobs
 from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
 from shared.errors import GenqError
@@ -63,9 +64,23 @@ class HotPaths:
         self.app = app
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
-        self.jobs_path = _route_of(submit_job).path
-        self.job_template = _route_of(get_job).path
+        submit_route, read_route = _route_of(submit_job), _route_of(get_job)
+        self.jobs_path = submit_route.path
+        self.job_template = read_route.path
         self.job_prefix = self.job_template.split("{", 1)[0]
+        # The limiter kind each route declares (SubmitLimit / ReadLimit), not a copy of it.
+        self.submit_kind, self.read_kind = limit_kind(submit_route), limit_kind(read_route)
+
+    def check(self) -> None:
+        """Fail at start-up when the hot routes or the app carry something the hot path does
+        not do: a dependency or middleware added there would silently miss almost all traffic."""
+        for route in (_route_of(submit_job), _route_of(get_job)):
+            unknown = dependencies_of(route.dependant) - KNOWN_DEPENDENCIES
+            if unknown:
+                raise HotPathMismatch(f"{route.path}: the hot path does not run {sorted(unknown)}")
+        middleware = {m.cls.__name__ for m in self.app.user_middleware} - KNOWN_MIDDLEWARE  # type: ignore[attr-defined]
+        if middleware:
+            raise HotPathMismatch(f"the hot path does not run the middleware {sorted(middleware)}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -103,7 +118,7 @@ class HotPaths:
                 state.queue, state.settings, create, owner, _text(idempotency_key), _text(prefer)
             )
 
-        await self._answer(scope, send, headers, self.jobs_path, "submit", work)
+        await self._answer(scope, send, headers, self.jobs_path, self.submit_kind, work)
 
     async def _get(self, scope: Scope, send: Send, job_id: str, wait: float | None) -> None:
         state = self.app.state
@@ -111,7 +126,7 @@ class HotPaths:
         async def work(owner: str) -> Response:
             return await read_job(state.queue, state.settings, job_id, owner, wait)
 
-        await self._answer(scope, send, _headers(scope), self.job_template, "read", work)
+        await self._answer(scope, send, _headers(scope), self.job_template, self.read_kind, work)
 
     async def _answer(
         self, scope: Scope, send: Send, headers: dict[bytes, bytes], template: str, kind: Kind, work: Work
@@ -141,6 +156,38 @@ class HotPaths:
         finally:
             REQUESTS_INFLIGHT.dec()
             observe(template, scope["method"], status, started)
+
+
+class HotPathMismatch(RuntimeError):
+    """The hot routes or the app changed in a way api/hotpath.py does not mirror."""
+
+
+#: What the hot routes may depend on: the hot path does each itself (auth: owner_of; the limiter:
+#: limit_kind; the rest reads app.state), and answers errors through the same mapping.
+KNOWN_DEPENDENCIES = frozenset({"current_owner", "get_queue", "get_settings", "limit_submissions",
+                                "limit_reads", "_limiter"})  # fmt: skip
+#: Middleware the hot path mirrors: the body cap (it reads at most max_body_bytes, else falls
+#: back to FastAPI) and the request metrics (observe()).
+KNOWN_MIDDLEWARE = frozenset({"BodySizeLimit", "HttpMetrics"})
+_KINDS: dict[Callable[..., Any], Kind] = {limit_submissions: "submit", limit_reads: "read"}
+
+
+def dependencies_of(dependant: Dependant) -> set[str]:
+    """The names of every function a route depends on, however deep."""
+    found: set[str] = set()
+    for sub in dependant.dependencies:
+        if sub.call is not None:
+            found.add(getattr(sub.call, "__name__", repr(sub.call)))
+        found |= dependencies_of(sub)
+    return found
+
+
+def limit_kind(route: APIRoute) -> Kind:
+    """The rate-limit kind a route declares (exactly one of SubmitLimit, ReadLimit)."""
+    kinds = {_KINDS[sub.call] for sub in route.dependant.dependencies if sub.call in _KINDS}
+    if len(kinds) != 1:
+        raise HotPathMismatch(f"{route.path} declares {len(kinds)} rate limits; the hot path needs one")
+    return kinds.pop()
 
 
 def _route_of(endpoint: Callable[..., Any]) -> APIRoute:

@@ -13,9 +13,17 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from fastapi import Depends
+from fastapi.routing import APIRoute
 from prometheus_client import REGISTRY
+from starlette.middleware.gzip import GZipMiddleware
 
+from api import hotpath
+from api.app import create_app
 from api.deps import current_owner
+from api.hotpath import HotPathMismatch, limit_kind
+from api.ratelimit import SubmitLimit
+from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings
 from tests.conftest import api_client, assert_nothing_written
@@ -249,3 +257,38 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# --- the hot path mirrors the routes, or the app does not start --------------------------------------
+def test_the_hot_path_takes_its_limit_kinds_from_the_routes(make_settings: Callable[..., Settings]) -> None:
+    hot = create_app(make_settings(api_hot_paths=True)).hot_paths  # type: ignore[attr-defined]
+    assert (hot.submit_kind, hot.read_kind) == ("submit", "read")
+    swapped = APIRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
+    assert limit_kind(swapped) == "submit"
+    with pytest.raises(HotPathMismatch, match="declares 0 rate limits"):
+        limit_kind(APIRoute("/v1/jobs/{job_id}", get_job))
+
+
+async def audit() -> None:
+    """A dependency someone might add to the submit route."""
+
+
+def test_a_dependency_the_hot_path_does_not_run_stops_the_app(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audited = APIRoute("/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)])
+    real = hotpath._route_of
+    monkeypatch.setattr(
+        hotpath, "_route_of", lambda endpoint: audited if endpoint is submit_job else real(endpoint)
+    )
+    with pytest.raises(HotPathMismatch, match=r"/v1/jobs: the hot path does not run \['audit'\]"):
+        create_app(make_settings(api_hot_paths=True))
+    create_app(make_settings(api_hot_paths=False))  # without the hot path there is nothing to mirror
+
+
+def test_a_middleware_the_hot_path_does_not_run_stops_the_app(make_settings: Callable[..., Settings]) -> None:
+    app = create_app(make_settings(api_hot_paths=True))
+    app.hot_paths.check()  # type: ignore[attr-defined]  # as built: every middleware mirrored
+    app.add_middleware(GZipMiddleware)
+    with pytest.raises(HotPathMismatch, match="GZipMiddleware"):
+        app.hot_paths.check()  # type: ignore[attr-defined]
