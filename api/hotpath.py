@@ -15,8 +15,9 @@ a job). Anything else goes on, untouched, to FastAPI: another path or method, an
 other query string, a chunked or over-long body, a body that is not plain JSON or does not
 validate, an over-long header. So every error response that depends on parsing, every other
 edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks
-that both ways answer alike.
-`GENQ_API_HOT_PATHS=0` turns it off.
+that both ways answer alike. The rate-limit kind of each request is the one its route declares,
+and `check()` (create_app calls it) refuses to start an app whose hot routes depend on, or whose
+stack holds middleware, that this path does not mirror. `GENQ_API_HOT_PATHS=0` turns it off.
 """
 
 from __future__ import annotations
