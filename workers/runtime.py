@@ -39,6 +39,7 @@ from shared.structured import schema_of
 from workers import scalein
 from workers.engine import (
     Engine,
+    ErrorType,
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
@@ -240,7 +241,7 @@ class WorkerRuntime:
             result = self.engine.submit(request).result()
             self.output.flush(job_id)
         except RequestError as exc:
-            if exc.type == "canceled":
+            if exc.type is ErrorType.CANCELED:
                 return None
             error = {"type": exc.type, "message": exc.message}
             metrics.JOBS.labels("failed").inc()

@@ -6,7 +6,7 @@ continuous-batching engine (workers/engine/continuous.py) for every other model 
     engine = build_engine(EngineConfig(model=..., on_step=observe_step, on_fatal=exit_soon))
     engine.start()                      # loads, converts on first use, warms up; FatalEngineError if it can't
     future = engine.submit(GenerationRequest(...))
-    result = future.result()            # GenerationResult, or raises RequestError(type_=...)
+    result = future.result()            # GenerationResult, or raises RequestError(ErrorType..., message)
     engine.cancel(request_id); engine.shutdown(timeout)
 
 Metrics hooks: EngineConfig.on_step(StepStats) after every engine step (batch_size, tokens,
@@ -25,6 +25,7 @@ from workers.engine.types import (
     Engine,
     EngineError,
     EngineStats,
+    ErrorType,
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
@@ -38,6 +39,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineStats",
+    "ErrorType",
     "FatalEngineError",
     "GenerationRequest",
     "GenerationResult",

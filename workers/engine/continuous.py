@@ -80,6 +80,7 @@ from workers.engine.structured import Grammars, mask_logits
 from workers.engine.types import (
     MAX_TOP_LOGPROBS,
     EngineStats,
+    ErrorType,
     FatalEngineError,
     FinishReason,
     GenerationRequest,
@@ -167,7 +168,7 @@ class TransformersEngine:
         if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
             failed: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
             message = f"n ({params.n}) must be >= 1 and at most best_of ({params.best_of})"
-            failed.set_exception(RequestError("invalid_request", message))
+            failed.set_exception(RequestError(ErrorType.INVALID_REQUEST, message))
             return failed
         group = SampleGroup(request, self.cancel)
         with self._lock:
@@ -230,7 +231,7 @@ class TransformersEngine:
         context = loaded.context_tokens
         if len(prompt_ids) >= context:
             message = f"prompt is {len(prompt_ids)} tokens; the model's context is {context} tokens"
-            raise RequestError("invalid_request", message)
+            raise RequestError(ErrorType.INVALID_REQUEST, message)
         schema = request.params.json_schema
         return Sequence(
             request=request,
@@ -251,14 +252,16 @@ class TransformersEngine:
         if self.fatal_error is not None:
             raise self.fatal_error
         if self._loaded is None or not self._accepting:
-            raise RequestError("unavailable", "the engine is not running")
+            raise RequestError(ErrorType.UNAVAILABLE, "the engine is not running")
         return self._loaded
 
     def _register(self, sequence: Sequence) -> None:
         if not self._accepting:
-            raise RequestError("unavailable", "the engine is shutting down")
+            raise RequestError(ErrorType.UNAVAILABLE, "the engine is shutting down")
         if sequence.request_id in self._live:
-            raise RequestError("invalid_request", f"request {sequence.request_id!r} is already running")
+            raise RequestError(
+                ErrorType.INVALID_REQUEST, f"request {sequence.request_id!r} is already running"
+            )
         self._live[sequence.request_id] = sequence
 
     def _encode(self, request: GenerationRequest, loaded: LoadedModel) -> list[int]:
@@ -268,14 +271,14 @@ class TransformersEngine:
         if messages is None and self._wraps_prompt(request) and has_template:
             messages = [{"role": "user", "content": request.prompt or ""}]
         if messages is not None and not has_template:
-            raise RequestError("invalid_request", "this model has no chat template: send a prompt")
+            raise RequestError(ErrorType.INVALID_REQUEST, "this model has no chat template: send a prompt")
         try:
             with self._tokenizer_lock:
                 ids = self._tokenize(tokenizer, request.prompt or "", messages)
         except Exception as exc:  # a template rejecting the messages (roles, order) is the client's error
-            raise RequestError("invalid_request", f"cannot apply the chat template: {exc}") from exc
+            raise RequestError(ErrorType.INVALID_REQUEST, f"cannot apply the chat template: {exc}") from exc
         if not ids:
-            raise RequestError("invalid_request", "prompt is empty")
+            raise RequestError(ErrorType.INVALID_REQUEST, "prompt is empty")
         return [int(token) for token in ids]
 
     def _wraps_prompt(self, request: GenerationRequest) -> bool:
@@ -314,7 +317,7 @@ class TransformersEngine:
             except Exception as exc:  # anything escaping a step means the batch state is unknown
                 self._die(exc)
                 return
-        self._fail_everything(RequestError("unavailable", "engine shut down"))
+        self._fail_everything(RequestError(ErrorType.UNAVAILABLE, "engine shut down"))
 
     def _prepare(self) -> None:
         loaded = self._loaded = self._loaded or load_model(self._config)
@@ -399,7 +402,7 @@ class TransformersEngine:
             token = self._choose(logits[-1:], [sequence])[0] if params.max_tokens else None
         except Exception as exc:  # a prefill failing is this request's failure alone
             self._log_failure("prefill_failed", sequence, exc)
-            self._finish_failed(sequence, RequestError("unavailable", f"prefill failed: {exc}"))
+            self._finish_failed(sequence, RequestError(ErrorType.UNAVAILABLE, f"prefill failed: {exc}"))
             return False
         self._counters.prompt_tokens += len(sequence.prompt_ids)
         sequence.first_token_at = time.monotonic()
@@ -466,7 +469,7 @@ class TransformersEngine:
         params = sequence.request.params
         if sequence.matcher is not None and not sequence.matcher.consume_token(token):
             message = f"the response format's grammar refused token {token}: {sequence.matcher.get_error()}"
-            self._finish_failed(sequence, RequestError("unavailable", message))
+            self._finish_failed(sequence, RequestError(ErrorType.UNAVAILABLE, message))
             return True
         if token in self._require_loaded_model().eos_token_ids and not params.ignore_eos:
             return self._finish(sequence, self._decode_text(sequence.completion[:-1]), "stop")
@@ -648,43 +651,50 @@ def _template_prefix(tokenizer: Any) -> list[int]:
 def _validate_params(request: GenerationRequest) -> None:
     params = request.params
     if (request.prompt is None) == (request.messages is None):
-        raise RequestError("invalid_request", "give exactly one of prompt and messages")
+        raise RequestError(ErrorType.INVALID_REQUEST, "give exactly one of prompt and messages")
     if request.messages is not None and request.template == "none":
         message = "template 'none' applies to a prompt; messages always use the chat template"
-        raise RequestError("invalid_request", message)
+        raise RequestError(ErrorType.INVALID_REQUEST, message)
     least = 0 if params.prompt_logprobs is not None else 1  # 0 tokens: scoring the prompt only
     if params.max_tokens < least:
-        raise RequestError("invalid_request", f"max_tokens must be >= {least}, got {params.max_tokens}")
+        raise RequestError(
+            ErrorType.INVALID_REQUEST, f"max_tokens must be >= {least}, got {params.max_tokens}"
+        )
     if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
         raise RequestError(
-            "invalid_request", f"n ({params.n}) must be >= 1 and <= best_of ({params.best_of})"
+            ErrorType.INVALID_REQUEST, f"n ({params.n}) must be >= 1 and <= best_of ({params.best_of})"
         )
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
-            raise RequestError("invalid_request", f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}")
+            raise RequestError(
+                ErrorType.INVALID_REQUEST, f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}"
+            )
     if params.temperature < 0:
-        raise RequestError("invalid_request", f"temperature must be >= 0, got {params.temperature}")
+        raise RequestError(ErrorType.INVALID_REQUEST, f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
-        raise RequestError("invalid_request", f"top_p must be in (0, 1], got {params.top_p}")
+        raise RequestError(ErrorType.INVALID_REQUEST, f"top_p must be in (0, 1], got {params.top_p}")
     if any(not stop for stop in params.stop):
-        raise RequestError("invalid_request", "stop strings must not be empty")
+        raise RequestError(ErrorType.INVALID_REQUEST, "stop strings must not be empty")
     _validate_adjustments(params)
 
 
 def _validate_adjustments(params: SamplingParams) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if not -2.0 <= getattr(params, name) <= 2.0:
-            raise RequestError("invalid_request", f"{name} must be in [-2, 2], got {getattr(params, name)}")
+            raise RequestError(
+                ErrorType.INVALID_REQUEST, f"{name} must be in [-2, 2], got {getattr(params, name)}"
+            )
     if not 0 < params.repetition_penalty <= 2.0:
         raise RequestError(
-            "invalid_request", f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}"
+            ErrorType.INVALID_REQUEST,
+            f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}",
         )
     if not 0 <= params.min_tokens <= params.max_tokens:
         message = f"min_tokens ({params.min_tokens}) must be in [0, max_tokens ({params.max_tokens})]"
-        raise RequestError("invalid_request", message)
+        raise RequestError(ErrorType.INVALID_REQUEST, message)
     if any(not -100.0 <= bias <= 100.0 for _, bias in params.logit_bias):
-        raise RequestError("invalid_request", "logit_bias values must be in [-100, 100]")
+        raise RequestError(ErrorType.INVALID_REQUEST, "logit_bias values must be in [-100, 100]")
 
 
 def _check_vocabulary(params: SamplingParams, loaded: LoadedModel) -> None:
@@ -692,13 +702,13 @@ def _check_vocabulary(params: SamplingParams, loaded: LoadedModel) -> None:
     bad = [token for token, _ in params.logit_bias if not 0 <= token < vocab]
     if bad:
         message = f"logit_bias names token {bad[0]}, outside this model's vocabulary (0..{vocab - 1})"
-        raise RequestError("invalid_request", message)
+        raise RequestError(ErrorType.INVALID_REQUEST, message)
 
 
 def _abort_reason(sequence: Sequence, now: float, where: str) -> RequestError | None:
     if sequence.cancel_requested:
-        return RequestError("canceled", "canceled by the client")
+        return RequestError(ErrorType.CANCELED, "canceled by the client")
     deadline = sequence.request.deadline
     if deadline is not None and now > deadline:
-        return RequestError("timeout", f"job deadline passed {where}")
+        return RequestError(ErrorType.TIMEOUT, f"job deadline passed {where}")
     return None

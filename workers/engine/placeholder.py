@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
 from workers.engine.types import (
+    ErrorType,
     FatalEngineError,
     GenerationRequest,
     GenerationResult,
@@ -79,7 +80,7 @@ class PlaceholderEngine:
         if scores or several or params.json_schema is not None:
             # An echo has no model, so no probabilities, samples or grammar: say so rather than fake them.
             message = "logprobs, n, best_of and response_format need a model; the placeholder engine has none"
-            future.set_exception(RequestError("invalid_request", message))
+            future.set_exception(RequestError(ErrorType.INVALID_REQUEST, message))
             return future
         text = request.prompt or " ".join(m["content"] for m in request.messages or [])
         self._inbox.put(_Sequence(request, future, text.split() or ["..."]))
@@ -125,7 +126,7 @@ class PlaceholderEngine:
                     StepStats(batch_size=batch, tokens=batch, prefill_tokens=0, duration_s=0.0)
                 )
         for seq in running:
-            seq.future.set_exception(RequestError("unavailable", "engine shut down"))
+            seq.future.set_exception(RequestError(ErrorType.UNAVAILABLE, "engine shut down"))
 
     def _wait_for_work(self, running: list[_Sequence]) -> None:
         """Sleep until a request arrives: woken by submit() at once (a poll every 2 ms delayed
@@ -149,10 +150,10 @@ class PlaceholderEngine:
         request, now = seq.request, time.monotonic()
         seq.batch_size = max(seq.batch_size, batch)
         if self._cancelled and self._take_cancel(request.request_id):
-            seq.future.set_exception(RequestError("canceled", "canceled by the client"))
+            seq.future.set_exception(RequestError(ErrorType.CANCELED, "canceled by the client"))
             return True
         if request.deadline is not None and now > request.deadline:
-            seq.future.set_exception(RequestError("timeout", "job deadline passed while running"))
+            seq.future.set_exception(RequestError(ErrorType.TIMEOUT, "job deadline passed while running"))
             return True
         seq.produced.append(seq.words[len(seq.produced) % len(seq.words)])
         seq.first_token_at = seq.first_token_at or now

@@ -15,7 +15,7 @@ import torch
 from llguidance import LLMatcher, LLTokenizer
 
 from shared.structured import grammar
-from workers.engine.types import RequestError
+from workers.engine.types import ErrorType, RequestError
 
 
 class Grammars:
@@ -28,7 +28,7 @@ class Grammars:
         """A fresh matcher for this JSON schema (~1 ms); RequestError when it cannot be enforced."""
         matcher = LLMatcher(self._tokenizer, grammar(schema))
         if matcher.is_error():
-            raise RequestError("invalid_request", f"response_format: {matcher.get_error()}")
+            raise RequestError(ErrorType.INVALID_REQUEST, f"response_format: {matcher.get_error()}")
         return matcher
 
 

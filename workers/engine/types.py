@@ -7,6 +7,7 @@ thread calls, and these types are the whole contract between the two.
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -173,10 +174,19 @@ class EngineError(Exception):
     """Base of everything the engine raises."""
 
 
+class ErrorType(enum.StrEnum):
+    """Why a request failed: the job's `error.type`, as the client sees it."""
+
+    INVALID_REQUEST = "invalid_request"  # the request cannot run on this model (a 400 at the API)
+    UNAVAILABLE = "unavailable"  # the engine could not run it now (not running, prefill failed)
+    CANCELED = "canceled"
+    TIMEOUT = "timeout"
+
+
 class RequestError(EngineError):
     """A per-request failure: it fails this job only. `type` is what the client sees."""
 
-    def __init__(self, type_: str, message: str) -> None:
+    def __init__(self, type_: ErrorType, message: str) -> None:
         super().__init__(message)
         self.type = type_
         self.message = message
