@@ -240,15 +240,22 @@ def start_api(
 
 
 def start_worker(
-    stack: ExitStack, name: str, settings: Mapping[str, str], logs: Path, timeout_s: float = 180.0
+    stack: ExitStack,
+    name: str,
+    settings: Mapping[str, str],
+    logs: Path,
+    timeout_s: float = 180.0,
+    args: Sequence[str] = (),
 ) -> Service:
-    """A real `genq worker` process, returned once it is warmed up (its ready file exists)."""
+    """A real `genq worker` process (`args`: e.g. `--queues=webhooks`), returned once it is warmed
+    up (its ready file exists)."""
     ready = logs / f"{name}.ready"
     ready.unlink(missing_ok=True)
     env = service_env(
         {**settings, "WORKER_READY_FILE": str(ready), "WORKER_PIDFILE": str(logs / f"{name}.pid")}
     )
-    service = start_service(stack, name, [sys.executable, "-m", "cli.main", "worker"], env, logs)
+    argv = [sys.executable, "-m", "cli.main", "worker", *args]
+    service = start_service(stack, name, argv, env, logs)
     deadline = time.monotonic() + timeout_s
     while not ready.exists():
         service.check_alive()

@@ -13,7 +13,13 @@ keep-alive connection each, bench/loadgen.py) submits a job with a unique prompt
 `"cache": false`, then waits for it, and submits its next one when it has the answer:
 
 - `poll`: `POST /v1/jobs`, then `GET /v1/jobs/{id}?wait=30` (a long-poll);
-- `prefer`: one `POST /v1/jobs` with `Prefer: wait=30`.
+- `prefer`: one `POST /v1/jobs` with `Prefer: wait=30`;
+- `sse`: `POST /v1/jobs`, then `GET /v1/jobs/{id}/stream` read to its `done` event.
+
+`--webhooks N` adds a run of N jobs submitted with a `webhook` (filter: completed) to a local
+receiver, with a `genq worker --queues=webhooks` beside the model worker: whether every job's
+`job.completed` arrived (once), and deliveries per second from the first submission to the last
+delivery.
 
 Per concurrency: jobs/s, latency p50/p90/p99/max (from the POST to the terminal answer), the CPU
 each process spent per job, and the Redis commands per job (INFO commandstats before and after:
@@ -29,6 +35,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.server
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,6 +48,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import redis
 
@@ -63,7 +73,7 @@ from bench.loadgen import Session, collector_paused, http_request, json_post
 MODEL = "placeholder-echo"
 #: Seconds each client waits for its job (the long-poll's `wait`, or `Prefer: wait`).
 WAIT_S = 30
-MODES = ("poll", "prefer")
+MODES = ("poll", "prefer", "sse")
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,9 @@ class Finished:
     statuses: tuple[int, ...]
 
 
-async def one_job(session: Session, submit: bytes, mode: str) -> Finished:
+async def one_job(
+    session: Session, submit: bytes, mode: str, sse: httpx.AsyncClient | None = None
+) -> Finished:
     began = time.perf_counter()
     status, body = await session.request(submit)
     statuses: tuple[int, ...] = (status,)
@@ -105,7 +117,22 @@ async def one_job(session: Session, submit: bytes, mode: str) -> Finished:
         status, body = await session.request(http_request("GET", f"/v1/jobs/{job['id']}?wait={WAIT_S}"))
         statuses += (status,)
         job = orjson.loads(body) if status == 200 else {}
+    if mode == "sse" and job.get("id") and sse is not None:
+        status, job = await follow_stream(sse, job["id"])
+        statuses += (status,)
     return Finished((time.perf_counter() - began) * 1000, job, statuses)
+
+
+async def follow_stream(client: httpx.AsyncClient, job_id: str) -> tuple[int, dict[str, Any]]:
+    """Read a job's event stream to its `done` event: the status, and the job it carries."""
+    async with client.stream("GET", f"/v1/jobs/{job_id}/stream") as reply:
+        event = ""
+        async for line in reply.aiter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: ") and event == "done":
+                return reply.status_code, orjson.loads(line[len("data: ") :])
+        return reply.status_code, {}
 
 
 async def genq_clients(
@@ -117,11 +144,17 @@ async def genq_clients(
     finished: list[Finished] = []
 
     async def client() -> None:
-        async with Session("127.0.0.1", port) as session:
+        sse = (
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S * 2)
+            if mode == "sse"
+            else None
+        )
+        async with Session("127.0.0.1", port) as session, sse or contextlib.nullcontext():
             for index in remaining:  # shared: each job is taken by one client
                 submit = submit_request(tag, index, mode, max_tokens)
                 try:
-                    finished.append(await asyncio.wait_for(one_job(session, submit, mode), WAIT_S * 2 + 30))
+                    job = one_job(session, submit, mode, sse)
+                    finished.append(await asyncio.wait_for(job, WAIT_S * 2 + 30))
                 except (TimeoutError, ConnectionError) as exc:
                     # Counted as a job without a result; this client's connection is spent.
                     finished.append(Finished(0.0, {"error": repr(exc)}, ()))
@@ -154,6 +187,81 @@ def run_genq(port: int, count: int, concurrency: int, mode: str, max_tokens: int
     }
 
 
+# --- Webhooks -----------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A local webhook receiver: answers 200 and notes each delivery's job and when it came."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, str, float]] = []  # (job id, webhook-id, arrival)
+        lock = threading.Lock()
+        deliveries = self.deliveries
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                job_id = str(orjson.loads(body)["data"]["id"])
+                with lock:
+                    deliveries.append((job_id, str(self.headers.get("webhook-id")), time.perf_counter()))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:  # quiet
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def submit_with_webhooks(port: int, count: int, concurrency: int, url: str) -> list[str]:
+    """`count` jobs with a `job.completed` webhook to `url`, from `concurrency` clients; their ids."""
+    remaining = iter(range(count))
+    ids: list[str] = []
+    tag = uuid.uuid4().hex[:8]
+
+    async def client() -> None:
+        async with Session("127.0.0.1", port) as session:
+            for index in remaining:
+                body = {"prompt": f"Hook {tag}-{index}", "cache": False, "max_tokens": 8, "webhook": url,
+                        "webhook_events_filter": ["completed"]}  # fmt: skip
+                status, reply = await session.request(json_post("/v1/jobs", orjson.dumps(body)))
+                if status == 202:
+                    ids.append(str(orjson.loads(reply)["id"]))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return ids
+
+
+def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float = 300.0) -> dict[str, Any]:
+    receiver = Receiver()
+    try:
+        started = time.perf_counter()
+        ids = run_async(submit_with_webhooks(port, count, concurrency, receiver.url))
+        deadline = time.monotonic() + timeout_s
+        while len({job for job, _, _ in receiver.deliveries}) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deliveries = list(receiver.deliveries)
+    finally:
+        receiver.close()
+    delivered = {job for job, _, _ in deliveries}
+    last = max((at for _, _, at in deliveries), default=started)
+    return {
+        "jobs": count,
+        "accepted": len(ids),
+        "delivered_jobs": len(delivered & set(ids)),
+        "all_delivered": set(ids) <= delivered,
+        "redundant_deliveries": len(deliveries) - len(delivered),
+        "deliveries_per_s": round(len(delivered) / (last - started), 1) if last > started else None,
+    }
+
+
 # --- Redis commands -----------------------------------------------------------------------------
 
 
@@ -181,11 +289,13 @@ def with_commands(client: redis.Redis, run: Callable[[], dict[str, Any]], items_
 
 
 def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: ExitStack,
-            scratch: Path) -> dict[str, Any]:  # fmt: skip
+            scratch: Path, webhooks: int = 0) -> dict[str, Any]:  # fmt: skip
     redis_server = start_redis(stack, scratch / "redis")
     assert redis_server.process is not None
     settings = {**BENCH_SETTINGS, "REDIS_URL": redis_server.url, "DATA_DIR": str(scratch / "genq"),
                 "MODEL": MODEL, "PLACEHOLDER_STEP_S": "0"}  # fmt: skip
+    if webhooks:  # the receiver is on loopback
+        settings["WEBHOOK_ALLOW_PRIVATE"] = "1"
     worker = start_worker(stack, "worker", settings, scratch)
     api, port = start_api(stack, "api", settings, scratch)
     bare_pid = start_bare_worker(stack, redis_server.url, 16, scratch)
@@ -212,7 +322,13 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
                   f"ms, {genq['redis_commands_per_item']} Redis commands/job", flush=True)  # fmt: skip
         runs.append(row)
     shown = {name: value for name, value in settings.items() if name not in ("REDIS_URL", "DATA_DIR")}
-    return {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
+    report: dict[str, Any] = {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
+    if webhooks:
+        start_worker(stack, "webhooks", settings, scratch, args=["--queues=webhooks"])
+        report["webhooks"] = hooks = run_webhooks(port, webhooks)
+        print(f"  webhooks: {hooks['delivered_jobs']}/{hooks['accepted']} delivered, "
+              f"{hooks['deliveries_per_s']} deliveries/s", flush=True)  # fmt: skip
+    return report
 
 
 def check_targets(runs: Sequence[dict[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
@@ -280,6 +396,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="poll", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--concurrency", default=None, help="comma-separated C values (default: all)")
+    parser.add_argument("--webhooks", type=int, default=0, help="also N jobs with a completed webhook each")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="max_tokens per job (default: the API's GENQ_DEFAULT_MAX_TOKENS)")  # fmt: skip
 
@@ -297,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"quick": args.quick, "machine": machine(), "model": MODEL, "modes": modes,
                               "max_tokens": args.max_tokens, "sizes": sizes.__dict__}  # fmt: skip
     with bench_stack("machinery") as (stack, scratch):
-        report.update(measure(sizes, modes, args.max_tokens, stack, scratch))
+        report.update(measure(sizes, modes, args.max_tokens, stack, scratch, args.webhooks))
     print_tables(report)
     write_report(args.out, "machinery", report, plot)
     return report

@@ -74,23 +74,27 @@ def test_end_to_end_quick(tmp_path: Path) -> None:
 
 
 def test_machinery_quick(tmp_path: Path) -> None:
-    report = run_quick("machinery", tmp_path, "--modes", "poll,prefer")
-    assert report["modes"] == ["poll", "prefer"]
+    report = run_quick("machinery", tmp_path, "--modes", "poll,prefer,sse", "--webhooks", "20")
+    assert report["modes"] == ["poll", "prefer", "sse"]
     assert [run["concurrency"] for run in report["runs"]] == [1, 4]
     for run in report["runs"]:
         celery = run["celery"]
         assert celery["tasks_per_s"] > 0 and celery["redis_commands_per_item"] > 0
-        for mode in ("poll", "prefer"):
+        for mode in ("poll", "prefer", "sse"):
             genq = run[mode]
             assert genq["succeeded"] == genq["jobs"] and genq["failed_or_unfinished"] == 0
-            # Every job answered: poll = one 202 and one 200 each, prefer = one 200 each.
-            expected = {"202": genq["jobs"], "200": genq["jobs"]} if mode == "poll" else {"200": genq["jobs"]}
+            # Every job answered: poll and sse = one 202 and one 200 each, prefer = one 200 each.
+            both = {"202": genq["jobs"], "200": genq["jobs"]}
+            expected = both if mode in ("poll", "sse") else {"200": genq["jobs"]}
             assert genq["http_statuses"] == expected
             assert genq["jobs_per_s"] > 0 and genq["rate_ratio"] > 0
             assert_latencies(genq, "latency_")
             assert genq["queueing_ms"] > 0 and genq["p99_to_queueing"] > 0
             assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
             assert genq["redis_commands_per_item"] > 0 and "evalsha" in genq["redis_top_commands_per_item"]
+    hooks = report["webhooks"]
+    assert hooks["accepted"] == hooks["delivered_jobs"] == 20 and hooks["all_delivered"]
+    assert hooks["redundant_deliveries"] == 0 and hooks["deliveries_per_s"] > 0
     assert set(report["targets"]["poll"]) == {
         "rate_at_least_celery_from_c16",
         "rate_never_falls",
