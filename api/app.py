@@ -24,6 +24,7 @@ from api.cache import ResponseCache
 from api.errors import install_error_handlers
 from api.events import JobEvents
 from api.files import Files
+from api.filestore import storage_from_settings
 from api.hotpath import HotPaths
 from api.limits import MULTIPART_OVERHEAD, BodySizeLimit
 from api.queue import JobQueue
@@ -32,16 +33,15 @@ from api.ratelimit import RateLimiter
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
 from api.server import OneWriteHttpProtocol
 from api.stream_hub import StreamHub
+from api.streams import OutputStreams
 from shared import keys
 from shared.autopipeline import open_commands
 from shared.batches import BatchStore
 from shared.config import Settings
 from shared.files import FileRecords
-from shared.filestore import storage_from_settings
 from shared.logging import configure_logging
 from shared.reaper import Reaper
 from shared.store import JobStore, OwnerBounds
-from shared.streams import OutputStreams
 
 
 def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:

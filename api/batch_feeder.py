@@ -38,6 +38,7 @@ import redis.exceptions
 
 from api.batch_lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
 from api.files import Files
+from api.filestore import FileStorage, lines_from
 from api.openai_compat import Kind
 from api.queue import Accepted, JobQueue
 from shared import keys, metrics
@@ -45,7 +46,6 @@ from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key
 from shared.config import Settings
 from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
 from shared.files import FilePurpose, NewFile
-from shared.filestore import FileStorage, lines_from
 from shared.ids import new_id
 from shared.logging import fields
 from shared.messages import task_message

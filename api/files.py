@@ -1,5 +1,5 @@
 """The API's door to files: records in Redis (shared/files.py), content in the file storage
-(shared/filestore.py). Blocking storage calls run on a thread, off the event loop."""
+(api/filestore.py). Blocking storage calls run on a thread, off the event loop."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, BinaryIO
 
 import anyio.to_thread
 
+from api.filestore import FileStorage, file_chunks
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.files import FilePurpose, FileRecords, NewFile, new_file_id, public_file
-from shared.filestore import FileStorage, file_chunks
 
 #: Longest file name kept (OpenAI's clients send the local name).
 FILENAME_MAX = 255

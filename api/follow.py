@@ -24,10 +24,10 @@ from typing import Any
 import redis.exceptions
 
 from api.queue import JobQueue
+from api.streams import START_ID, OutputEntry, entry_order
 from shared.errors import NotFound
 from shared.logging import fields
 from shared.schemas import JobStatus
-from shared.streams import START_ID, OutputEntry, entry_order
 
 log = logging.getLogger("genq.api")
 

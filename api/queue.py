@@ -21,6 +21,7 @@ from api.concurrency import ConcurrencyLimits, Held, Slot
 from api.events import JobEvents
 from api.queue_stats import QueueStatsReader
 from api.stream_hub import StreamHub
+from api.streams import OutputEntry, OutputStreams
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
@@ -29,7 +30,6 @@ from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, WebhookEvent
 from shared.ssrf import check_url
 from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
-from shared.streams import OutputEntry, OutputStreams
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000

@@ -19,9 +19,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from api.streams import entry_order
 from shared import keys
 from shared.logging import fields
-from shared.streams import entry_order
 
 log = logging.getLogger("genq.api")
 

@@ -158,7 +158,7 @@ def settings_table(
     readme: Annotated[Path | None, typer.Option(help="Rewrite this README's settings table instead.")] = None,
 ) -> None:
     """Print every GENQ_* setting as a Markdown table (the README's)."""
-    from shared.settings_doc import markdown_table, update_readme
+    from cli.settings_doc import markdown_table, update_readme
 
     if readme is None:
         typer.echo(markdown_table())

@@ -64,3 +64,20 @@ def test_worker_modules_import_no_circle() -> None:
 
     circles = sorted(name for name in graph if reaches(name, name, {name}))
     assert circles == [], f"modules in an import circle: {circles}"
+
+
+def test_shared_holds_only_what_more_than_one_tier_uses() -> None:
+    """A module of shared/ that one tier alone imports (and no other shared/ module) lives with
+    that tier: shared/ is what the API and the workers (or the CLI) have in common."""
+    users: dict[str, set[str]] = {_module(p): set() for p in sources("shared") if p.name != "__init__.py"}
+    for package in ("api", "workers", "cli", "shared"):
+        for path in sources(package):
+            importer = _module(path)
+            for name in imports_at_run_time(path):
+                for module in (name, name.rsplit(".", 1)[0]):
+                    if module in users and module != importer:
+                        users[module].add(package)
+    lone = {
+        module: sorted(tiers) for module, tiers in users.items() if len(tiers) == 1 and "shared" not in tiers
+    }
+    assert lone == {}, f"modules of shared/ with a single consumer: {lone}"

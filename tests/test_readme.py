@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.settings_doc import markdown_table
+from cli.settings_doc import markdown_table
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -21,9 +21,9 @@ from api.deps import OwnerDep, QueueDep
 from api.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
 from api.ratelimit import ReadLimit
 from api.routes.jobs import ERRORS, JobId
+from api.streams import START_ID, is_entry_id
 from shared.errors import InvalidRequest
 from shared.schemas import error_body
-from shared.streams import START_ID, is_entry_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

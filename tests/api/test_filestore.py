@@ -13,8 +13,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from api.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage, lines_from
 from cli.redis_server import free_port
-from shared.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage, lines_from
 
 BUCKET = "genq-test"
 
