@@ -81,6 +81,11 @@ def test_redis_keeps_an_append_only_file(compose: dict[str, Any]) -> None:
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
 
 
+def test_the_model_worker_sends_the_task_events_flower_shows(compose: dict[str, Any]) -> None:
+    assert "flower" in compose["services"]
+    assert compose["services"]["worker"]["environment"]["GENQ_WORKER_TASK_EVENTS"] == "true"
+
+
 def test_stop_grace_period_covers_the_drain(compose: dict[str, Any]) -> None:
     for name in ("worker", "webhook-worker"):
         service = compose["services"][name]

@@ -356,6 +356,9 @@ def test_worker_probes_scale_in_and_identity(docs: tuple[dict[str, Any], ...]) -
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["exec"]["command"] == ["genq", "health", "worker"], probe
     assert env_value(container, "GENQ_POD_DELETION_COST", docs) == "true"
+    # Flower is deployed for operators, and lists tasks only from the workers' task events.
+    assert named(docs, "Deployment", "genq-flower") is not None
+    assert env_value(container, "GENQ_WORKER_TASK_EVENTS", docs) == "true"
     fields = {
         v["name"]: v["valueFrom"]["fieldRef"]["fieldPath"]
         for v in container["env"]
