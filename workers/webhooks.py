@@ -42,6 +42,7 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,20 +426,21 @@ def _deliveries() -> Deliveries:
 
 def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
-    a message that arrives before `due_at` is a hop of a long wait (see the module docstring).
-    Every store call waits out a Redis restart or a full Redis (workers/patience.py); past
-    that, the message goes back on the queue rather than being acknowledged unused."""
-    try:
-        _deliver_once(task, Delivery.of(job_id, event, task.request.id), due_at)
-    except StoreUnavailable as exc:
-        raise Reject(str(exc), requeue=True) from exc
+    a message that arrives before `due_at` is a hop of a long wait (see the module docstring)."""
+    _deliver_patiently(task, Delivery.of(job_id, event, task.request.id), due_at)
 
 
 def _deliver_batch(task: Task, batch_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver a batch's end (batch.completed, .failed, .expired, .cancelled): the same claims,
     retries, hops and signatures as a job's events."""
+    _deliver_patiently(task, Delivery.of_batch(batch_id, event), due_at)
+
+
+def _deliver_patiently(task: Task, delivery: Delivery, due_at: float | None) -> None:
+    """Every store call waits out a Redis restart or a full Redis (workers/patience.py); past
+    that, the message goes back on the queue rather than being acknowledged unused."""
     try:
-        _deliver_once(task, Delivery.of_batch(batch_id, event), due_at)
+        _deliver_once(task, delivery, due_at)
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
@@ -511,28 +513,22 @@ def _retry_then_record(
     patiently(lambda: deliveries.record(delivery, generation, fields, entry))
 
 
-#: The Celery task (registered when this module is imported; see workers/worker.py).
-deliver = shared_task(
-    bind=True,
-    name=keys.WEBHOOK_TASK,
-    queue=keys.WEBHOOK_QUEUE,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=None,
-    ignore_result=True,
-)(_deliver)
+def _delivery_task(name: str, run: Callable[..., None]) -> Task:
+    """A delivery task on the webhooks queue (registered when this module is imported; see
+    workers/worker.py): acknowledged late, so a worker that dies mid-attempt leaves its message."""
+    return shared_task(
+        bind=True,
+        name=name,
+        queue=keys.WEBHOOK_QUEUE,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        max_retries=None,
+        ignore_result=True,
+    )(run)
 
 
-#: The batch events' task, on the same queue.
-deliver_batch = shared_task(
-    bind=True,
-    name=keys.BATCH_WEBHOOK_TASK,
-    queue=keys.WEBHOOK_QUEUE,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=None,
-    ignore_result=True,
-)(_deliver_batch)
+deliver = _delivery_task(keys.WEBHOOK_TASK, _deliver)
+deliver_batch = _delivery_task(keys.BATCH_WEBHOOK_TASK, _deliver_batch)
 
 
 def _warn_at_start(sender: Any = None, **_: Any) -> None:
