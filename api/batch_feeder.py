@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Iterator
@@ -50,6 +51,7 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.messages import task_message
 from shared.schemas import JobStatus
+from shared.store import fleet_slots
 
 log = logging.getLogger("genq.batches")
 
@@ -58,11 +60,13 @@ log = logging.getLogger("genq.batches")
 BUSY_PAUSE_S = 0.05
 
 
-def fair_shares(demands: dict[str, dict[str, int]], free: int, start: int) -> dict[str, int]:
-    """Split `free` slots between owners {owner: {batch id: lines wanted}} round-robin: one slot
-    per owner per round (owners in sorted order from `start`), and within an owner round-robin
-    over its batches. So each key gets an equal share whatever its number of batches or lines,
-    and what one key cannot use goes to the others."""
+def fair_shares(
+    demands: dict[str, dict[str, int]], free: int, start: int, weights: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Split `free` slots between owners {owner: {batch id: lines wanted}}: in each round an owner
+    gets as many slots as its weight (1 unless `weights` names it), owners in sorted order from
+    `start`, and an owner's slots go round-robin over its batches. So keys share by weight
+    whatever their number of batches or lines, and what one key cannot use goes to the others."""
     owners = sorted(demands)
     if not owners:
         return {}
@@ -72,15 +76,25 @@ def fair_shares(demands: dict[str, dict[str, int]], free: int, start: int) -> di
     shares: dict[str, int] = {}
     while free > 0 and any(sum(w.values()) for w in wants.values()):
         for owner in owners:
-            open_batches = sorted(b for b, want in wants[owner].items() if want > 0)
-            if not open_batches or free == 0:
-                continue
-            batch = open_batches[turn[owner] % len(open_batches)]
-            turn[owner] += 1
-            wants[owner][batch] -= 1
-            shares[batch] = shares.get(batch, 0) + 1
-            free -= 1
+            for _ in range((weights or {}).get(owner, 1)):
+                open_batches = sorted(b for b, want in wants[owner].items() if want > 0)
+                if not open_batches or free == 0:
+                    break
+                batch = open_batches[turn[owner] % len(open_batches)]
+                turn[owner] += 1
+                wants[owner][batch] -= 1
+                shares[batch] = shares.get(batch, 0) + 1
+                free -= 1
     return shares
+
+
+def batch_capacity(fleet_slots: int, reserve: float, max_inflight: int) -> int:
+    """Lines all batches may have in flight: the fleet's slots less the interactive reserve
+    (rounded up), at least one line while any worker is live, at most max_inflight. No live
+    worker: none (lines fed then would only wait in the queue, ahead of the fleet's return)."""
+    if fleet_slots <= 0:
+        return 0
+    return min(max_inflight, max(1, fleet_slots - math.ceil(fleet_slots * reserve)))
 
 
 @dataclass(slots=True)
@@ -174,14 +188,19 @@ class BatchFeeder:
     async def _shares(self, records: list[dict[str, str]]) -> dict[str, int]:
         feeding = [r for r in records if r["status"] == BatchStatus.IN_PROGRESS and not r.get("ending")]
         sizes = await self._store.window_size([r["id"] for r in records])
-        free = self._settings.batch_max_inflight - sum(sizes.values())
+        free = await self._capacity() - sum(sizes.values())
         demands: dict[str, dict[str, int]] = {}
         for record in feeding:
             if record.get("input_done") != "1":
                 want = max(0, self._settings.batch_window - sizes[record["id"]])
                 demands.setdefault(record["owner"], {})[record["id"]] = want
         start = int(await self._redis.incr(keys.BATCH_ROTATION))
-        return fair_shares(demands, free, start)
+        return fair_shares(demands, free, start, self._settings.batch_key_weights)
+
+    async def _capacity(self) -> int:
+        settings = self._settings
+        slots = await fleet_slots(self._redis, settings.heartbeat_ttl_s, unknown=settings.concurrency)
+        return batch_capacity(slots, settings.batch_interactive_reserve, settings.batch_max_inflight)
 
     # --- one batch -------------------------------------------------------------------------------
     async def _step(self, record: dict[str, str], share: int) -> bool:

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PositiveInt, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.signing import parse_secrets
@@ -273,8 +273,19 @@ class Settings(BaseSettings):
     as they finish, so a 50,000-line batch costs Redis a bounded amount."""
 
     batch_max_inflight: int = Field(256, ge=1)
-    """Most lines of all batches queued or running at a time. The feeder shares this capacity
-    round-robin between the API keys with active batches, then between each key's batches."""
+    """Most lines of all batches queued or running at a time (also bounded by the fleet's slots
+    less batch_interactive_reserve). The feeder shares this capacity between the API keys with
+    active batches (by batch_key_weights), then round-robin between each key's batches."""
+
+    batch_interactive_reserve: float = Field(0.25, ge=0, lt=1)
+    """Share of the live model workers' job slots (their concurrency, published with their
+    heartbeats) that batch lines leave free, so an interactive job starts at once instead of
+    waiting for a line to finish. 0 lets batches fill every slot; a fleet's batch capacity is
+    at least one line."""
+
+    batch_key_weights: dict[str, PositiveInt] = {}
+    """Fair-share weights of API keys' batches as JSON {"<owner id>": weight}; a key not named
+    weighs 1. Each round of the fair share gives a key as many lines as its weight."""
 
     batch_feeder_interval_s: float = Field(0.5, gt=0, le=60)
     """How often the batch feeder runs (in every API process; a Redis lock lets one feed per

@@ -42,6 +42,11 @@ RATE_LIMIT = PREFIX + ":ratelimit:{owner}:{kind}"
 #: `/readyz` counts these: only a worker with an engine can run jobs.
 WORKERS = PREFIX + ":workers"
 
+#: Hash {worker id: job slots (its Celery concurrency)} of the model workers in WORKERS, written
+#: with each heartbeat and removed on exit. No TTL: readers take only the ids WORKERS counts live.
+#: The batch feeder sizes batch capacity from it (docs/batches.md).
+WORKER_SLOTS = PREFIX + ":workers:slots"
+
 #: Sorted set of webhook-only worker ids scored by their last heartbeat, as WORKERS.
 WEBHOOK_WORKERS = PREFIX + ":workers:webhooks"
 

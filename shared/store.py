@@ -403,13 +403,31 @@ class WorkerJobs:
         """Tell the API tier which revision of the model this worker serves (cache keys use it)."""
         self._redis.hset(keys.MODELS, model_id, fingerprint)
 
-    def heartbeat(self, worker_id: str, registry: str = keys.WORKERS) -> None:
-        self._redis.zadd(registry, {worker_id: time.time()})
+    def heartbeat(self, worker_id: str, registry: str = keys.WORKERS, slots: int | None = None) -> None:
+        """Say this worker is alive; a model worker also says how many jobs it runs at once."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(registry, {worker_id: time.time()})
+        if slots is not None:
+            pipe.hset(keys.WORKER_SLOTS, worker_id, slots)
+        pipe.execute()
 
     def leave(self, worker_id: str, registry: str = keys.WORKERS) -> None:
-        self._redis.zrem(registry, worker_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrem(registry, worker_id)
+        pipe.hdel(keys.WORKER_SLOTS, worker_id)
+        pipe.execute()
 
 
 async def live_workers(client: aioredis.Redis, heartbeat_ttl_s: float) -> int:
     """How many model workers sent a heartbeat within heartbeat_ttl_s."""
     return int(await client.zcount(keys.WORKERS, time.time() - heartbeat_ttl_s, "+inf"))
+
+
+async def fleet_slots(client: aioredis.Redis, heartbeat_ttl_s: float, unknown: int) -> int:
+    """Job slots of the model workers that sent a heartbeat within heartbeat_ttl_s; a live worker
+    that published none (an older version) counts as `unknown` slots."""
+    live = cast(list[str], await client.zrangebyscore(keys.WORKERS, time.time() - heartbeat_ttl_s, "+inf"))
+    if not live:
+        return 0
+    slots = await client.hmget(keys.WORKER_SLOTS, live)
+    return sum(int(s) if s is not None else unknown for s in slots)

@@ -66,6 +66,8 @@ class WorkerRuntime:
         self.settings = settings
         #: The model's engine; None for a worker that only delivers webhooks (attach_engine).
         self.engine: Engine | None = None
+        #: Jobs this worker runs at once (its Celery concurrency), published with its heartbeat.
+        self.slots = settings.concurrency
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis = redis.Redis.from_url(
             settings.require_redis_url(),
@@ -316,7 +318,8 @@ class WorkerRuntime:
 
     def _beat(self) -> None:
         self._report_inflight()
-        self.jobs.heartbeat(self.worker_id, self.registry)
+        slots = self.slots if self.engine is not None else None
+        self.jobs.heartbeat(self.worker_id, self.registry, slots)
         for job_id in self.jobs.renew(self.worker_id, list(self._inflight)):
             # Canceled, ended elsewhere, or handed to another worker: stop generating it.
             log.info("lease_lost", extra=fields(job_id=job_id))

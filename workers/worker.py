@@ -97,6 +97,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     queues = queues or [keys.queue_for_model(settings.model)]
     serves_model = keys.queue_for_model(settings.model) in queues
     runtime = WorkerRuntime(settings)
+    runtime.slots = concurrency or settings.concurrency
     if serves_model:
         runtime.attach_engine(build_engine(engine_config(settings, on_fatal=runtime.on_engine_fatal)))
     context.install(runtime)
@@ -113,7 +114,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     from workers import webhooks  # noqa: F401  (registers the webhook delivery task)
 
     argv = [
-        "worker", "--pool=threads", f"--concurrency={concurrency or settings.concurrency}",
+        "worker", "--pool=threads", f"--concurrency={runtime.slots}",
         f"--queues={','.join(queues)}", "--without-gossip", "--without-mingle",
         f"--hostname=genq-{runtime.worker_id}", f"--loglevel={settings.log_level}",
         *(["--task-events"] if settings.worker_task_events else []),

@@ -28,6 +28,8 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"rate_limit_overrides": {"key-x": {"colour": "1"}}}, "unknown limit"),
     ({"webhook_retry_delays_s": "5,soon"}, "GENQ_WEBHOOK_RETRY_DELAYS_S: 'soon' is not a number of seconds"),
     ({"webhook_secret": "not-a-whsec-secret"}, "GENQ_WEBHOOK_SECRET"),
+    ({"batch_key_weights": {"key-x": 0}}, "batch_key_weights.key-x\n  Input should be greater than 0"),
+    ({"batch_interactive_reserve": 1}, "batch_interactive_reserve\n  Input should be less than 1"),
 ]  # fmt: skip
 
 
