@@ -15,7 +15,7 @@ import redis.exceptions
 from fastapi import Depends, Request
 
 from api.deps import OwnerDep
-from shared import keys, metrics
+from shared import keys, metrics, scripts
 from shared.autopipeline import Commands
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
@@ -23,31 +23,6 @@ from shared.logging import fields
 
 log = logging.getLogger("genq.api")
 Kind = Literal["submit", "read"]
-
-# KEYS: bucket. ARGV: capacity, refill per second, cost.
-# Returns {allowed 0/1, tokens left (x1000), ms until full, ms until `cost` tokens are there}.
-TOKEN_BUCKET_LUA = """
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1]) or capacity
-local ts = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
-local allowed = 0
-if tokens >= cost then
-  tokens = tokens - cost
-  allowed = 1
-end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil((capacity / rate) * 1000) + 1000)
-local wait = 0
-if tokens < cost then wait = (cost - tokens) / rate end
-local full_ms = math.ceil((capacity - tokens) / rate * 1000)
-return {allowed, math.floor(tokens * 1000), full_ms, math.ceil(wait * 1000)}
-"""  # noqa: S105  (a Lua script, not a password)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +50,7 @@ class RateLimiter:
     def __init__(self, client: aioredis.Redis, commands: Commands, settings: Settings) -> None:
         self._settings = settings
         self._commands = commands
-        self._script = client.register_script(TOKEN_BUCKET_LUA)
+        self._script = client.register_script(scripts.plain("token_bucket"))
         #: Parsed once per owner and kind (settings do not change while the process runs).
         self._buckets: dict[tuple[str, Kind], Bucket | None] = {}
 

@@ -1,4 +1,5 @@
-"""The job store's Lua scripts: each lives in shared/lua/<name>.lua and runs after one prelude.
+"""genq's Lua scripts: each lives in shared/lua/<name>.lua; the job store's run after one prelude
+(`source`), the few that build no key names and run on every request load bare (`plain`).
 
 The prelude is built here from shared/keys.py, so the scripts build no key names of their own:
 `K` holds every constant key and channel, and one function per key template (`job_key(id)`,
@@ -84,3 +85,10 @@ def prelude() -> str:
 def source(name: str) -> str:
     """The full text of script `name` (shared/lua/<name>.lua after the prelude)."""
     return prelude() + (LUA_DIR / f"{name}.lua").read_text()
+
+
+@functools.cache
+def plain(name: str) -> str:
+    """Script `name` without the prelude: for scripts that build no key names and run so often
+    that defining the prelude's functions on each call would show (the rate limiter's bucket)."""
+    return (LUA_DIR / f"{name}.lua").read_text()

@@ -81,3 +81,10 @@ def test_shared_holds_only_what_more_than_one_tier_uses() -> None:
         module: sorted(tiers) for module, tiers in users.items() if len(tiers) == 1 and "shared" not in tiers
     }
     assert lone == {}, f"modules of shared/ with a single consumer: {lone}"
+
+
+def test_lua_lives_in_lua_files() -> None:
+    """Redis scripts are shared/lua/*.lua (table-tested state machines), never strings in Python."""
+    inline = [_module(p) for package in ("api", "shared", "workers", "cli") for p in sources(package)
+              if "redis.call(" in p.read_text()]  # fmt: skip
+    assert inline == []

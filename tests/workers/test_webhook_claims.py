@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from tests.workers.test_webhooks import hook_settings
-from workers.webhooks import Deliveries, Delivery
+from workers.deliveries import Deliveries, Delivery
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 

@@ -16,7 +16,7 @@ from shared import keys, scripts
 from shared.reaper import Reaper
 from tests.conftest import api_client
 from tests.workers.test_webhooks import Receiver, hook_settings, submit_completed_hook, until
-from workers.webhooks import WEBHOOK_LIST, Deliveries, Delivery
+from workers.deliveries import WEBHOOK_LIST, Deliveries, Delivery
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 

@@ -1,0 +1,349 @@
+"""Webhook delivery state: claims, records, retries published, bodies frozen, attempts made.
+
+A delivery is one event of one job (`start`, `completed`, or one `output` notice). Its state
+lives in Redis (DELIVERY below): the body, frozen at the first attempt so every retry sends the
+same bytes under the same webhook-id; the attempt count; the outcome; and a claim.
+
+Durability. A failed attempt is retried by publishing the next generation's message (what
+Celery's `self.retry(countdown=...)` would publish: shared/messages.py) and then acknowledging
+this one; the new message is published before this attempt is recorded, so a crash in between
+repeats an attempt rather than losing the delivery. On the Redis broker a worker holds eta'd
+messages in memory, unacknowledged, until they are due, and the broker hands back any message
+held longer than visibility_timeout_s. So a wait never outlives half of it: a longer retry delay
+is made of hops (a message that carries the attempt's due time in `due_at`, and only
+re-publishes itself when it arrives early), so no message is ever held long enough to be handed
+out twice, and the unacked hash holds each delivery's message for at most half the visibility
+timeout.
+
+Every message published for a delivery is also written into its state and the delivery indexed
+in WEBHOOK_PENDING until it has its outcome: the reaper pushes a copy of a message the broker
+lost (kombu pops a message before it records it as unacknowledged, so a worker killed in
+between loses it; a Redis restart can drop a message in flight) — shared/lua/reap_delivery.lua.
+
+The claim makes that harmless: each message carries its generation (Celery's retry count), and
+a message may act only for a generation newer than the delivery's, or take over its own
+generation when the worker that claimed it stopped before ending it (its lease, one attempt
+timeout plus a margin, ran out). Every other copy is dropped. So each attempt runs once, and an
+attempt cut off by a crash is run again by the redelivered message.
+
+Ordering: `completed` waits (re-queued, not counted as an attempt) while the job's `start`
+delivery is still pending, until start was delivered or given up.
+
+
+The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+import redis.exceptions
+
+from shared import key_secrets, keys, scripts, signing
+from shared.batches import public_batch
+from shared.config import Settings
+from shared.messages import task_message
+from shared.schemas import JobStatus, WebhookEvent
+from shared.store import public_job, rfc3339
+from workers import webhook_http
+
+DELIVERY = keys.WEBHOOK_DELIVERY
+#: The broker's list of the webhook queue (deliveries are all published at priority 0).
+WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
+
+EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
+
+
+class Outcome(enum.StrEnum):
+    """A delivery's `outcome` (its state's field and the delivery log's), or one attempt's."""
+
+    PENDING = "pending"
+    RETRYING = "retrying"  # an attempt's only: the delivery stays pending
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    GONE = "gone"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+
+
+FINAL_OUTCOMES = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.RETRYING})
+
+
+class Claim(enum.StrEnum):
+    """What CLAIM_LUA says of a message (see there)."""
+
+    CLAIMED = "claimed"
+    OVER = "over"
+    STALE = "stale"
+    BUSY = "busy"
+
+
+#: How soon `completed` looks again at a pending `start` with no retry scheduled yet.
+ORDER_RECHECK_S = 1.0
+#: A claim outlives the attempt timeout by this much before another copy may take it over.
+LEASE_MARGIN_S = 30.0
+#: Retry delays get up to this fraction added at random, so receivers that failed together are
+#: not all retried in the same second.
+JITTER_FRACTION = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    #: The job the event is about; for a batch event (`batch`), the batch.
+    job_id: str
+    event: str
+    #: "start", "completed", or "output:<task id>" (a job has many output deliveries); a batch
+    #: event's own name ("batch.completed", ...).
+    name: str
+    batch: bool = False
+
+    @classmethod
+    def of(cls, job_id: str, event: str, task_id: str) -> Delivery:
+        return cls(job_id, event, f"output:{task_id}" if event == WebhookEvent.OUTPUT else event)
+
+    @classmethod
+    def of_batch(cls, batch_id: str, event: str) -> Delivery:
+        return cls(batch_id, event, event, batch=True)
+
+    @property
+    def key(self) -> str:
+        if self.batch:
+            return keys.BATCH_WEBHOOK_DELIVERY.format(batch_id=self.job_id, event=self.name)
+        return DELIVERY.format(job_id=self.job_id, delivery=self.name)
+
+    @property
+    def task(self) -> str:
+        """The Celery task that delivers it."""
+        return keys.BATCH_WEBHOOK_TASK if self.batch else keys.WEBHOOK_TASK
+
+    @property
+    def log_key(self) -> str:
+        return keys.batch_webhook_log(self.job_id) if self.batch else keys.webhook_log(self.job_id)
+
+    @property
+    def record_key(self) -> str:
+        """The record the delivery's state lives as long as (the job's, or the batch's)."""
+        return keys.batch(self.job_id) if self.batch else keys.job(self.job_id)
+
+    @property
+    def webhook_id(self) -> str:
+        # Stable across retries and redeliveries; receivers deduplicate on it.
+        return f"msg_{self.job_id}_{self.name.replace(':', '_')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    url: str
+    body: bytes
+    #: The job's owner: whose secret signs it (shared/key_secrets.py).
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    outcome: Outcome
+    #: Seconds until the next attempt; None when the delivery is over.
+    retry_in: float | None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def retry_delays(settings: Settings) -> list[float]:
+    return [float(delay) for delay in settings.webhook_retry_delays_s]
+
+
+def verdict(result: webhook_http.AttemptResult, attempt: int, delays: list[float]) -> Verdict:
+    """What one attempt's result means for the delivery."""
+    if result.refused:
+        return Verdict(Outcome.REFUSED, None)
+    if result.status_code is not None and 200 <= result.status_code < 300:
+        return Verdict(Outcome.DELIVERED, None)
+    if result.status_code == 410:
+        return Verdict(Outcome.GONE, None)
+    if attempt <= len(delays):
+        delay = delays[attempt - 1]
+        return Verdict(Outcome.RETRYING, delay + random.uniform(0, delay * JITTER_FRACTION))
+    return Verdict(Outcome.FAILED, None)
+
+
+def publish(
+    client: redis.Redis,
+    delivery: Delivery,
+    task_id: str,
+    generation: int,
+    countdown: float,
+    kwargs: dict[str, float],
+    ttl_s: int,
+) -> None:
+    """Put a message for `delivery` on the webhook queue and index the delivery as pending, in
+    one transaction: the reaper finds the message again by what is written here."""
+    now = datetime.datetime.now(datetime.UTC)
+    eta = now + datetime.timedelta(seconds=countdown) if countdown > 0 else None
+    args = [delivery.job_id, delivery.event]
+    message = task_message(delivery.task, task_id, args, keys.WEBHOOK_QUEUE, 0, retries=generation,
+                           kwargs=kwargs, eta=eta)  # fmt: skip
+    pipe = client.pipeline(transaction=True)
+    pipe.lpush(WEBHOOK_LIST, message)
+    pipe.hset(delivery.key, "message", message)
+    pipe.expire(delivery.key, ttl_s)
+    pipe.zadd(keys.WEBHOOK_PENDING, {delivery.key: time.time() + scripts.ORPHAN_CHECK_S})
+    pipe.execute()
+
+
+class Deliveries:
+    """Delivery state and attempts (blocking; called from Celery task threads)."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._redis = client
+        self._settings = settings
+        secret = settings.webhook_secret
+        self._secrets = signing.parse_secrets(secret.get_secret_value()) if secret else ()
+        self._delays = retry_delays(settings)
+        #: The longest a delivery message waits for its eta: half the visibility timeout.
+        self.max_hop_s = settings.visibility_timeout_s / 2
+        self._claim = client.register_script(scripts.plain("webhook_claim"))
+        self._record = client.register_script(scripts.plain("webhook_record"))
+
+    # --- claims and records -------------------------------------------------------------------
+    def claim(self, delivery: Delivery, generation: int) -> tuple[Claim, float]:
+        """The claim's outcome, and the end of the lease that decided it."""
+        now = time.time()
+        lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
+        outcome, held_until = self._claim(
+            keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery)]
+        )
+        return Claim(_text(outcome)), float(_text(held_until))
+
+    def record(
+        self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
+    ) -> None:
+        """End this generation: release the claim, set fields, append the attempt to the log."""
+        flat = [item for pair in fields.items() for item in pair]
+        drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
+        log_entry = orjson.dumps(entry) if entry is not None else ""
+        self._record(
+            keys=[delivery.key, delivery.log_key, keys.WEBHOOK_PENDING],
+            args=[generation, self._ttl(delivery), log_entry, drop_body, *flat],
+        )
+
+    def publish(
+        self, delivery: Delivery, task_id: str, generation: int, countdown: float, kwargs: dict[str, float]
+    ) -> None:
+        """Publish `delivery`'s message for `generation`, due in `countdown` seconds."""
+        publish(self._redis, delivery, task_id, generation, countdown, kwargs, self._ttl(delivery))
+
+    def _ttl(self, delivery: Delivery) -> int:
+        """The job's (or batch's) remaining TTL: delivery state and log live as long as it."""
+        remaining_ms = int(self._redis.pttl(delivery.record_key))
+        return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
+
+    # --- ordering -------------------------------------------------------------------------------
+    def order_wait(self, delivery: Delivery) -> float | None:
+        """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
+        if delivery.event != WebhookEvent.COMPLETED:
+            return None
+        start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(keys.job(delivery.job_id), "input")
+        pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
+        pipe.hmget(start.key, "outcome", "next_at")
+        job_input, start_never_sent, (outcome, next_at) = pipe.execute()
+        wanted = WebhookEvent.START in (orjson.loads(job_input or "{}").get("webhook_events_filter") or [])
+        # The start message is still in the job record: the job ended without running, so no
+        # start will ever be sent.
+        if not wanted or start_never_sent or outcome in FINAL_OUTCOMES or self._waited_too_long(delivery):
+            return None
+        return max(ORDER_RECHECK_S, float(next_at or 0) - time.time() + ORDER_RECHECK_S)
+
+    def _waited_too_long(self, delivery: Delivery) -> bool:
+        """A start delivery runs its whole schedule in a bounded time; past that (its state was
+        lost), `completed` stops waiting rather than wait forever."""
+        self._redis.hsetnx(delivery.key, "waiting_since", repr(time.time()))
+        since = float(self._redis.hget(delivery.key, "waiting_since") or time.time())
+        per_attempt = self._settings.webhook_timeout_s + LEASE_MARGIN_S
+        bound = sum(self._delays) * (1 + JITTER_FRACTION) + per_attempt * (len(self._delays) + 1) + 60
+        return time.time() - since > bound
+
+    # --- one attempt ----------------------------------------------------------------------------
+    def freeze(self, delivery: Delivery) -> Frozen | None:
+        """The delivery's URL and body, built at its first attempt and kept for every retry.
+        None when there is nothing to send (the job record expired, or an `output` notice found
+        the job already over: its `completed` delivery carries the final state)."""
+        url, body, owner = self._redis.hmget(delivery.key, "url", "body", "owner")
+        if url is not None and body is not None:
+            return Frozen(str(url), str(body).encode(), str(owner or ""))
+        built = self._batch_event(delivery) if delivery.batch else self._job_event(delivery)
+        if built is None:
+            return None
+        url, payload, owner = built
+        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hsetnx(delivery.key, "url", url)
+        pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
+        pipe.hsetnx(delivery.key, "owner", owner)
+        pipe.hmget(delivery.key, "url", "body", "owner")
+        url, body, owner = pipe.execute()[-1]
+        return Frozen(str(url), str(body).encode(), str(owner or ""))
+
+    def _job_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+        """(url, body, owner) of a job event; None when there is nothing to send."""
+        record: dict[str, str] = self._redis.hgetall(keys.job(delivery.job_id))  # type: ignore[assignment]
+        if not record:
+            return None
+        if delivery.event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
+            return None
+        job = public_job(record)
+        payload = {"type": EVENT_TYPES[delivery.event], "timestamp": rfc3339(time.time()), "data": job}
+        return str(job["input"]["webhook"]), payload, record.get("owner", "")
+
+    def _batch_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+        """(url, body, owner) of a batch event (its data: the batch as GET /v1/batches/{id})."""
+        record: dict[str, str] = self._redis.hgetall(keys.batch(delivery.job_id))  # type: ignore[assignment]
+        if not record or not record.get("webhook_url"):
+            return None
+        payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
+        return record["webhook_url"], payload, record["owner"]
+
+    def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
+        """Send the frozen body once; the attempt's number and result."""
+        attempt = int(self._redis.hincrby(delivery.key, "attempts", 1))
+        secrets = key_secrets.signing_keys(self._redis, frozen.owner, self._settings, self._secrets)
+        headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), frozen.body)
+        result = webhook_http.post(
+            frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s
+        )
+        return attempt, result
+
+    def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
+        return verdict(result, attempt, self._delays)
+
+
+def log_entry(
+    delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict
+) -> dict[str, Any]:
+    """One attempt as the delivery log (GET /v1/jobs/{id}/webhooks) shows it."""
+    entry: dict[str, Any] = {
+        "event": delivery.event,
+        "webhook_id": delivery.webhook_id,
+        "attempt": attempt,
+        "at": rfc3339(time.time()),
+        "duration_ms": result.duration_ms,
+        "outcome": outcome.outcome,
+    }
+    if result.status_code is not None:
+        entry["status_code"] = result.status_code
+    else:
+        entry["error"] = result.error
+    if outcome.retry_in is not None:
+        entry["next_attempt_at"] = rfc3339(time.time() + outcome.retry_in)
+    return entry
