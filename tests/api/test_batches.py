@@ -5,6 +5,7 @@ retrieve, list, cancel, files.content on the output and error files."""
 from __future__ import annotations
 
 import io
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -355,3 +356,41 @@ def test_lines_refused_for_now_wait_instead_of_failing(
         done = wait_for(client, batch.id, {"completed", "failed"})
         assert (done.request_counts.completed, done.request_counts.failed) == (20, 0)
         assert len(results(client, done.output_file_id)) == 20
+
+
+def batch_events(base_url: str, batch_id: str) -> list[dict[str, Any]]:
+    """Every `batch` event of GET /v1/batches/{id}/events, read until the server ends the stream."""
+    events = []
+    with httpx.stream("GET", f"{base_url}/v1/batches/{batch_id}/events", timeout=60) as got:
+        assert got.status_code == 200 and got.headers["content-type"].startswith("text/event-stream")
+        for line in got.iter_lines():
+            if line.startswith("data: "):
+                events.append(orjson.loads(line[len("data: ") :]))
+    return events
+
+
+def test_a_batch_streams_its_progress_until_it_ends(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    settings = slow_settings(make_settings)
+    start_worker(settings)
+    with live_server(settings) as url:
+        client = client_for(url)
+        batch = client.batches.create(input_file_id=upload(client, slow_lines(6)), endpoint=CHAT,
+                                      completion_window="24h")  # fmt: skip
+        events = batch_events(url, batch.id)
+        # The stream ended by itself, on the batch as GET shows it: completed, every line counted.
+        assert events[-1] == client.batches.retrieve(batch.id).model_dump(exclude_unset=True)
+        assert events[-1]["status"] == "completed" and events[-1]["request_counts"]["completed"] == 6
+        # Progress shows: counts only grow, and lines finished between the first and last event.
+        completed = [event["request_counts"]["completed"] for event in events]
+        assert completed == sorted(completed) and completed[0] < 6
+        assert len(set(completed)) >= 3, completed
+        # An event is sent for a change, not for each read.
+        assert all(a != b for a, b in itertools.pairwise(events))
+        # An ended batch's stream is its final state at once.
+        assert batch_events(url, batch.id) == [events[-1]]
+        missing = httpx.get(
+            f"{url}/v1/batches/batch_{'0' * 32}/events", headers={"Authorization": "Bearer test-key"}
+        )
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "batch_id"
