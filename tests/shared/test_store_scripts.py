@@ -71,7 +71,7 @@ def submit(
 
 
 def record(client: redis.Redis, job_id: str) -> dict[str, str]:
-    return client.hgetall(keys.job(job_id))  # type: ignore[return-value]
+    return cast(dict[str, str], client.hgetall(keys.job(job_id)))
 
 
 def indexed(client: redis.Redis, job_id: str) -> set[str]:
