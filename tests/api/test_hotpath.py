@@ -26,7 +26,7 @@ from api.ratelimit import SubmitLimit
 from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings
-from tests.conftest import api_client, assert_nothing_written
+from tests.conftest import WorkerProcess, api_client, assert_nothing_written
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +94,9 @@ async def test_hot_path_answers_like_the_fastapi_routes(make_settings: Callable[
     assert hot["get unknown"]["status"] == 404
 
 
-async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_client: redis.Redis) -> None:
+async def test_auth_and_rate_limits_hold_on_the_hot_path(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["k1"], rate_limit_submit="2/0.01", rate_limit_read="1000/1000")
     async with api_client(settings) as anonymous:
         refused = await anonymous.post("/v1/jobs", json={"prompt": "x"})
@@ -113,7 +115,7 @@ async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_cl
     assert len(redis_client.keys("genq:job:*")) == 2
 
 
-async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
+async def test_requests_of_the_common_shape_skip_fastapi(make_settings: Callable[..., Settings]) -> None:
     """With FastAPI's owner dependency broken, the FastAPI routes fail and the hot path does not:
     proof that the hot path, not the router, served them."""
 
@@ -137,7 +139,7 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
                 await api.get("/v1/jobs")
 
 
-async def test_hot_path_requests_are_counted_by_route_template(api) -> None:
+async def test_hot_path_requests_are_counted_by_route_template(api: httpx.AsyncClient) -> None:
     def served(route: str, method: str, status: str) -> float:
         labels = {"route": route, "method": method, "status": status}
         return REGISTRY.get_sample_value("genq_http_requests_total", labels) or 0.0
@@ -207,7 +209,9 @@ async def run_cases(
 
 
 async def test_hot_path_answers_alike_in_every_state(
-    make_settings: Callable[..., Settings], redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """Both ways, each under its own key (its own rate-limit bucket, cache and idempotency keys),
     answer every request of the same sequence with the same status, body and header values."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -18,10 +20,10 @@ pytestmark = pytest.mark.anyio
 
 async def _wait_status(
     api: httpx.AsyncClient, job_id: str, statuses: set[str], timeout_s: float = 30
-) -> dict:
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        job = (await api.get(f"/v1/jobs/{job_id}")).json()
+        job: dict[str, Any] = (await api.get(f"/v1/jobs/{job_id}")).json()
         if job["status"] in statuses or time.monotonic() > deadline:
             return job
         await asyncio.sleep(0.02)
@@ -158,7 +160,7 @@ async def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body
 
 
 async def test_cancel_a_queued_job_means_it_never_starts(
-    api: httpx.AsyncClient, settings: Settings, start_worker
+    api: httpx.AsyncClient, settings: Settings, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     job = (await api.post("/v1/jobs", json={"prompt": "never"})).json()
     canceled = await api.post(f"/v1/jobs/{job['id']}/cancel")
@@ -173,7 +175,9 @@ async def test_cancel_a_queued_job_means_it_never_starts(
 
 
 async def test_cancel_a_running_job_stops_it_and_frees_its_slot(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     from tests.conftest import api_client
 
@@ -229,7 +233,9 @@ async def test_list_is_newest_first_paginated_and_filtered(api: httpx.AsyncClien
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "status"
 
 
-async def test_lists_carry_summaries_within_a_byte_bound(make_settings, redis_client: redis.Redis) -> None:
+async def test_lists_carry_summaries_within_a_byte_bound(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(list_max_bytes=8192)
     async with api_client(settings) as api:
         big = "x" * 100_000
@@ -256,7 +262,10 @@ async def test_lists_carry_summaries_within_a_byte_bound(make_settings, redis_cl
 
 
 async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(
-    api: httpx.AsyncClient, settings: Settings, start_worker, redis_client: redis.Redis
+    api: httpx.AsyncClient,
+    settings: Settings,
+    start_worker: Callable[..., WorkerProcess],
+    redis_client: redis.Redis,
 ) -> None:
     batch = [
         (await api.post("/v1/jobs", json={"prompt": f"b{i}", "max_tokens": 1, "priority": "batch"})).json()[
@@ -273,7 +282,7 @@ async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(
     for job_id in batch:
         pipe.hget(f"genq:job:{job_id}", "started_at")
     started = [float(s) for s in pipe.execute() if s]
-    urgent_started = float(redis_client.hget(f"genq:job:{urgent['id']}", "started_at"))
+    urgent_started = float(cast(str, redis_client.hget(f"genq:job:{urgent['id']}", "started_at")))
     started_ahead = [s for s in started if submitted_at < s < urgent_started]
     overtaken = len(batch) - sum(s < urgent_started for s in started)
     assert overtaken > 500  # it really went ahead of most of them

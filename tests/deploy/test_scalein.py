@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shared.logging import FIELDS
 from tests.deploy.conftest import FakeClock
 from tests.deploy.fake_kube import FakeKube, make_pod
 from workers.scalein import DELETION_COST_ANNOTATION, PodDeletionCost, from_env
@@ -91,7 +92,7 @@ def test_api_errors_are_logged_and_retried_later(
     with caplog.at_level(logging.WARNING, logger="workers.scalein"):
         assert cost.update(4) is False
     (record,) = caplog.records
-    event = record.genq_fields
+    event = getattr(record, FIELDS)
     assert record.getMessage() == "pod_deletion_cost_patch_failed"
     assert event["pod"] == POD and event["inflight"] == 4
     assert f"HTTP {code}" in event["error"]
