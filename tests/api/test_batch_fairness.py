@@ -17,7 +17,7 @@ from shared import keys
 from shared.config import Settings
 from shared.store import WorkerJobs, fleet_slots
 from tests.api.live_server import live_server
-from tests.api.test_batches import CHAT, chat_line, metric, upload
+from tests.api.test_batches import CHAT, chat_line, completed, metric, upload
 from tests.api.test_openai import client_for
 from tests.conftest import TEST_MODEL, WorkerProcess
 
@@ -154,5 +154,5 @@ def test_an_interactive_job_starts_at_once_beside_a_batch(
             time.sleep(0.05)
         answer = client.completions.create(model=TEST_MODEL, prompt="now", max_tokens=2, temperature=0)
         assert answer.choices[0].text
-        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+        assert completed(client, batch.id) == 0
         assert max(metric(url, "genq_batch_lines_inflight") for _ in range(5)) <= 3
