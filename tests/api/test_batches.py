@@ -15,6 +15,7 @@ import openai
 import orjson
 import pytest
 import redis
+from openai.types import Batch
 
 from shared import keys
 from shared.config import Settings
@@ -33,6 +34,13 @@ def chat_line(custom_id: str, text: str, **body: Any) -> bytes:
 
 def upload(client: openai.OpenAI, content: bytes) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(content)), purpose="batch").id
+
+
+def start_batch(client: openai.OpenAI, content: bytes) -> Batch:
+    """Upload `content` and start a chat-completions batch of it."""
+    return client.batches.create(
+        input_file_id=upload(client, content), endpoint=CHAT, completion_window="24h"
+    )
 
 
 def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60) -> Any:
@@ -145,8 +153,7 @@ def test_bad_lines_are_reported_in_the_error_file(client: openai.OpenAI, worker:
         chat_line("x" * 513, "x"),
         chat_line("ok-2", "two"),
     ]
-    batch = client.batches.create(input_file_id=upload(client, b"".join(lines)), endpoint=CHAT,
-                                  completion_window="24h")  # fmt: skip
+    batch = start_batch(client, b"".join(lines))
     done = wait_for(client, batch.id, {"completed", "failed"})
     assert done.status == "completed"
     counts = done.request_counts
@@ -203,8 +210,7 @@ def test_whole_file_problems_fail_the_batch(
         too_many = b"".join(chat_line(f"r{i}", "x") for i in range(4))
         cases = {"too_many_lines": too_many, "empty_file": b"\n  \n"}
         for code, content in cases.items():
-            batch = client.batches.create(input_file_id=upload(client, content), endpoint=CHAT,
-                                          completion_window="24h")  # fmt: skip
+            batch = start_batch(client, content)
             failed = wait_for(client, batch.id, {"failed", "completed"})
             assert failed.status == "failed" and failed.failed_at
             assert [e.code for e in failed.errors.data] == [code]
@@ -278,8 +284,7 @@ def test_cancel_mid_run_keeps_partial_results(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(10)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(10))
         deadline = time.monotonic() + 60
         while completed(client, batch.id) < 2:
             assert time.monotonic() < deadline
@@ -315,8 +320,7 @@ def test_a_batch_past_its_window_expires_with_what_finished(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(12)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(12))
         expired = wait_for(client, batch.id, {"expired", "completed"})
         assert expired.status == "expired" and expired.expired_at
         output, errors = assert_each_line_once(client, expired, 12)
@@ -333,8 +337,7 @@ def test_input_content_lost_mid_run_fails_the_batch_keeping_what_finished(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(10)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(10))
         deadline = time.monotonic() + 60
         while completed(client, batch.id) < 2:
             assert time.monotonic() < deadline
@@ -383,8 +386,7 @@ def test_a_batch_streams_its_progress_until_it_ends(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(6)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(6))
         events = batch_events(url, batch.id)
         # The stream ended by itself, on the batch as GET shows it: completed, every line counted.
         assert events[-1] == client.batches.retrieve(batch.id).model_dump(exclude_unset=True)
