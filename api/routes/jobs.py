@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.deps import QueueDep, SettingsDep
+from api.pipeline import CallerDep, PipelineRoute
 from api.queue import JobQueue
 from api.ratelimit import ReadLimit, SubmitLimit
 from api.responses import json_response
@@ -15,7 +16,8 @@ from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+#: Every job route goes through api/pipeline.py's serve(), as the hot path's requests do.
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=PipelineRoute)
 
 #: Longest job id in a path, and longest Idempotency-Key or Prefer header (longer ones get 422).
 JOB_ID_MAX = 64
@@ -49,7 +51,7 @@ def _prefer_wait(prefer: str | None) -> float | None:
 async def submit_job(
     body: JobCreate,
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
     prefer: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
@@ -87,7 +89,7 @@ async def accept_job(
 @router.get("", response_model=JobList, responses=ERRORS, dependencies=[ReadLimit])
 async def list_jobs(
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
@@ -101,7 +103,7 @@ async def list_jobs(
 async def get_job(
     job_id: JobId,
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     settings: SettingsDep,
     wait: Annotated[float | None, Query(ge=0)] = None,
 ) -> Response:
@@ -123,7 +125,7 @@ async def read_job(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
-async def cancel_job(job_id: JobId, queue: QueueDep, owner: OwnerDep) -> Response:
+async def cancel_job(job_id: JobId, queue: QueueDep, owner: CallerDep) -> Response:
     """Cancel a job. A queued job never starts; a running one stops at the next step; a finished
     one is returned unchanged."""
     return json_response(await queue.cancel(job_id, owner))

@@ -14,15 +14,14 @@ import httpx
 import pytest
 import redis
 from fastapi import Depends
-from fastapi.routing import APIRoute
 from prometheus_client import REGISTRY
 from starlette.middleware.gzip import GZipMiddleware
 
 from api import hotpath
 from api.app import create_app
-from api.deps import current_owner
-from api.hotpath import HotPathMismatch, limit_kind
-from api.ratelimit import SubmitLimit
+from api.hotpath import HotPathMismatch
+from api.pipeline import PipelineRoute, RouteDeclarationError, caller_owner
+from api.ratelimit import ReadLimit, SubmitLimit
 from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings
@@ -115,7 +114,7 @@ async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_cl
 
 async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
     """With FastAPI's owner dependency broken, the FastAPI routes fail and the hot path does not:
-    proof that the hot path, not the router, served them."""
+    proof that the hot path, not the router, served them (it asks serve()'s caller directly)."""
 
     def broken() -> str:
         raise RuntimeError("FastAPI dependency reached")
@@ -123,7 +122,7 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
     for hot_paths in (True, False):
         async with api_client(make_settings(api_hot_paths=hot_paths)) as api:
             app = api._transport.app  # type: ignore[attr-defined]
-            app.dependency_overrides[current_owner] = broken
+            app.dependency_overrides[caller_owner] = broken
             try:
                 submitted = await api.post("/v1/jobs", json={"prompt": f"skip fastapi {hot_paths}"})
             except RuntimeError:
@@ -262,11 +261,22 @@ def closed_port() -> int:
 # --- the hot path mirrors the routes, or the app does not start --------------------------------------
 def test_the_hot_path_takes_its_limit_kinds_from_the_routes(make_settings: Callable[..., Settings]) -> None:
     hot = create_app(make_settings(api_hot_paths=True)).hot_paths  # type: ignore[attr-defined]
-    assert (hot.submit_kind, hot.read_kind) == ("submit", "read")
-    swapped = APIRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
-    assert limit_kind(swapped) == "submit"
-    with pytest.raises(HotPathMismatch, match="declares 0 rate limits"):
-        limit_kind(APIRoute("/v1/jobs/{job_id}", get_job))
+    assert (hot.submit_route.kind, hot.read_route.kind) == ("submit", "read")
+    swapped = PipelineRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
+    assert swapped.kind == "submit"
+    with pytest.raises(RouteDeclarationError, match="declares 0 rate limits"):
+        PipelineRoute("/v1/jobs/{job_id}", get_job)
+    with pytest.raises(RouteDeclarationError, match="declares 2 rate limits"):
+        PipelineRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit, ReadLimit])
+
+
+async def unauthenticated() -> None:
+    """An endpoint that forgot to ask for its caller."""
+
+
+def test_a_pipeline_route_must_ask_for_its_caller() -> None:
+    with pytest.raises(RouteDeclarationError, match="CallerDep"):
+        PipelineRoute("/v1/jobs/x", unauthenticated, dependencies=[ReadLimit])
 
 
 async def audit() -> None:
@@ -276,7 +286,9 @@ async def audit() -> None:
 def test_a_dependency_the_hot_path_does_not_run_stops_the_app(
     make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    audited = APIRoute("/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)])
+    audited = PipelineRoute(
+        "/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)]
+    )
     real = hotpath._route_of
     monkeypatch.setattr(
         hotpath, "_route_of", lambda endpoint: audited if endpoint is submit_job else real(endpoint)
