@@ -81,7 +81,7 @@ async def accept_job(
         with queue.hold(owner, "long_polls"):  # refused before anything is submitted
             accepted = await queue.submit(body, owner, idempotency_key)
             job = await queue.wait(accepted.job["id"], owner, wait_s)
-    finished = JobStatus(job["status"]).is_terminal()
+    finished = job["status"].is_terminal()
     status = 202 if accepted.created and not finished else 200
     return json_response(job, status, {"Location": job["urls"]["get"]})
 

@@ -238,6 +238,32 @@ async def test_hot_path_refuses_alike_when_the_queue_is_full_or_redis_is_down(
     assert hot == routed and {answer["status"] for answer in hot.values()} == {503}, hot
 
 
+async def test_both_ways_send_a_job_byte_for_byte_alike(
+    make_settings: Callable[..., Settings], start_worker
+) -> None:
+    """The store builds one typed job view and both ways send it through one encoder: the same
+    job read either way is the same bytes, queued, canceled, or finished with output and metrics."""
+    hot_settings = make_settings(api_keys=["k"], api_hot_paths=True)
+    routed_settings = make_settings(api_keys=["k"], api_hot_paths=False)
+    async with api_client(hot_settings, "k") as hot, api_client(routed_settings, "k") as routed:
+
+        async def assert_alike(location: str) -> None:
+            for query in ("", "?wait=0.1"):
+                hot_body = (await hot.get(location + query)).content
+                assert hot_body == (await routed.get(location + query)).content, (location, query)
+
+        queued = await routed.post("/v1/jobs", json={"prompt": "x", "metadata": {"k": "v"}})
+        await assert_alike(queued.headers["location"])
+        await hot.post(queued.json()["urls"]["cancel"])
+        await assert_alike(queued.headers["location"])
+        start_worker(make_settings(placeholder_step_s=0.01))
+        done = await hot.post(
+            "/v1/jobs", json={"prompt": "bytes", "max_tokens": 3}, headers={"Prefer": "wait=20"}
+        )
+        assert done.json()["status"] == "succeeded" and done.json()["output"] is not None
+        await assert_alike(done.headers["location"])
+
+
 def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Where two answers differ, part by part (a readable assertion message)."""
     found: dict[str, Any] = {}
