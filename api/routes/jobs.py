@@ -11,7 +11,7 @@ from api.deps import QueueDep, SettingsDep
 from api.pipeline import CallerDep, PipelineRoute
 from api.queue import JobQueue
 from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
+from api.responses import job_response, json_response
 from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
@@ -83,7 +83,7 @@ async def accept_job(
             job = await queue.wait(accepted.job["id"], owner, wait_s)
     finished = job["status"].is_terminal()
     status = 202 if accepted.created and not finished else 200
-    return json_response(job, status, {"Location": job["urls"]["get"]})
+    return job_response(job, status, {"Location": job["urls"]["get"]})
 
 
 @router.get("", response_model=JobList, responses=ERRORS, dependencies=[ReadLimit])
@@ -119,13 +119,13 @@ async def read_job(
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
     if not wait:
-        return json_response(await queue.get(job_id, owner))
+        return job_response(await queue.get(job_id, owner))
     with queue.hold(owner, "long_polls"):
-        return json_response(await queue.wait(job_id, owner, wait))
+        return job_response(await queue.wait(job_id, owner, wait))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
 async def cancel_job(job_id: JobId, queue: QueueDep, owner: CallerDep) -> Response:
     """Cancel a job. A queued job never starts; a running one stops at the next step; a finished
     one is returned unchanged."""
-    return json_response(await queue.cancel(job_id, owner))
+    return job_response(await queue.cancel(job_id, owner))

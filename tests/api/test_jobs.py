@@ -209,22 +209,26 @@ async def test_every_job_answer_is_what_the_openapi_document_says(
     api: httpx.AsyncClient, worker: WorkerProcess
 ) -> None:
     """The routes send the store's JobView as is; JobPublic and JobList (their response models in
-    /openapi.json) describe it: every field and no other, whatever state the job is in."""
-    done = await api.post("/v1/jobs", json={"prompt": "documented", "max_tokens": 2, "logprobs": 1, "n": 2},
-                          headers={"Prefer": "wait=20"})  # fmt: skip
+    /openapi.json) describe it: every field and no other, whatever state the job is in (failed:
+    the placeholder engine refuses logprobs)."""
+    body = {"prompt": "documented", "max_tokens": 2}
+    done = await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=20"})
+    failed = await api.post("/v1/jobs", json=body | {"logprobs": 1}, headers={"Prefer": "wait=20"})
     queued = await api.post("/v1/jobs", json={"prompt": "x", "max_tokens": 1, "priority": "batch"})
     canceled = await api.post(f"/v1/jobs/{queued.json()['id']}/cancel")
-    cached = await api.post("/v1/jobs", json={"prompt": "documented", "max_tokens": 2, "logprobs": 1, "n": 2})
-    assert [done.json()["status"], cached.json()["cached"]] == ["succeeded", True]
-    for response in (done, queued, canceled, cached, await api.get(done.headers["location"])):
+    cached = await api.post("/v1/jobs", json=body)
+    assert [done.json()["status"], failed.json()["status"], cached.json()["cached"]] == [
+        "succeeded",
+        "failed",
+        True,
+    ]
+    for response in (done, failed, queued, canceled, cached, await api.get(done.headers["location"])):
         job = response.json()
         assert set(job) == set(JobPublic.model_fields)
         JobPublic.model_validate(job)
     listed = (await api.get("/v1/jobs")).json()
-    assert {job["id"] for job in JobList.model_validate(listed).data} >= {
-        done.json()["id"],
-        queued.json()["id"],
-    }
+    summaries = JobList.model_validate(listed).data
+    assert {job.id for job in summaries} >= {done.json()["id"], failed.json()["id"], queued.json()["id"]}
     assert all(set(job) == set(JobSummary.model_fields) for job in listed["data"])
 
 
