@@ -112,6 +112,25 @@ async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_cl
     assert len(redis_client.keys("genq:job:*")) == 2
 
 
+@pytest.mark.parametrize("hot_paths", [True, False])
+async def test_the_caller_is_asked_where_fastapi_asks_it(
+    make_settings: Callable[..., Settings], hot_paths: bool
+) -> None:
+    """serve() authenticates when the work first asks, so FastAPI's order holds: a malformed body
+    is a 400 whoever sends it and spends no token; a well-formed but invalid one is a 401 without
+    a key, and spends one with it (then 429)."""
+    key = f"order-{hot_paths}"  # a bucket of its own
+    settings = make_settings(api_keys=[key], rate_limit_submit="1/0.001", api_hot_paths=hot_paths)
+    malformed = {"content": b'{"prompt": ', "headers": JSON}
+    async with api_client(settings) as anonymous:
+        assert (await anonymous.post("/v1/jobs", **malformed)).status_code == 400
+        assert (await anonymous.post("/v1/jobs", json={"prompt": "x", "colour": "blue"})).status_code == 401
+    async with api_client(settings, key) as api:
+        assert (await api.post("/v1/jobs", **malformed)).status_code == 400
+        assert (await api.post("/v1/jobs", json={"prompt": "x", "colour": "blue"})).status_code == 422
+        assert (await api.post("/v1/jobs", json={"prompt": "x"})).status_code == 429
+
+
 async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
     """With FastAPI's owner dependency broken, the FastAPI routes fail and the hot path does not:
     proof that the hot path, not the router, served them (it asks serve()'s caller directly)."""
