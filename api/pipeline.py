@@ -61,10 +61,8 @@ async def serve(state: State, scope: Scope, kind: Kind, authorization: str | Non
     """Run `work` for a request whose route declares rate-limit `kind`: its response, or the
     response its error maps to. Errors it does not map propagate (FastAPI's handlers, or the
     server, answer them)."""
-    caller = Caller(state, scope, kind, authorization)
-    scope.setdefault("state", {})["caller"] = caller
     try:
-        return await work(caller)
+        return await work(Caller(state, scope, kind, authorization))
     except GenqError as exc:
         return genq_error_response(exc)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -108,8 +106,9 @@ class PipelineRoute(APIRoute):
         kind = self.kind
 
         async def serve_route(request: Request) -> Response:
-            def work(_: Caller) -> Awaitable[Response]:
-                return handler(request)  # its CallerDep asks the caller serve() made
+            def work(caller: Caller) -> Awaitable[Response]:
+                request.state.caller = caller  # what the endpoint's CallerDep asks
+                return handler(request)
 
             return await serve(
                 request.app.state, request.scope, kind, request.headers.get("authorization"), work
