@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from shared.config import Settings
+from shared.schemas import JobList, JobPublic, JobSummary
 from shared.store import ClaimOutcome, JobStore, WorkerJobs
 from tests.conftest import WorkerProcess, api_client
 
@@ -206,6 +207,33 @@ async def test_cancel_a_finished_job_returns_it_unchanged(
     response = await api.post(f"/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 200
     assert response.json() == job
+
+
+async def test_every_job_answer_is_what_the_openapi_document_says(
+    api: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    """The routes send the store's JobView as is; JobPublic and JobList (their response models in
+    /openapi.json) describe it: every field and no other, whatever state the job is in (failed:
+    the placeholder engine refuses logprobs)."""
+    body = {"prompt": "documented", "max_tokens": 2}
+    done = await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=20"})
+    failed = await api.post("/v1/jobs", json=body | {"logprobs": 1}, headers={"Prefer": "wait=20"})
+    queued = await api.post("/v1/jobs", json={"prompt": "x", "max_tokens": 1, "priority": "batch"})
+    canceled = await api.post(f"/v1/jobs/{queued.json()['id']}/cancel")
+    cached = await api.post("/v1/jobs", json=body)
+    assert [done.json()["status"], failed.json()["status"], cached.json()["cached"]] == [
+        "succeeded",
+        "failed",
+        True,
+    ]
+    for response in (done, failed, queued, canceled, cached, await api.get(done.headers["location"])):
+        job = response.json()
+        assert set(job) == set(JobPublic.model_fields)
+        JobPublic.model_validate(job)
+    listed = (await api.get("/v1/jobs")).json()
+    summaries = JobList.model_validate(listed).data
+    assert {job.id for job in summaries} >= {done.json()["id"], failed.json()["id"], queued.json()["id"]}
+    assert all(set(job) == set(JobSummary.model_fields) for job in listed["data"])
 
 
 async def test_unknown_job_is_404_everywhere(api: httpx.AsyncClient) -> None:
