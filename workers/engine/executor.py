@@ -11,7 +11,9 @@ min_tokens, logit_bias and penalties (penalties.py, vLLM's order), then masked b
 format's grammar (structured.py), then greedy at temperature 0, else temperature + top-p with a
 per-request generator (sampling.py). With SamplingParams.logprobs each chosen token's raw
 log-probability is kept (logprobs.py: before any adjustment, as vLLM); with prompt_logprobs the
-prompt is prefilled at every position to score it.
+prompt is prefilled at every position to score it. A decode step that runs out of device memory is
+retried once (a transient spike can clear); any failure of a decode step escapes to the core, for
+which it is fatal.
 """
 
 from __future__ import annotations
