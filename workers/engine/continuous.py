@@ -2,7 +2,7 @@
 
 The loop (core.py) does iteration-level (continuous) batching, each step schedule -> execute ->
 update: the Scheduler plans (scheduler.py), the ModelExecutor runs the forward passes and owns the
-rows (executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
+rows (model_executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
 side: validation and tokenization on the caller's thread, so a bad request fails alone, at submit.
 
 Text rules. `messages` go through the chat template (add_generation_prompt=True). A raw `prompt` is
@@ -24,8 +24,8 @@ import time
 from workers.engine.config import EngineConfig
 from workers.engine.core import EngineCore
 from workers.engine.detokenizer import IncrementalText
-from workers.engine.executor import ModelExecutor, tokenize
 from workers.engine.loading import LoadedModel
+from workers.engine.model_executor import ModelExecutor, tokenize
 from workers.engine.parallel import SampleGroup, sample_count
 from workers.engine.sampling import make_generator
 from workers.engine.sequence import Sequence

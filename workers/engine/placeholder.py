@@ -24,6 +24,7 @@ from workers.engine.detokenizer import IncrementalText
 from workers.engine.output import NO_CONTEXT_LIMIT
 from workers.engine.sequence import Sequence
 from workers.engine.types import (
+    EngineStats,
     ErrorType,
     FatalEngineError,
     GenerationRequest,
@@ -113,6 +114,9 @@ class PlaceholderEngine:
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._core.shutdown(timeout)
+
+    def stats(self) -> EngineStats:
+        return self._core.stats()
 
 
 def _sequence(request: GenerationRequest, future: concurrent.futures.Future[GenerationResult]) -> Sequence:
