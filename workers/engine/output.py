@@ -68,7 +68,10 @@ class OutputProcessor:
 
     def __init__(self, rules: OutputRules, on_end: Callable[[Sequence], None]) -> None:
         self.counters = OutputCounters()
-        self._rules = rules
+        # Read for every token: kept as plain attributes (a zero-cost engine's step is mostly this).
+        self._eos = rules.eos_token_ids
+        self._context = rules.context_tokens
+        self._interval = rules.output_interval_s
         #: Called when a sequence ends, before its future resolves (the engine forgets its id there).
         self._on_end = on_end
 
@@ -113,26 +116,27 @@ class OutputProcessor:
 
     def _ending(self, sequence: Sequence, token: int) -> tuple[str, FinishReason] | None:
         """The text and finish reason when `token` ends the sequence, else None."""
-        params, completion, decode = sequence.request.params, sequence.completion, sequence.text.decode
-        if token in self._rules.eos_token_ids and not params.ignore_eos:
-            return decode(completion[:-1], True), "stop"
+        params, completion = sequence.request.params, sequence.completion
+        if token in self._eos and not params.ignore_eos:
+            return sequence.text.decode(completion[:-1], True), "stop"
         if sequence.matcher is not None and sequence.matcher.is_stopped():  # the JSON is complete
-            return decode(completion, True), "stop"
+            return sequence.text.decode(completion, True), "stop"
         if params.stop:
             index = _stop_index(sequence, params.stop)
             # Like vLLM, a stop string completed before min_tokens is not a stop (nor later).
             if index is not None and len(completion) >= params.min_tokens:
                 return sequence.text.text[:index], "stop"
-        if len(completion) >= params.max_tokens or len(sequence.prompt_ids) + len(completion) >= (
-            self._rules.context_tokens
-        ):
-            return decode(completion, True), "length"
+        generated = len(completion)
+        if generated >= params.max_tokens or len(sequence.prompt_ids) + generated >= self._context:
+            return sequence.text.decode(completion, True), "length"
         return None
 
     def _maybe_stream(self, sequence: Sequence) -> None:
         callback = sequence.request.on_output
+        if callback is None:
+            return
         now = time.monotonic()
-        if callback is None or now - sequence.last_output_at < self._rules.output_interval_s:
+        if now - sequence.last_output_at < self._interval:
             return
         sequence.last_output_at = now
         sequence.text.update(sequence.completion)

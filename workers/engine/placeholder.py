@@ -59,7 +59,7 @@ class EchoExecutor:
     def decode(self) -> list[tuple[Sequence, int]]:
         if self._step_s:
             time.sleep(self._step_s)  # a model's step takes time; the echo's would take none
-        return [(sequence, _next_word(sequence)) for sequence in self._members]
+        return [(sequence, len(sequence.completion) % len(sequence.prompt_ids)) for sequence in self._members]
 
     def release(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:

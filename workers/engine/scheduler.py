@@ -71,7 +71,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting) or self.running > 0
+        """Whether a step may have anything to do (a sequence that just ended may still count)."""
+        return bool(self._waiting or self._running)
 
     def add(self, sequence: Sequence) -> None:
         """Queue a submitted sequence (status WAITING)."""
@@ -105,15 +106,17 @@ class Scheduler:
         return tuple(aborts)
 
     def _running_aborts(self, now: float) -> tuple[Abort, ...]:
-        aborts = []
-        for sequence in self._running:
-            error = abort_reason(sequence, now, "while running")
-            if error is not None:
-                aborts.append(Abort(sequence, error, was_running=True))
-        if aborts:
-            aborted = {id(abort.sequence) for abort in aborts}
-            self._running = [sequence for sequence in self._running if id(sequence) not in aborted]
-        return tuple(aborts)
+        # Checked inline first: this runs for every running sequence at every step.
+        due = [
+            sequence
+            for sequence in self._running
+            if sequence.cancel_requested
+            or ((deadline := sequence.request.deadline) is not None and now > deadline)
+        ]
+        if not due:
+            return ()
+        self._running = [sequence for sequence in self._running if sequence not in due]
+        return tuple(Abort(s, abort_reason(s, now, "while running"), was_running=True) for s in due)
 
     def _admit(self, now: float) -> tuple[tuple[Sequence, ...], tuple[Abort, ...]]:
         admitted: list[Sequence] = []
