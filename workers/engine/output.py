@@ -88,7 +88,8 @@ class OutputProcessor:
         if ending is not None:
             self.finish(sequence, *ending)
             return True
-        self._maybe_stream(sequence)
+        if sequence.request.on_output is not None:
+            self._maybe_stream(sequence)
         return False
 
     def finish(self, sequence: Sequence, text: str, reason: FinishReason) -> None:
@@ -133,9 +134,9 @@ class OutputProcessor:
 
     def _maybe_stream(self, sequence: Sequence) -> None:
         callback = sequence.request.on_output
+        now = time.monotonic()
         if callback is None:
             return
-        now = time.monotonic()
         if now - sequence.last_output_at < self._interval:
             return
         sequence.last_output_at = now
