@@ -5,7 +5,8 @@ be exercised without loading weights. Every job it serves says "placeholder" in 
 "generates" by echoing the prompt's words back, one word per token, through the same engine loop as
 the real engine (core.py: the same Scheduler and OutputProcessor, so cancel, deadlines, stop
 strings, max_tokens and streaming behave as they do there); only its executor differs: `EchoExecutor`,
-whose first token comes with admission and whose every decode step takes `placeholder_step_s`.
+whose every forward pass (each prefill, which gives a job its first token, and each decode step of
+the whole batch) takes `placeholder_step_s`.
 
 Its tokens are word positions: a prompt of N words is N tokens (prompt_tokens), token i of the
 completion is word i mod N, and a completion's text is its words joined by single spaces. It has no
@@ -51,14 +52,16 @@ class EchoExecutor:
         return None
 
     def prefill(self, sequence: Sequence) -> int | None:
+        # A prompt's first token costs a step, as the old echo's first word did: a job of N tokens
+        # takes about N steps (tests hold jobs running for a known while through placeholder_step_s).
+        self._pace()
         return _next_word(sequence)
 
     def join(self, sequence: Sequence) -> None:
         self._members[sequence] = None
 
     def decode(self) -> list[tuple[Sequence, int]]:
-        if self._step_s:
-            time.sleep(self._step_s)  # a model's step takes time; the echo's would take none
+        self._pace()
         return [(sequence, len(sequence.completion) % len(sequence.prompt_ids)) for sequence in self._members]
 
     def release(self, sequences: list[Sequence]) -> None:
@@ -67,6 +70,10 @@ class EchoExecutor:
 
     def take_mask_stats(self) -> tuple[float, int]:
         return 0.0, 0
+
+    def _pace(self) -> None:
+        if self._step_s:
+            time.sleep(self._step_s)  # a model's forward pass takes time; the echo's would take none
 
 
 def _next_word(sequence: Sequence) -> int:
