@@ -38,7 +38,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.executor import Executor
 from workers.engine.output import OutputProcessor, OutputRules, log_failure
 from workers.engine.scheduler import Abort, Limits, Scheduler
-from workers.engine.sequence import Sequence
+from workers.engine.sequence import Sequence, SequenceStatus
 from workers.engine.types import (
     EngineStats,
     ErrorType,
@@ -176,11 +176,13 @@ class EngineCore:
         started = time.perf_counter()
         first_token_ms = [ms for ms in map(self._prefill, plan.prefill) if ms is not None]
         batch_size = self._executor.rows
-        if batch_size:
-            self._decode(batch_size)
+        decoded = self._decode(batch_size) if batch_size else 0
         prefill_tokens = sum(len(sequence.prompt_ids) for sequence in plan.prefill)
         if prefill_tokens or batch_size:
-            self._record_step(batch_size, prefill_tokens, first_token_ms, time.perf_counter() - started)
+            tokens = decoded + len(first_token_ms)
+            self._record_step(
+                batch_size, tokens, prefill_tokens, first_token_ms, time.perf_counter() - started
+            )
 
     def _take_new(self, block: bool) -> None:
         try:
@@ -221,15 +223,21 @@ class EngineCore:
             self._executor.join(sequence)
         return (sequence.first_token_at - sequence.submitted_at) * 1000
 
-    def _decode(self, batch_size: int) -> None:
+    def _decode(self, batch_size: int) -> int:
+        """Apply a decode step's tokens; how many were applied."""
         output = self._require_output()
         ended = []
+        applied = 0
         for sequence, token in self._executor.decode():
+            if sequence.status is not SequenceStatus.RUNNING:  # ended by an earlier token of this step
+                continue
+            applied += 1
             sequence.batch_size = max(sequence.batch_size, batch_size)
             if output.apply(sequence, token):
                 ended.append(sequence)
         if ended:
             self._executor.release(ended)
+        return applied
 
     def _forget(self, sequence: Sequence) -> None:
         with self._lock:
@@ -237,7 +245,7 @@ class EngineCore:
                 del self._live[sequence.request_id]
 
     def _record_step(
-        self, batch_size: int, prefill_tokens: int, first_token_ms: list[float], duration: float
+        self, batch_size: int, tokens: int, prefill_tokens: int, first_token_ms: list[float], duration: float
     ) -> None:
         self._steps += 1
         mask_s, masked_rows = self._executor.take_mask_stats()
@@ -246,7 +254,7 @@ class EngineCore:
             return
         stats = StepStats(
             batch_size=batch_size,
-            tokens=batch_size + len(first_token_ms),
+            tokens=tokens,
             prefill_tokens=prefill_tokens,
             duration_s=duration,
             first_token_ms=tuple(first_token_ms),

@@ -39,7 +39,9 @@ class Executor(Protocol):
         """Give the sequence just prefilled a row."""
 
     def decode(self) -> list[tuple[Sequence, int]]:
-        """One step for every row: each row's sequence and its next token, in row order."""
+        """One step for every row: each row's sequence and its next token, in row order. A row may
+        get several tokens, in order (a zero-cost echo; speculative decoding would): the engine
+        applies them one at a time and drops those after the token that ended the sequence."""
 
     def release(self, sequences: list[Sequence]) -> None:
         """Free the rows of these sequences (they ended)."""

@@ -6,7 +6,8 @@ be exercised without loading weights. Every job it serves says "placeholder" in 
 the real engine (core.py: the same Scheduler and OutputProcessor, so cancel, deadlines, stop
 strings, max_tokens and streaming behave as they do there); only its executor differs: `EchoExecutor`,
 whose every forward pass (each prefill, which gives a job its first token, and each decode step of
-the whole batch) takes `placeholder_step_s`.
+the whole batch) takes `placeholder_step_s`. At 0 s a decode step gives each row ZERO_COST_TOKENS
+words at once (the engine applies them one by one, so stop strings and max_tokens cut exactly).
 
 Its tokens are word positions: a prompt of N words is N tokens (prompt_tokens), token i of the
 completion is word i mod N, and a completion's text is its words joined by single spaces. It has no
@@ -32,6 +33,9 @@ from workers.engine.types import (
     GenerationResult,
     RequestError,
 )
+
+#: Words a zero-cost step (placeholder_step_s 0) gives each row.
+ZERO_COST_TOKENS = 16
 
 
 class EchoExecutor:
@@ -61,8 +65,17 @@ class EchoExecutor:
         self._members[sequence] = None
 
     def decode(self) -> list[tuple[Sequence, int]]:
-        self._pace()
-        return [(sequence, len(sequence.completion) % len(sequence.prompt_ids)) for sequence in self._members]
+        if self._step_s:
+            time.sleep(self._step_s)
+            return [(sequence, _next_word(sequence)) for sequence in self._members]
+        # At zero cost a step gives each row ZERO_COST_TOKENS words: an engine loop turn per word
+        # would make the machinery benchmark (bench/machinery.py) measure this loop, not the
+        # machinery. The engine drops a row's words after the one that ended it.
+        return [
+            (sequence, (len(sequence.completion) + i) % len(sequence.prompt_ids))
+            for sequence in self._members
+            for i in range(ZERO_COST_TOKENS)
+        ]
 
     def release(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:

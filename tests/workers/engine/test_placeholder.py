@@ -63,6 +63,20 @@ def test_a_stop_string_across_words_cuts_the_text(engines: list[PlaceholderEngin
     assert (result.text, result.finish_reason, result.completion_tokens) == ("hello big ", "stop", 4)
 
 
+def test_at_zero_cost_many_words_a_step_cut_as_one_a_step(engines: list[PlaceholderEngine]) -> None:
+    """At placeholder_step_s 0 a decode step gives each row 16 words: max_tokens, stop strings and
+    the token counts still cut where one word a step would, and each word counts once."""
+    counted: list[int] = []
+    engine = _engine(engines, placeholder_step_s=0.0, on_step=lambda step: counted.append(step.tokens))
+    futures = [engine.submit(_request("a", max_tokens=21)),
+               engine.submit(_request("b", max_tokens=50, stop=("world hello",)))]  # fmt: skip
+    long, stopped = (future.result(10) for future in futures)
+    assert (long.text, long.finish_reason, long.completion_tokens) == (
+        " ".join(["hello big world"] * 7), "length", 21)  # fmt: skip
+    assert (stopped.text, stopped.finish_reason, stopped.completion_tokens) == ("hello big ", "stop", 4)
+    assert sum(counted) == 21 + 4 and len(counted) < 21
+
+
 def test_cancel_and_deadline_stop_running_and_waiting_jobs(engines: list[PlaceholderEngine]) -> None:
     engine = _engine(engines, max_batch_size=1)
     running = engine.submit(_request("running", max_tokens=100_000))
