@@ -29,7 +29,7 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy .
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format .

@@ -109,7 +109,8 @@ async def running_feeder(feeder: BatchFeeder) -> AsyncIterator[None]:
 
 
 class GenqAPI(FastAPI):
-    """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py)."""
+    """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py), and
+    the request metrics around both (so every request is observed by the same code)."""
 
     def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -117,6 +118,7 @@ class GenqAPI(FastAPI):
         self.hot_paths: HotPaths | None = None
         if settings.api_hot_paths:
             entry = self.hot_paths = HotPaths(self, entry, settings.max_body_bytes)
+        entry = observability.HttpMetrics(entry)
         if not settings.api_key_digests:  # the guard goes first: nothing it refuses reaches either
             entry = AnonymousGuard(entry, settings.allowed_hosts)
         self._entry = entry
@@ -192,7 +194,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", playground.static_files(), name="static")
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
-    app.add_middleware(observability.HttpMetrics)
     if app.hot_paths is not None:
         app.hot_paths.check()
     logging.getLogger("genq.api").debug("app created")

@@ -50,7 +50,7 @@ from shared.files import FilePurpose, NewFile
 from shared.ids import new_id
 from shared.logging import fields
 from shared.messages import task_message
-from shared.schemas import JobStatus
+from shared.schemas import JobStatus, JobView
 from shared.store import fleet_slots
 
 log = logging.getLogger("genq.batches")
@@ -359,7 +359,7 @@ class BatchFeeder:
             results.append(_job_line(batch_id, number, entry, kind, job, ending))
         return results
 
-    async def _job(self, job_id: str, owner: str) -> dict[str, Any] | None:
+    async def _job(self, job_id: str, owner: str) -> JobView | None:
         try:
             return await self._queue.get(job_id, owner)
         except NotFound:
@@ -372,7 +372,7 @@ class BatchFeeder:
             if "job" in entry:
                 try:
                     job = await self._queue.cancel(entry["job"], record["owner"])
-                    busy |= job["status"] == JobStatus.CANCELED
+                    busy |= job["status"] is JobStatus.CANCELED
                 except NotFound:
                     pass
         if record.get("input_done") == "1":
@@ -458,7 +458,7 @@ def _ending(record: dict[str, str]) -> BatchStatus | None:
 
 
 def _job_line(
-    batch_id: str, number: int, entry: dict[str, Any], kind: Kind, job: dict[str, Any] | None,
+    batch_id: str, number: int, entry: dict[str, Any], kind: Kind, job: JobView | None,
     ending: BatchStatus | None,
 ) -> tuple[int, bytes, bool]:  # fmt: skip
     """(line, result line, succeeded) of a line whose job ended (or whose record is gone)."""
@@ -466,7 +466,7 @@ def _job_line(
     if job is None:
         message = "the line's job record is gone (expired or deleted)"
         return number, error_result(batch_id, number, custom_id, "job_lost", message), False
-    status = JobStatus(job["status"])
+    status = job["status"]
     if status is JobStatus.CANCELED and ending is not None:
         return number, _wound_up(batch_id, number, custom_id, ending), False
     return number, job_result(batch_id, number, entry, kind, job), status is JobStatus.SUCCEEDED

@@ -19,9 +19,17 @@ from typing import Any
 import orjson
 import pydantic
 
-from api.openai_compat import ChatCompletionRequest, CompletionRequest, Kind, completion, echoes, job_create
+from api.openai_compat import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Kind,
+    completion,
+    echoes,
+    failure_of,
+    job_create,
+)
 from shared.errors import GenqError
-from shared.schemas import JobCreate, JobStatus, Priority
+from shared.schemas import JobCreate, JobStatus, JobView, Priority
 
 #: The translation each endpoint a batch may name uses.
 KIND_OF_ENDPOINT = {"/v1/chat/completions": Kind.CHAT, "/v1/completions": Kind.TEXT}
@@ -162,16 +170,14 @@ def error_result(batch_id: str, line: int, custom_id: str | None, code: str, mes
     return _line(batch_id, line, custom_id, None, {"code": code, "message": message})
 
 
-def job_result(batch_id: str, line: int, entry: dict[str, Any], kind: Kind, job: dict[str, Any]) -> bytes:
+def job_result(batch_id: str, line: int, entry: dict[str, Any], kind: Kind, job: JobView) -> bytes:
     """A terminal job's result line: its completion, or OpenAI's error body for a failed one."""
     custom_id = entry["custom_id"]
-    if job["status"] == JobStatus.SUCCEEDED:
+    if job["status"] is JobStatus.SUCCEEDED:
         body = completion(kind, job, bool(entry.get("echo")))
         return _line(
             batch_id, line, custom_id, {"status_code": 200, "request_id": job["id"], "body": body}, None
         )
-    error = job.get("error") or {}
-    message = error.get("message") or f"the job ended {job['status']}"
-    code = error.get("type") or job["status"]
+    code, message = failure_of(job)
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
     return _line(batch_id, line, custom_id, {"status_code": 500, "request_id": job["id"], "body": body}, None)

@@ -3,13 +3,15 @@ send), read, list, cancel. The feeder (api/batch_feeder.py) does the rest."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.files import Files
-from shared.batches import BATCH_ENDPOINTS, BatchStore, NewBatch, new_batch_id, public_batch
+from shared.batches import BATCH_ENDPOINTS, BatchStatus, BatchStore, NewBatch, new_batch_id, public_batch
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.files import FilePurpose
@@ -18,6 +20,12 @@ from shared.ssrf import check_url
 
 #: The metadata entry naming a batch's webhook URL.
 WEBHOOK_METADATA_KEY = "webhook_url"
+
+#: How often a progress stream re-reads its batch: the feeder moves a batch once a period
+#: (GENQ_BATCH_FEEDER_INTERVAL_S, 0.5 s by default), so reading faster would show nothing new.
+PROGRESS_POLL_S = 0.5
+#: An idle progress stream yields a ping this often, so proxies keep the connection open.
+PROGRESS_PING_S = 15.0
 
 
 class OutputExpiresAfter(BaseModel):
@@ -87,6 +95,29 @@ class Batches:
         if record is None:
             raise NotFound(f"no batch {batch_id!r}", param="batch_id")
         return public_batch(record)
+
+    async def progress(
+        self, batch_id: str, owner: str, poll_s: float = PROGRESS_POLL_S
+    ) -> AsyncIterator[dict[str, Any] | None]:
+        """The batch now, then again whenever it changes (status, counts, files), until it has
+        ended; None when a ping is due. Stops early should the batch's record lapse."""
+        shown: dict[str, Any] | None = None
+        quiet_s = 0.0
+        while True:
+            try:
+                batch = await self.get(batch_id, owner)
+            except NotFound:
+                return
+            if batch != shown:
+                shown, quiet_s = batch, 0.0
+                yield batch
+            elif quiet_s >= PROGRESS_PING_S:
+                quiet_s = 0.0
+                yield None
+            if BatchStatus(batch["status"]).is_terminal():
+                return
+            await asyncio.sleep(poll_s)
+            quiet_s += poll_s
 
     async def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
         record = await self.store.cancel(batch_id, owner)

@@ -27,7 +27,7 @@ from api.queue import JobQueue
 from api.streams import START_ID, OutputEntry, entry_order
 from shared.errors import NotFound
 from shared.logging import fields
-from shared.schemas import JobStatus
+from shared.schemas import JobStatus, JobView
 
 log = logging.getLogger("genq.api")
 
@@ -58,7 +58,7 @@ class Output:
 class Done:
     """The job ended; `job` is the job object as GET returns it."""
 
-    job: dict[str, Any]
+    job: JobView
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +96,11 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
     cursor = after_id
     with queue.watch(job_id) as woken, queue.follow_stream(job_id, _hub_cursor(after_id), woken):
         job = await queue.get(job_id, owner)
-        if cursor == FINAL_ID and not JobStatus(job["status"]).is_terminal():
+        if cursor == FINAL_ID and not job["status"].is_terminal():
             cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
         next_check = loop.time() + _recheck_s()
         quiet_since = loop.time()
-        while not JobStatus(job["status"]).is_terminal():
+        while not job["status"].is_terminal():
             woken.clear()  # before the read: a wake during it is not lost
             entries = await queue.stream_entries(job_id, cursor)
             for entry in entries:
@@ -112,7 +112,7 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
             job = await queue.get(job_id, owner)
             next_check = loop.time() + _recheck_s()
             # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
-            while not (JobStatus(job["status"]).is_terminal() or woken.is_set() or loop.time() >= next_check):
+            while not (job["status"].is_terminal() or woken.is_set() or loop.time() >= next_check):
                 wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), max(wake_in, 0.0))
@@ -132,7 +132,7 @@ def _recheck_s() -> float:
     return RECHECK_S * random.uniform(0.5, 1.0)
 
 
-async def _finish(queue: JobQueue, job: dict[str, Any], cursor: str) -> AsyncIterator[StreamEvent]:
+async def _finish(queue: JobQueue, job: JobView, cursor: str) -> AsyncIterator[StreamEvent]:
     """After the record turned terminal: the entries left after `cursor`, any text the stream
     lacks, then Done."""
     if cursor != FINAL_ID:
@@ -151,18 +151,18 @@ def _output(entry: OutputEntry) -> Output:
     return Output(entry.id, entry.delta, entry.tokens, entry.index, entry.logprobs)
 
 
-def _missing_text(job: dict[str, Any], entries: list[OutputEntry]) -> str:
+def _missing_text(job: JobView, entries: list[OutputEntry]) -> str:
     """The end of a succeeded job's text (its first completion's) that its stream never carried
     ('' when none, or when the stream is no prefix of it: then the `Done` job's output is the
     authority)."""
     output = job.get("output") or {}
     text = str(output.get("text") or "")
     streamed = "".join(entry.delta for entry in entries if entry.index == 0)
-    if job["status"] != JobStatus.SUCCEEDED or not text.startswith(streamed):
+    if job["status"] is not JobStatus.SUCCEEDED or not text.startswith(streamed):
         return ""
     return text[len(streamed) :]
 
 
-def _completion_tokens(job: dict[str, Any]) -> int:
+def _completion_tokens(job: JobView) -> int:
     usage = (job.get("output") or {}).get("usage") or {}
     return int(usage.get("completion_tokens") or 0)

@@ -9,40 +9,33 @@ which the real work (validation, one pipelined Redis round trip, the reply) is ~
 gateway targets (issue 2) cannot be met through that machinery on two cores.
 
 What it does: a request of exactly the common shape is answered here through the same code the
-FastAPI routes run (`accept_job`, `read_job`, the same auth, rate limiter, error mapping and
-metrics), and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits: how clients wait for
-a job). Anything else goes on, untouched, to FastAPI: another path or method, any
-other query string, a chunked or over-long body, a body that is not plain JSON or does not
+FastAPI routes run: `serve()` (api/pipeline.py: the caller, the rate limit its route declares, the
+error mapping) around `accept_job` or `read_job`, inside the same `HttpMetrics` (request id,
+metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits:
+how clients wait for a job). Anything else goes on, untouched, to FastAPI: another path or method,
+any other query string, a chunked or over-long body, a body that is not plain JSON or does not
 validate, an over-long header. So every error response that depends on parsing, every other
 edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks
-that both ways answer alike. The rate-limit kind of each request is the one its route declares,
-and `check()` (create_app calls it) refuses to start an app whose hot routes depend on, or whose
-stack holds middleware, that this path does not mirror. `GENQ_API_HOT_PATHS=0` turns it off.
+that both ways answer alike. `check()` (create_app calls it) refuses to start an app whose hot
+routes depend on, or whose stack holds middleware, that this path does not run.
+`GENQ_API_HOT_PATHS=0` turns it off.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pydantic
-import redis.exceptions
 from fastapi import Response
 from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.asgi import read_body, replay
-from api.auth import owner_of
-from api.errors import genq_error_response, redis_down_response, redis_error_response
-from api.observability import extra_headers, observe, request_id_of
-from api.ratelimit import Kind, limit_reads, limit_submissions
+from api.pipeline import Caller, PipelineRoute, Work, serve
 from api.routes import jobs
 from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
-from shared.errors import GenqError
-from shared.metrics import REQUESTS_INFLIGHT
 from shared.schemas import JobCreate
 
 if TYPE_CHECKING:
@@ -53,9 +46,6 @@ JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 #: The one query string the hot path serves: a long-poll's wait in plain decimal seconds.
 WAIT_QUERY = re.compile(rb"wait=(\d{1,6}(?:\.\d{1,6})?)")
 
-#: What a hot request does once its caller is known: its response.
-Work = Callable[[str], Awaitable[Response]]
-
 
 class HotPaths:
     """The API's ASGI entry point when hot paths are on: these requests here, the rest to
@@ -65,12 +55,9 @@ class HotPaths:
         self.app = app
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
-        submit_route, read_route = _route_of(submit_job), _route_of(get_job)
-        self.jobs_path = submit_route.path
-        self.job_template = read_route.path
-        self.job_prefix = self.job_template.split("{", 1)[0]
-        # The limiter kind each route declares (SubmitLimit / ReadLimit), not a copy of it.
-        self.submit_kind, self.read_kind = limit_kind(submit_route), limit_kind(read_route)
+        self.submit_route, self.read_route = _route_of(submit_job), _route_of(get_job)
+        self.jobs_path = self.submit_route.path
+        self.job_prefix = self.read_route.path.split("{", 1)[0]
 
     def check(self) -> None:
         """Fail at start-up when the hot routes or the app carry something the hot path does
@@ -114,63 +101,49 @@ class HotPaths:
             return
         state = self.app.state
 
-        async def work(owner: str) -> Response:
+        async def work(caller: Caller) -> Response:
+            owner = await caller.owner()
             return await accept_job(
                 state.queue, state.settings, create, owner, _text(idempotency_key), _text(prefer)
             )
 
-        await self._answer(scope, send, headers, self.jobs_path, self.submit_kind, work)
+        await self._answer(scope, send, headers, self.submit_route, work)
 
     async def _get(self, scope: Scope, send: Send, job_id: str, wait: float | None) -> None:
         state = self.app.state
 
-        async def work(owner: str) -> Response:
-            return await read_job(state.queue, state.settings, job_id, owner, wait)
+        async def work(caller: Caller) -> Response:
+            return await read_job(state.queue, state.settings, job_id, await caller.owner(), wait)
 
-        await self._answer(scope, send, _headers(scope), self.job_template, self.read_kind, work)
+        await self._answer(scope, send, _headers(scope), self.read_route, work)
 
     async def _answer(
-        self, scope: Scope, send: Send, headers: dict[bytes, bytes], template: str, kind: Kind, work: Work
+        self, scope: Scope, send: Send, headers: dict[bytes, bytes], route: PipelineRoute, work: Work
     ) -> None:
-        """Authenticate, rate-limit, run `work`, answer; map errors and count the request as the
-        FastAPI stack does (api/errors.py, api/observability.py)."""
-        started = time.perf_counter()
-        status = 500
-        REQUESTS_INFLIGHT.inc()
-        try:
-            rate_headers: dict[str, str] = {}
-            try:
-                owner = owner_of(_text(headers.get(b"authorization")), self.app.state.settings)
-                rate_headers = await self.app.state.rate_limiter.check(owner, kind)
-                response = await work(owner)
-            except GenqError as exc:
-                response = genq_error_response(exc)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                response = redis_down_response(exc)
-            except redis.exceptions.ResponseError as exc:
-                response = redis_error_response(exc)
-            status = response.status_code
-            request_id = request_id_of(headers.get(b"x-request-id"))
-            response_headers = [*response.raw_headers, *extra_headers(request_id, rate_headers)]
-            await send({"type": "http.response.start", "status": status, "headers": response_headers})
-            await send({"type": "http.response.body", "body": response.body})
-        finally:
-            REQUESTS_INFLIGHT.dec()
-            observe(template, scope["method"], status, started)
+        """Serve the request as its route would (api/pipeline.py) and send the response; the
+        request's metrics and its remaining headers are HttpMetrics', which wraps this path."""
+        scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
+        authorization = _text(headers.get(b"authorization"))
+        response = await serve(self.app.state, scope, route.kind, authorization, work)
+        start = {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": response.raw_headers,
+        }
+        await send(start)
+        await send({"type": "http.response.body", "body": response.body})
 
 
 class HotPathMismatch(RuntimeError):
     """The hot routes or the app changed in a way api/hotpath.py does not mirror."""
 
 
-#: What the hot routes may depend on: the hot path does each itself (auth: owner_of; the limiter:
-#: limit_kind; the rest reads app.state), and answers errors through the same mapping.
-KNOWN_DEPENDENCIES = frozenset({"current_owner", "get_queue", "get_settings", "limit_submissions",
-                                "limit_reads", "_limiter"})  # fmt: skip
+#: What the hot routes may depend on: serve() asks for the caller (caller_owner), and the hot
+#: path reads the rest from app.state.
+KNOWN_DEPENDENCIES = frozenset({"caller_owner", "get_queue", "get_settings"})
 #: Middleware the hot path mirrors: the body cap (it reads at most max_body_bytes, else falls
-#: back to FastAPI) and the request metrics (observe()).
-KNOWN_MIDDLEWARE = frozenset({"BodySizeLimit", "HttpMetrics"})
-_KINDS: dict[Callable[..., Any], Kind] = {limit_submissions: "submit", limit_reads: "read"}
+#: back to FastAPI). The request metrics (HttpMetrics) wrap both paths, outside this one.
+KNOWN_MIDDLEWARE = frozenset({"BodySizeLimit"})
 
 
 def dependencies_of(dependant: Dependant) -> set[str]:
@@ -183,17 +156,9 @@ def dependencies_of(dependant: Dependant) -> set[str]:
     return found
 
 
-def limit_kind(route: APIRoute) -> Kind:
-    """The rate-limit kind a route declares (exactly one of SubmitLimit, ReadLimit)."""
-    kinds = {_KINDS[sub.call] for sub in route.dependant.dependencies if sub.call in _KINDS}
-    if len(kinds) != 1:
-        raise HotPathMismatch(f"{route.path} declares {len(kinds)} rate limits; the hot path needs one")
-    return kinds.pop()
-
-
-def _route_of(endpoint: Callable[..., Any]) -> APIRoute:
+def _route_of(endpoint: Callable[..., Any]) -> PipelineRoute:
     for route in jobs.router.routes:
-        if isinstance(route, APIRoute) and route.endpoint is endpoint:
+        if isinstance(route, PipelineRoute) and route.endpoint is endpoint:
             return route
     raise LookupError(f"no route serves {endpoint.__name__}")
 

@@ -1,6 +1,6 @@
 """HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids,
-headers that dependencies left in `request.state.response_headers` (rate-limit state), and the
-/metrics endpoint (multiprocess-aware)."""
+headers that dependencies or api/pipeline.py's serve() left in `request.state.response_headers`
+(rate-limit state), and the /metrics endpoint (multiprocess-aware)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ router = APIRouter(tags=["ops"])
 
 
 class HttpMetrics:
+    """Counts and times every request, and adds its request id and the headers left for it. The
+    app (api/app.py) wraps both the hot path and FastAPI in it, so both are observed alike."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 

@@ -33,7 +33,7 @@ from api.queue import JobQueue
 from api.responses import json_response
 from shared import errors
 from shared.logging import fields
-from shared.schemas import ChatMessage, JobCreate, JobStatus, Priority
+from shared.schemas import ChatMessage, JobCreate, JobStatus, JobView, Priority
 
 log = logging.getLogger("genq.api")
 
@@ -237,14 +237,14 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
 
 async def wait_for_job(
     queue: JobQueue, job_id: str, owner: str, request: Request, max_wait_s: float
-) -> dict[str, Any]:
+) -> JobView:
     """The job once terminal. Waits in rounds past max_wait_s: a job is bounded by job_timeout_s
     queued and again running, so this ends. A client that left between rounds cancels the job."""
     round_s = min(WAIT_ROUND_S, max_wait_s) if max_wait_s > 0 else WAIT_ROUND_S
     while True:
         started = time.monotonic()
         job = await queue.wait(job_id, owner, round_s)
-        if JobStatus(job["status"]).is_terminal():
+        if job["status"].is_terminal():
             return job
         if await request.is_disconnected():
             return await queue.cancel(job_id, owner)
@@ -258,23 +258,36 @@ class JobNotCompleted(errors.GenqError):
     """The job failed (other than the engine refusing the request: a 400) or was canceled:
     answered 500 `server_error`, `code` the job's error type."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
-        error = job.get("error") or {}
-        super().__init__(str(error.get("message") or f"the job ended {job['status']}"))
-        self.type = str(error.get("type") or job["status"])
+    def __init__(self, job: JobView) -> None:
+        self.type, message = failure_of(job)
+        super().__init__(message)
 
 
-def _created(job: dict[str, Any]) -> int:
+def failure_of(job: JobView) -> tuple[str, str]:
+    """(type, message) of a job that did not succeed: its error's, else its status."""
+    error = job["error"]
+    type_ = (error and error["type"]) or job["status"].value
+    return type_, (error and error["message"]) or f"the job ended {job['status']}"
+
+
+def output_of(job: JobView) -> dict[str, Any]:
+    """A succeeded job's output (every succeeded job has one)."""
+    output = job["output"]
+    assert output is not None, f"succeeded job {job['id']} has no output"
+    return output
+
+
+def _created(job: JobView) -> int:
     return int(datetime.fromisoformat(job["created_at"].replace("Z", "+00:00")).timestamp())
 
 
-def _usage(job: dict[str, Any]) -> dict[str, int]:
-    usage = job["output"]["usage"]
+def _usage(job: JobView) -> dict[str, int]:
+    usage = output_of(job)["usage"]
     prompt, completion_ = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
     return {"prompt_tokens": prompt, "completion_tokens": completion_, "total_tokens": prompt + completion_}
 
 
-def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
+def _envelope(kind: Kind, job: JobView, obj: str) -> dict[str, Any]:
     return {
         "id": kind.id_prefix + job["id"],
         "object": obj,
@@ -284,27 +297,25 @@ def _envelope(kind: Kind, job: dict[str, Any], obj: str) -> dict[str, Any]:
     }
 
 
-def completion(kind: Kind, job: dict[str, Any], echo: bool = False) -> dict[str, Any]:
+def completion(kind: Kind, job: JobView, echo: bool = False) -> dict[str, Any]:
     """A finished job as a `chat.completion` or `text_completion` object: one choice per completion
     (n), with logprobs when the job has them; `echo` puts the prompt (and its tokens) first."""
-    if job["status"] != JobStatus.SUCCEEDED:
-        refused = job.get("error") or {}
-        if refused.get("type") == "invalid_request":  # the engine refused the request itself: a 400
-            raise errors.InvalidRequest(str(refused.get("message") or "the model refused the request"))
+    if job["status"] is not JobStatus.SUCCEEDED:
+        refused = job["error"]
+        if refused and refused["type"] == "invalid_request":  # the engine refused the request: a 400
+            raise errors.InvalidRequest(refused["message"] or "the model refused the request")
         raise JobNotCompleted(job)
     choices = [_choice(kind, job, index, sample, echo) for index, sample in enumerate(samples(job))]
     return _envelope(kind, job, kind.obj) | {"choices": choices, "usage": _usage(job)}
 
 
-def samples(job: dict[str, Any]) -> list[dict[str, Any]]:
+def samples(job: JobView) -> list[dict[str, Any]]:
     """A succeeded job's completions: its choices (n or best_of), else its one output."""
-    output: dict[str, Any] = job["output"]
+    output = output_of(job)
     return list(output.get("choices") or [output])
 
 
-def _choice(
-    kind: Kind, job: dict[str, Any], index: int, sample: dict[str, Any], echo: bool
-) -> dict[str, Any]:
+def _choice(kind: Kind, job: JobView, index: int, sample: dict[str, Any], echo: bool) -> dict[str, Any]:
     tokens = _scored_tokens(job, sample, echo)
     choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": sample["finish_reason"]}
     if kind is Kind.CHAT:
@@ -318,11 +329,11 @@ def _choice(
     return choice
 
 
-def _scored_tokens(job: dict[str, Any], sample: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
+def _scored_tokens(job: JobView, sample: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
     """A completion's token entries to show: its own, after the prompt's when echoing."""
     if sample.get("logprobs") is None:
         return None
-    prompt = job["output"].get("prompt_logprobs") or [] if echo else []
+    prompt = output_of(job).get("prompt_logprobs") or [] if echo else []
     return [*prompt, *sample["logprobs"]]
 
 
@@ -361,7 +372,7 @@ class LiveChunks:
     the stream has not carried yet, from the finished job (whose entries repeat the streamed ones
     exactly: workers/engine/logprobs.describe_streamed)."""
 
-    def __init__(self, kind: Kind, job: dict[str, Any], logprobs: bool, include_usage: bool) -> None:
+    def __init__(self, kind: Kind, job: JobView, logprobs: bool, include_usage: bool) -> None:
         self._kind, self._job, self._logprobs, self._include_usage = kind, job, logprobs, include_usage
         self._texts: dict[int, str] = {}
         self._tokens: dict[int, int] = {}
@@ -374,7 +385,7 @@ class LiveChunks:
             return [self._token(output.index, entry) for entry in output.logprobs or []]
         return [self._text(output.index, output.delta)] if output.delta else []
 
-    def rest(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+    def rest(self, job: JobView) -> list[dict[str, Any]]:
         """A succeeded job's chunks the stream has not sent yet."""
         chunks: list[dict[str, Any]] = []
         for index, sample in enumerate(samples(job)):
@@ -400,7 +411,7 @@ class LiveChunks:
 
 
 def buffered_chunks(
-    kind: Kind, job: dict[str, Any], logprobs: bool, echo: bool, include_usage: bool
+    kind: Kind, job: JobView, logprobs: bool, echo: bool, include_usage: bool
 ) -> list[dict[str, Any]]:
     """A succeeded job's stream chunks, sent once it ended (best_of's ranked samples, echo with
     logprobs): per completion (n), its echoed prompt, then one chunk per token with its logprobs,
@@ -410,7 +421,7 @@ def buffered_chunks(
     for index, sample in enumerate(samples(job)):
         offset = 0
         if echo:
-            scored = job["output"].get("prompt_logprobs") or [] if logprobs else None
+            scored = output_of(job).get("prompt_logprobs") or [] if logprobs else None
             chunks.append(_token_chunk(kind, job, index, prompt, scored, 0, include_usage))
             offset = len(prompt)
         if not logprobs:
@@ -424,7 +435,7 @@ def buffered_chunks(
 
 def _token_chunk(
     kind: Kind,
-    job: dict[str, Any],
+    job: JobView,
     index: int,
     text: str,
     tokens: list[dict[str, Any]] | None,
@@ -443,7 +454,7 @@ def _token_chunk(
 
 def chunk(
     kind: Kind,
-    job: dict[str, Any],
+    job: JobView,
     delta: str | None,
     finish_reason: str | None,
     include_usage: bool,
@@ -462,7 +473,7 @@ def chunk(
     return body | {"usage": None} if include_usage else body
 
 
-def usage_chunk(kind: Kind, job: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk(kind: Kind, job: JobView) -> dict[str, Any]:
     """The last chunk when stream_options.include_usage: no choices, the usage."""
     return _envelope(kind, job, kind.chunk_obj) | {"choices": [], "usage": _usage(job)}
 

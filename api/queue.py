@@ -27,7 +27,7 @@ from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import is_job_id, new_id
 from shared.messages import task_message
-from shared.schemas import JobCreate, JobStatus, WebhookEvent
+from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
 from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
 
@@ -45,7 +45,7 @@ RECHECK_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    job: dict[str, Any]
+    job: JobView
     #: False when an Idempotency-Key replay returned an existing job.
     created: bool
 
@@ -202,14 +202,14 @@ class JobQueue:
                 retry_after_s=self._settings.overload_retry_after_s,
             )
 
-    async def get(self, job_id: str, owner: str) -> dict[str, Any]:
+    async def get(self, job_id: str, owner: str) -> JobView:
         _require_job_id(job_id)
         record = await self._store.get(job_id, owner)
         if record is None:
             raise NotFound(f"no job {job_id!r}", param="id")
         return public_job(record)
 
-    async def wait(self, job_id: str, owner: str, timeout_s: float) -> dict[str, Any]:
+    async def wait(self, job_id: str, owner: str, timeout_s: float) -> JobView:
         """The job once it is terminal, or as it is when timeout_s has passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
@@ -257,7 +257,7 @@ class JobQueue:
         await self.get(job_id, owner)  # 404 unless the job exists and is the caller's
         return await self._store.webhook_log(job_id, WEBHOOK_LOG_SHOWN)
 
-    async def cancel(self, job_id: str, owner: str) -> dict[str, Any]:
+    async def cancel(self, job_id: str, owner: str) -> JobView:
         _require_job_id(job_id)
         record = await self._store.cancel(job_id, owner)
         if record is None:
@@ -266,11 +266,11 @@ class JobQueue:
 
     async def list(
         self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
-    ) -> tuple[list[dict[str, Any]], str | None]:
+    ) -> tuple[list[JobSummaryView], str | None]:
         """A page of the owner's job summaries, newest first; the cursor is the last returned
         score. The page ends early, with a cursor, before its summaries pass list_max_bytes."""
         max_score = "+inf" if cursor is None else f"({cursor}"
-        found: list[dict[str, Any]] = []
+        found: list[JobSummaryView] = []
         budget = self._settings.list_max_bytes
         last_score: float | None = None
         for _ in range(20):  # bounds the work of a status filter over a long history
@@ -280,7 +280,7 @@ class JobQueue:
             records = {r["id"]: r for r in await self._store.get_summaries([job_id for job_id, _ in page])}
             for job_id, score in page:
                 record = records.get(job_id)
-                if record is not None and (status is None or record["status"] == status):
+                if record is not None and (status is None or JobStatus(record["status"]) is status):
                     summary = job_summary(record)
                     budget -= len(orjson.dumps(summary))
                     if budget < 0 and found:

@@ -104,9 +104,9 @@ class Settings(BaseSettings):
     """Longest long-poll (`?wait=`) or `Prefer: wait=` hold."""
 
     max_streams_per_key: int = Field(100, ge=1)
-    """Most output streams (`/v1/jobs/{id}/stream`, OpenAI `stream: true`) one API key holds open
-    at once in one API process; past it 429 naming the limit. Per-key override: `streams` in
-    rate_limit_overrides."""
+    """Most event streams (`/v1/jobs/{id}/stream`, OpenAI `stream: true`,
+    `/v1/batches/{id}/events`) one API key holds open at once in one API process; past it 429
+    naming the limit. Per-key override: `streams` in rate_limit_overrides."""
 
     max_long_polls_per_key: int = Field(100, ge=1)
     """Most waiting requests (`?wait=`, `Prefer: wait=`, non-streaming OpenAI calls) one API key

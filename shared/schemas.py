@@ -6,7 +6,7 @@ Pydantic at the HTTP edge; the job store converts between these and Redis hashes
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import (
     AnyHttpUrl,
@@ -314,6 +314,56 @@ class JobSummary(BaseModel):
     cached: bool
     metadata: dict[str, str]
     urls: JobUrls
+
+
+class JobUrlsView(TypedDict):
+    get: str
+    cancel: str
+    stream: str
+
+
+class JobMetricsView(TypedDict):
+    queue_ms: float | None
+    inference_ms: float | None
+    batch_size: int | None
+
+
+class JobErrorView(TypedDict):
+    type: str
+    message: str
+
+
+class JobCoreView(TypedDict):
+    """What a job's every view shows, as the job store builds it (shared/store.py)."""
+
+    id: str
+    status: JobStatus
+    model: str
+    model_label: str | None
+    error: JobErrorView | None
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    cached: bool
+    metadata: dict[str, str]
+    urls: JobUrlsView
+
+
+class JobSummaryView(JobCoreView):
+    """A job as lists return it (JobSummary documents it)."""
+
+    preview: str
+
+
+class JobView(JobCoreView):
+    """A job as every read of it returns it (JobPublic documents it). `input` and `output` are
+    the JSON the job store holds (of JobInput's and JobOutput's shapes) as decoded, not
+    re-validated: both ways of serving a job (api/hotpath.py, the FastAPI routes) send this one
+    value through one encoder (api/responses.py)."""
+
+    input: dict[str, Any]
+    output: dict[str, Any] | None
+    metrics: JobMetricsView
 
 
 class JobList(BaseModel):

@@ -28,7 +28,7 @@ from shared.autopipeline import Commands
 from shared.cache import CacheEntry
 from shared.errors import QuotaExceeded
 from shared.messages import task_message
-from shared.schemas import JobStatus
+from shared.schemas import JobCoreView, JobStatus, JobSummaryView, JobView
 
 TIMEOUT_ERROR = orjson.dumps(
     {"type": "timeout", "message": "the job reached its deadline (GENQ_JOB_TIMEOUT_S) before it ran"}
@@ -53,23 +53,23 @@ def _json_or_none(raw: str | None) -> Any:
     return orjson.loads(raw) if raw else None
 
 
-def public_job(record: dict[str, str]) -> dict[str, Any]:
-    """The job object as the API returns it, from its Redis hash: its summary (less the preview)
-    with input, output and metrics."""
+def public_job(record: dict[str, str]) -> JobView:
+    """The job as the API returns it, from its Redis hash: its core view with input, output and
+    metrics."""
     metrics = _json_or_none(record.get("metrics")) or {}
     started = record.get("started_at")
     if started and "queue_ms" not in metrics:
         metrics["queue_ms"] = round((float(started) - float(record["created_at"])) * 1000, 3)
-    job = job_summary(record)
-    del job["preview"]
-    job["input"] = orjson.loads(record["input"])
-    job["output"] = _json_or_none(record.get("output"))
-    job["metrics"] = {
-        "queue_ms": metrics.get("queue_ms"),
-        "inference_ms": metrics.get("inference_ms"),
-        "batch_size": metrics.get("batch_size"),
+    return {
+        **_core(record),
+        "input": orjson.loads(record["input"]),
+        "output": _json_or_none(record.get("output")),
+        "metrics": {
+            "queue_ms": metrics.get("queue_ms"),
+            "inference_ms": metrics.get("inference_ms"),
+            "batch_size": metrics.get("batch_size"),
+        },
     }
-    return job
 
 
 #: The record fields a job summary is made of (never input or output: they can be MiBs).
@@ -79,18 +79,24 @@ SUMMARY_FIELDS = (
 )  # fmt: skip
 
 
-def job_summary(record: dict[str, str]) -> dict[str, Any]:
-    """A job as lists return it: public_job without input, output and metrics."""
+def job_summary(record: dict[str, str]) -> JobSummaryView:
+    """A job as lists return it: its core view with the start of its input (no input, output or
+    metrics)."""
+    return {**_core(record), "preview": record.get("preview") or ""}
+
+
+def _core(record: dict[str, str]) -> JobCoreView:
     job_id = record["id"]
     url = f"/v1/jobs/{job_id}"
+    created_at = rfc3339(record["created_at"])
+    assert created_at is not None  # every record is written with one
     return {
         "id": job_id,
-        "status": record["status"],
+        "status": JobStatus(record["status"]),
         "model": record["model"],
         "model_label": record.get("model_label") or None,
-        "preview": record.get("preview") or "",
         "error": _json_or_none(record.get("error")),
-        "created_at": rfc3339(record["created_at"]),
+        "created_at": created_at,
         "started_at": rfc3339(record.get("started_at")),
         "completed_at": rfc3339(record.get("completed_at")),
         "cached": record.get("cached") == "1",

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -189,7 +189,7 @@ def worker(settings: Settings, start_worker: Callable[..., WorkerProcess]) -> Wo
 def assert_nothing_written(client: redis.Redis) -> None:
     """No job record, owner index, idempotency key or queued message exists (rate-limit buckets
     and other bookkeeping may)."""
-    written = [k for k in client.keys("genq*") if not k.startswith("genq:ratelimit:")]
+    written = [k for k in cast(list[str], client.keys("genq*")) if not k.startswith("genq:ratelimit:")]
     assert written == [], written
 
 

@@ -34,6 +34,7 @@ from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
 from shared.logging import fields
 from shared.reaper import Reaper
+from shared.schemas import JobStatus
 from shared.store import ClaimOutcome, WorkerJobs, as_text
 from shared.structured import schema_of
 from workers import scalein
@@ -213,7 +214,7 @@ class WorkerRuntime:
         """End the job; a success is also written to the response cache: in the same script when
         the cache shares the job store's Redis, right before it otherwise, so that a client who
         sees the job succeed and sends it again finds the answer cached."""
-        key = self._cache_key(record) if fields.get("status") == "succeeded" else None
+        key = self._cache_key(record) if fields.get("status") == JobStatus.SUCCEEDED else None
         if key and self.cache_redis is not None:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
@@ -247,7 +248,7 @@ class WorkerRuntime:
                 return None
             error = {"type": exc.type, "message": exc.message}
             metrics.JOBS.labels("failed").inc()
-            return label | {"status": "failed", "error": orjson.dumps(error)}
+            return label | {"status": JobStatus.FAILED.value, "error": orjson.dumps(error)}
         except FatalEngineError as exc:  # on_fatal hands every job back and exits; never a failure
             self.on_engine_fatal(exc)
         finally:
@@ -367,7 +368,11 @@ def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
     if result.choices:
         output["choices"] = [_choice_entry(choice) for choice in result.choices]
     metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
-    return {"status": "succeeded", "output": orjson.dumps(output), "metrics": orjson.dumps(metrics)}
+    return {
+        "status": JobStatus.SUCCEEDED.value,
+        "output": orjson.dumps(output),
+        "metrics": orjson.dumps(metrics),
+    }
 
 
 def _choice_entry(choice: GenerationResult) -> dict[str, object]:

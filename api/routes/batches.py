@@ -1,18 +1,24 @@
 """/v1/batches: OpenAI's Batch API over genq's queue (docs/batches.md). Errors leave in OpenAI's
-shape, like the completion routes."""
+shape, like the completion routes. One route is genq's own: GET /v1/batches/{id}/events, the
+batch's progress as Server-Sent Events."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from api.batches import BatchCreate, Batches
-from api.deps import OwnerDep
+from api.concurrency import Slot
+from api.deps import OwnerDep, QueueDep
 from api.openai_compat import OpenAIRoute
 from api.ratelimit import ReadLimit, SubmitLimit
 from api.responses import json_response
 from api.routes.openai import OPENAI_ERRORS
+from api.routes.stream import held_stream
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=OpenAIRoute)
 
@@ -49,3 +55,32 @@ async def get_batch(request: Request, batch_id: str, owner: OwnerDep) -> Respons
 async def cancel_batch(request: Request, batch_id: str, owner: OwnerDep) -> Response:
     """Cancel: `cancelling` now, `cancelled` once its lines in flight stopped (their results kept)."""
     return json_response(await _batches(request).cancel(batch_id, owner))
+
+
+_SSE_DOC: dict[int | str, dict[str, object]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "`batch` events until the batch ends."}
+}
+
+
+async def _progress_frames(updates: AsyncIterator[dict[str, Any] | None], slot: Slot) -> AsyncIterator[bytes]:
+    with slot:
+        async for batch in updates:
+            yield b": ping\n\n" if batch is None else b"event: batch\ndata: " + orjson.dumps(batch) + b"\n\n"
+
+
+@router.get(
+    "/{batch_id}/events",
+    response_class=StreamingResponse,
+    responses=OPENAI_ERRORS | _SSE_DOC,
+    dependencies=[ReadLimit],
+)
+async def batch_events(
+    request: Request, batch_id: str, owner: OwnerDep, queue: QueueDep
+) -> StreamingResponse:
+    """The batch's progress as Server-Sent Events: a `batch` event (the batch, as GET returns it)
+    now and at each change of its status, counts or files; the stream ends after the event that
+    shows it ended. (genq's own: OpenAI's clients poll GET /v1/batches/{id}.)"""
+    batches = _batches(request)
+    await batches.get(batch_id, owner)  # unknown or someone else's: a 404 before the stream starts
+    slot = queue.hold(owner, "streams")
+    return held_stream(_progress_frames(batches.progress(batch_id, owner), slot), slot, {})

@@ -7,15 +7,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from api.deps import OwnerDep, QueueDep, SettingsDep
+from api.deps import QueueDep, SettingsDep
+from api.pipeline import CallerDep, PipelineRoute
 from api.queue import JobQueue
 from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
+from api.responses import job_response, json_response
 from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+#: Every job route goes through api/pipeline.py's serve(), as the hot path's requests do.
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=PipelineRoute)
 
 #: Longest job id in a path, and longest Idempotency-Key or Prefer header (longer ones get 422).
 JOB_ID_MAX = 64
@@ -49,7 +51,7 @@ def _prefer_wait(prefer: str | None) -> float | None:
 async def submit_job(
     body: JobCreate,
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
     prefer: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
@@ -79,15 +81,15 @@ async def accept_job(
         with queue.hold(owner, "long_polls"):  # refused before anything is submitted
             accepted = await queue.submit(body, owner, idempotency_key)
             job = await queue.wait(accepted.job["id"], owner, wait_s)
-    finished = JobStatus(job["status"]).is_terminal()
+    finished = job["status"].is_terminal()
     status = 202 if accepted.created and not finished else 200
-    return json_response(job, status, {"Location": job["urls"]["get"]})
+    return job_response(job, status, {"Location": job["urls"]["get"]})
 
 
 @router.get("", response_model=JobList, responses=ERRORS, dependencies=[ReadLimit])
 async def list_jobs(
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
@@ -101,7 +103,7 @@ async def list_jobs(
 async def get_job(
     job_id: JobId,
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     settings: SettingsDep,
     wait: Annotated[float | None, Query(ge=0)] = None,
 ) -> Response:
@@ -117,13 +119,13 @@ async def read_job(
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
     if not wait:
-        return json_response(await queue.get(job_id, owner))
+        return job_response(await queue.get(job_id, owner))
     with queue.hold(owner, "long_polls"):
-        return json_response(await queue.wait(job_id, owner, wait))
+        return job_response(await queue.wait(job_id, owner, wait))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=ERRORS, dependencies=[SubmitLimit])
-async def cancel_job(job_id: JobId, queue: QueueDep, owner: OwnerDep) -> Response:
+async def cancel_job(job_id: JobId, queue: QueueDep, owner: CallerDep) -> Response:
     """Cancel a job. A queued job never starts; a running one stops at the next step; a finished
     one is returned unchanged."""
-    return json_response(await queue.cancel(job_id, owner))
+    return job_response(await queue.cancel(job_id, owner))

@@ -33,6 +33,7 @@ from api.openai_compat import (
     chunk,
     completion,
     echoes,
+    failure_of,
     job_create,
     openai_error,
     samples,
@@ -46,7 +47,7 @@ from api.responses import json_response
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError
-from shared.schemas import JobStatus
+from shared.schemas import JobStatus, JobView
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
@@ -160,7 +161,7 @@ class Shown:
 
 
 async def _stream(
-    kind: Kind, job: dict[str, Any], queue: JobQueue, owner: str, shown: Shown, slot: Slot
+    kind: Kind, job: JobView, queue: JobQueue, owner: str, shown: Shown, slot: Slot
 ) -> AsyncIterator[bytes]:
     """The job as OpenAI chunks, live per completion (with logprobs, per token); a client that goes
     away cancels the job (nobody will read it)."""
@@ -190,7 +191,7 @@ async def _stream(
             await _cancel_quietly(queue, job["id"], owner)
 
 
-def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
+def _opening(kind: Kind, job: JobView, shown: Shown) -> list[bytes]:
     """Chat's assistant-role chunk per choice; a completion's echoed prompt per choice (at once,
     unless buffered)."""
     roles = range(shown.n) if kind is Kind.CHAT else range(0)
@@ -201,9 +202,9 @@ def _opening(kind: Kind, job: dict[str, Any], shown: Shown) -> list[bytes]:
     return frames
 
 
-def _rest(kind: Kind, job: dict[str, Any], shown: Shown, live: LiveChunks) -> list[bytes]:
+def _rest(kind: Kind, job: JobView, shown: Shown, live: LiveChunks) -> list[bytes]:
     """A succeeded job's chunks not streamed live: all of them when buffered."""
-    if job["status"] != JobStatus.SUCCEEDED:
+    if job["status"] is not JobStatus.SUCCEEDED:
         return []
     if shown.buffered:
         chunks = buffered_chunks(kind, job, shown.logprobs, shown.echo, shown.include_usage)
@@ -218,13 +219,12 @@ async def _cancel_quietly(queue: JobQueue, job_id: str, owner: str) -> None:
         await queue.cancel(job_id, owner)
 
 
-def _closing(kind: Kind, job: dict[str, Any], include_usage: bool) -> list[bytes]:
+def _closing(kind: Kind, job: JobView, include_usage: bool) -> list[bytes]:
     """The chunk with finish_reason (and the usage chunk), or an error for a job that did not
     succeed."""
-    if job["status"] != JobStatus.SUCCEEDED:
-        error = job.get("error") or {}
-        message = str(error.get("message") or f"the job ended {job['status']}")
-        return [_data(_error_payload(message, str(error.get("type") or job["status"])))]
+    if job["status"] is not JobStatus.SUCCEEDED:
+        code, message = failure_of(job)
+        return [_data(_error_payload(message, code))]
     frames = [
         _data(chunk(kind, job, None, sample["finish_reason"], include_usage, index))
         for index, sample in enumerate(samples(job))

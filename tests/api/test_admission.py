@@ -4,17 +4,19 @@ allow it to the fallback model's queue, where the fallback's workers run them.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 import redis
 
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_full_queue_sheds_with_503_and_changes_nothing(
-    make_settings, redis_client: redis.Redis
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
 ) -> None:
     settings = make_settings(max_queue_length=3)
     async with api_client(settings) as api:
@@ -31,7 +33,11 @@ async def test_full_queue_sheds_with_503_and_changes_nothing(
         assert 'genq_shed_total{reason="queue_full"} 1.0' in metrics
 
 
-async def test_fallback_routes_to_the_smaller_models_queue(make_settings, redis_client, start_worker) -> None:
+async def test_fallback_routes_to_the_smaller_models_queue(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
     settings = make_settings(max_queue_length=2, fallback_model="random-tiny")
     async with api_client(settings) as api:
         for _ in range(2):

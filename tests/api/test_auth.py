@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
+import redis
 
+from shared.config import Settings
 from tests.conftest import ROOT, api_client, settings_env
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_keys_are_required_and_isolate_owners(make_settings, redis_client) -> None:
+async def test_keys_are_required_and_isolate_owners(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["alice-key", "bob-key"])
     async with api_client(settings) as anonymous:
         missing = await anonymous.post("/v1/jobs", json={"prompt": "x"})
@@ -31,7 +36,7 @@ async def test_keys_are_required_and_isolate_owners(make_settings, redis_client)
     assert not any("alice-key" in key for key in redis_client.keys("*"))
 
 
-def test_anonymous_api_refuses_to_bind_beyond_loopback(make_settings) -> None:
+def test_anonymous_api_refuses_to_bind_beyond_loopback(make_settings: Callable[..., Settings]) -> None:
     env = settings_env(make_settings())
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", "api", "--host", "0.0.0.0", "--port", "1"],

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
 import pytest
 import redis
 
@@ -68,7 +72,12 @@ CASES = [
 
 @pytest.mark.parametrize(("body", "status", "param", "phrase"), CASES)
 async def test_schema_violations_name_the_field_and_create_nothing(
-    api, redis_client: redis.Redis, body: dict, status: int, param: str, phrase: str
+    api: httpx.AsyncClient,
+    redis_client: redis.Redis,
+    body: dict[str, Any],
+    status: int,
+    param: str,
+    phrase: str,
 ) -> None:
     response = await api.post("/v1/jobs", json=body)
     assert response.status_code == status, response.text
@@ -79,7 +88,7 @@ async def test_schema_violations_name_the_field_and_create_nothing(
     assert_nothing_written(redis_client)
 
 
-async def test_malformed_json_is_400(api, redis_client: redis.Redis) -> None:
+async def test_malformed_json_is_400(api: httpx.AsyncClient, redis_client: redis.Redis) -> None:
     response = await api.post(
         "/v1/jobs", content=b'{"prompt": "x"', headers={"content-type": "application/json"}
     )
@@ -88,13 +97,13 @@ async def test_malformed_json_is_400(api, redis_client: redis.Redis) -> None:
     assert_nothing_written(redis_client)
 
 
-async def test_body_over_one_mib_is_413(api, redis_client: redis.Redis) -> None:
+async def test_body_over_one_mib_is_413(api: httpx.AsyncClient, redis_client: redis.Redis) -> None:
     body = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
     response = await api.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "payload_too_large"
 
-    async def chunks():  # no Content-Length: the limit still holds while streaming
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the limit still holds while streaming
         for _ in range(20):
             yield b"a" * 65536
 
@@ -114,7 +123,7 @@ NOT_JOB_IDS = [
 @pytest.mark.parametrize("job_id", NOT_JOB_IDS)
 @pytest.mark.parametrize("suffix", ["", "/stream", "/webhooks", "?wait=1"])
 async def test_anything_not_a_job_id_is_404_before_redis_is_asked(
-    api, redis_client: redis.Redis, job_id: str, suffix: str
+    api: httpx.AsyncClient, redis_client: redis.Redis, job_id: str, suffix: str
 ) -> None:
     redis_client.config_resetstat()
     response = await api.get(f"/v1/jobs/{job_id}{suffix}")
@@ -124,14 +133,14 @@ async def test_anything_not_a_job_id_is_404_before_redis_is_asked(
     assert not {"cmdstat_hgetall", "cmdstat_xrange", "cmdstat_lrange"} & set(asked), asked
 
 
-async def test_cancel_of_a_non_id_is_404(api, redis_client: redis.Redis) -> None:
+async def test_cancel_of_a_non_id_is_404(api: httpx.AsyncClient, redis_client: redis.Redis) -> None:
     response = await api.post("/v1/jobs/..%2Fx/cancel")
     assert response.status_code == 404
     assert_nothing_written(redis_client)
 
 
 @pytest.mark.parametrize("cursor", ["%C2%B3", "-1", "1.5", "12a", "1" * 21, ""])
-async def test_a_cursor_this_api_never_returned_is_422(api, cursor: str) -> None:
+async def test_a_cursor_this_api_never_returned_is_422(api: httpx.AsyncClient, cursor: str) -> None:
     response = await api.get(f"/v1/jobs?cursor={cursor}")
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == "cursor"

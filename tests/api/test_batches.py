@@ -5,15 +5,17 @@ retrieve, list, cancel, files.content on the output and error files."""
 from __future__ import annotations
 
 import io
+import itertools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final, cast
 
 import httpx
 import openai
 import orjson
 import pytest
 import redis
+from openai.types import Batch
 
 from shared import keys
 from shared.config import Settings
@@ -21,7 +23,7 @@ from tests.api.live_server import live_server
 from tests.api.test_openai import client_for
 from tests.conftest import TEST_MODEL, WorkerProcess
 
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 
 
 def chat_line(custom_id: str, text: str, **body: Any) -> bytes:
@@ -34,12 +36,26 @@ def upload(client: openai.OpenAI, content: bytes) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(content)), purpose="batch").id
 
 
+def start_batch(client: openai.OpenAI, content: bytes) -> Batch:
+    """Upload `content` and start a chat-completions batch of it."""
+    return client.batches.create(
+        input_file_id=upload(client, content), endpoint=CHAT, completion_window="24h"
+    )
+
+
 def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60) -> Any:
     deadline = time.monotonic() + timeout_s
     while (batch := client.batches.retrieve(batch_id)).status not in statuses:
         assert time.monotonic() < deadline, f"batch still {batch.status}: {batch}"
         time.sleep(0.1)
     return batch
+
+
+def completed(client: openai.OpenAI, batch_id: str) -> int:
+    """The batch's lines finished so far (genq always sends request_counts; the SDK types it optional)."""
+    counts = client.batches.retrieve(batch_id).request_counts
+    assert counts is not None
+    return counts.completed
 
 
 def results(client: openai.OpenAI, file_id: str | None) -> dict[str, dict[str, Any]]:
@@ -137,8 +153,7 @@ def test_bad_lines_are_reported_in_the_error_file(client: openai.OpenAI, worker:
         chat_line("x" * 513, "x"),
         chat_line("ok-2", "two"),
     ]
-    batch = client.batches.create(input_file_id=upload(client, b"".join(lines)), endpoint=CHAT,
-                                  completion_window="24h")  # fmt: skip
+    batch = start_batch(client, b"".join(lines))
     done = wait_for(client, batch.id, {"completed", "failed"})
     assert done.status == "completed"
     counts = done.request_counts
@@ -195,8 +210,7 @@ def test_whole_file_problems_fail_the_batch(
         too_many = b"".join(chat_line(f"r{i}", "x") for i in range(4))
         cases = {"too_many_lines": too_many, "empty_file": b"\n  \n"}
         for code, content in cases.items():
-            batch = client.batches.create(input_file_id=upload(client, content), endpoint=CHAT,
-                                          completion_window="24h")  # fmt: skip
+            batch = start_batch(client, content)
             failed = wait_for(client, batch.id, {"failed", "completed"})
             assert failed.status == "failed" and failed.failed_at
             assert [e.code for e in failed.errors.data] == [code]
@@ -209,7 +223,7 @@ def test_bad_batch_requests_are_refused_naming_the_field(
     with live_server(make_settings(api_keys=["alice-key", "bob-key"])) as url:
         alice, bob = client_for(url, "alice-key"), client_for(url, "bob-key")
         file_id = upload(alice, chat_line("a", "x"))
-        cases = [
+        cases: list[tuple[dict[str, Any], str]] = [
             (
                 {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
                 "endpoint",
@@ -220,10 +234,10 @@ def test_bad_batch_requests_are_refused_naming_the_field(
         for body, param in cases:
             with pytest.raises(openai.BadRequestError) as refused:
                 alice.batches.create(**body)
-            assert refused.value.body["param"] == param
+            assert cast(dict[str, Any], refused.value.body)["param"] == param
         with pytest.raises(openai.BadRequestError) as other_key:
             bob.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
-        assert other_key.value.body["param"] == "input_file_id"
+        assert cast(dict[str, Any], other_key.value.body)["param"] == "input_file_id"
         assert list(alice.batches.list()) == []
         batch = alice.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
         with pytest.raises(openai.NotFoundError):
@@ -270,10 +284,9 @@ def test_cancel_mid_run_keeps_partial_results(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(10)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(10))
         deadline = time.monotonic() + 60
-        while client.batches.retrieve(batch.id).request_counts.completed < 2:
+        while completed(client, batch.id) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         # Operators see it: one batch active, its window (2 lines) in flight.
@@ -307,8 +320,7 @@ def test_a_batch_past_its_window_expires_with_what_finished(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(12)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(12))
         expired = wait_for(client, batch.id, {"expired", "completed"})
         assert expired.status == "expired" and expired.expired_at
         output, errors = assert_each_line_once(client, expired, 12)
@@ -325,10 +337,9 @@ def test_input_content_lost_mid_run_fails_the_batch_keeping_what_finished(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        batch = client.batches.create(input_file_id=upload(client, slow_lines(10)), endpoint=CHAT,
-                                      completion_window="24h")  # fmt: skip
+        batch = start_batch(client, slow_lines(10))
         deadline = time.monotonic() + 60
-        while client.batches.retrieve(batch.id).request_counts.completed < 2:
+        while completed(client, batch.id) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         (settings.data_dir / "files" / batch.input_file_id).unlink()  # storage lost it
@@ -355,3 +366,40 @@ def test_lines_refused_for_now_wait_instead_of_failing(
         done = wait_for(client, batch.id, {"completed", "failed"})
         assert (done.request_counts.completed, done.request_counts.failed) == (20, 0)
         assert len(results(client, done.output_file_id)) == 20
+
+
+def batch_events(base_url: str, batch_id: str) -> list[dict[str, Any]]:
+    """Every `batch` event of GET /v1/batches/{id}/events, read until the server ends the stream."""
+    events = []
+    with httpx.stream("GET", f"{base_url}/v1/batches/{batch_id}/events", timeout=60) as got:
+        assert got.status_code == 200 and got.headers["content-type"].startswith("text/event-stream")
+        for line in got.iter_lines():
+            if line.startswith("data: "):
+                events.append(orjson.loads(line[len("data: ") :]))
+    return events
+
+
+def test_a_batch_streams_its_progress_until_it_ends(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    settings = slow_settings(make_settings)
+    start_worker(settings)
+    with live_server(settings) as url:
+        client = client_for(url)
+        batch = start_batch(client, slow_lines(6))
+        events = batch_events(url, batch.id)
+        # The stream ended by itself, on the batch as GET shows it: completed, every line counted.
+        assert events[-1] == client.batches.retrieve(batch.id).model_dump(exclude_unset=True)
+        assert events[-1]["status"] == "completed" and events[-1]["request_counts"]["completed"] == 6
+        # Progress shows: counts only grow, and lines finished between the first and last event.
+        completed = [event["request_counts"]["completed"] for event in events]
+        assert completed == sorted(completed) and completed[0] < 6
+        assert len(set(completed)) >= 3, completed
+        # An event is sent for a change, not for each read.
+        assert all(a != b for a, b in itertools.pairwise(events))
+        # An ended batch's stream is its final state at once.
+        assert batch_events(url, batch.id) == [events[-1]]
+        missing = httpx.get(
+            f"{url}/v1/batches/batch_{'0' * 32}/events", headers={"Authorization": "Bearer test-key"}
+        )
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "batch_id"

@@ -187,7 +187,7 @@ async def test_a_hit_sends_its_webhooks(
     assert [_webhook_event(m) for m in reversed(messages)] == [[hit["id"], "start"], [hit["id"], "completed"]]
 
 
-def _webhook_event(message: str) -> Any:
+def _webhook_event(message: str | bytes) -> Any:
     import base64
     import json
 
@@ -315,7 +315,10 @@ async def test_a_dedicated_cache_redis_going_down_leaves_level_one_and_fails_not
 
 @pytest.mark.parametrize("shared", [False, True])
 async def test_with_keys_each_key_has_its_own_cache_unless_shared(
-    make_settings: Callable[..., Settings], redis_client: redis.Redis, start_worker, shared: bool
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    shared: bool,
 ) -> None:
     settings = make_settings(api_keys=["key-a", "key-b"], cache_shared_across_keys=shared)
     start_worker(settings)

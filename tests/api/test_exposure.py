@@ -4,6 +4,7 @@ POST bodies, on the raw-ASGI hot paths and FastAPI's routes alike), and a /metri
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ async def test_an_anonymous_api_answers_only_its_allowed_host_names(
     make_settings: Callable[..., Settings], redis_client: redis.Redis, hot_paths: bool, method: str, path: str
 ) -> None:
     async with api_client(make_settings(api_hot_paths=hot_paths)) as api:
-        body = {"json": {"prompt": "x"}} if method == "POST" else {}
+        body: dict[str, Any] = {"json": {"prompt": "x"}} if method == "POST" else {}
         rebound = await api.request(method, path, headers={"host": "attacker.example:8000"}, **body)
         assert rebound.status_code == 403
         assert rebound.json()["error"] == {
@@ -85,7 +86,7 @@ async def test_an_anonymous_api_takes_an_upload_only_with_authorization(
 ) -> None:
     """A cross-site form can post multipart/form-data but cannot add Authorization (preflight)."""
     async with api_client(make_settings()) as api:
-        upload = {"files": {"file": ("a.jsonl", b"{}\n")}, "data": {"purpose": "batch"}}
+        upload: dict[str, Any] = {"files": {"file": ("a.jsonl", b"{}\n")}, "data": {"purpose": "batch"}}
         refused = await api.post("/v1/files", **upload)
         assert refused.status_code == 415 and refused.json()["error"]["param"] == "Content-Type"
         assert_nothing_written(redis_client)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import boto3
 import httpx
@@ -62,13 +63,13 @@ def test_bad_uploads_are_refused_naming_the_field(keyed_url: str, tmp_path: Path
     alice = client_for(keyed_url, "alice-key")
     with pytest.raises(openai.BadRequestError) as purpose:
         alice.files.create(file=("a.jsonl", io.BytesIO(LINES)), purpose="fine-tune")
-    assert purpose.value.body["param"] == "purpose"
+    assert cast(dict[str, Any], purpose.value.body)["param"] == "purpose"
     with pytest.raises(openai.BadRequestError) as name:
         alice.files.create(file=("a.csv", io.BytesIO(LINES)), purpose="batch")
-    assert name.value.body["param"] == "file"
+    assert cast(dict[str, Any], name.value.body)["param"] == "file"
     with pytest.raises(openai.BadRequestError) as empty:
         alice.files.create(file=("a.jsonl", io.BytesIO(b"")), purpose="batch")
-    assert empty.value.body["param"] == "file"
+    assert cast(dict[str, Any], empty.value.body)["param"] == "file"
     # Over GENQ_FILE_MAX_BYTES (4096 here): 413, whether the body's length was declared or not.
     with pytest.raises(openai.APIStatusError) as large:
         alice.files.create(file=("a.jsonl", io.BytesIO(LINES * 60)), purpose="batch")

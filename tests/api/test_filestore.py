@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -32,7 +33,7 @@ def s3_endpoint() -> Iterator[str]:
     server.stop()
 
 
-def s3_client(url: str) -> object:
+def s3_client(url: str) -> Any:  # boto3 is untyped
     return boto3.client(
         "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
         aws_secret_access_key="test",

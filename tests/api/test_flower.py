@@ -7,17 +7,24 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
+import redis
 
 from cli.redis_server import free_port
-from tests.conftest import ROOT, api_client, settings_env
+from shared.config import Settings
+from tests.conftest import ROOT, WorkerProcess, api_client, settings_env
 
 pytestmark = pytest.mark.anyio
 
+T = TypeVar("T")
 
-def _wait_for(check, timeout_s: float = 40.0):  # type: ignore[no-untyped-def]
+
+def _wait_for(check: Callable[[], T], timeout_s: float = 40.0) -> T:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -31,8 +38,11 @@ def _wait_for(check, timeout_s: float = 40.0):  # type: ignore[no-untyped-def]
 
 
 async def test_flower_lists_the_worker_and_a_finished_task(
-    make_settings, redis_client, start_worker, tmp_path
-):
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
     settings = make_settings(flower_basic_auth="ops:s3cret", worker_task_events=True)
     port = free_port()
     log = (tmp_path / "flower.log").open("w")
@@ -63,7 +73,7 @@ async def test_flower_lists_the_worker_and_a_finished_task(
         log.close()
 
 
-def test_flower_refuses_to_run_without_auth_off_loopback(make_settings) -> None:
+def test_flower_refuses_to_run_without_auth_off_loopback(make_settings: Callable[..., Settings]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", "flower", "--address", "0.0.0.0"],
         env=settings_env(make_settings()), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,

@@ -14,19 +14,18 @@ import httpx
 import pytest
 import redis
 from fastapi import Depends
-from fastapi.routing import APIRoute
 from prometheus_client import REGISTRY
 from starlette.middleware.gzip import GZipMiddleware
 
 from api import hotpath
 from api.app import create_app
-from api.deps import current_owner
-from api.hotpath import HotPathMismatch, limit_kind
-from api.ratelimit import SubmitLimit
+from api.hotpath import HotPathMismatch
+from api.pipeline import PipelineRoute, RouteDeclarationError, caller_owner
+from api.ratelimit import ReadLimit, SubmitLimit
 from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings
-from tests.conftest import api_client, assert_nothing_written
+from tests.conftest import WorkerProcess, api_client, assert_nothing_written
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +93,9 @@ async def test_hot_path_answers_like_the_fastapi_routes(make_settings: Callable[
     assert hot["get unknown"]["status"] == 404
 
 
-async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_client: redis.Redis) -> None:
+async def test_auth_and_rate_limits_hold_on_the_hot_path(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["k1"], rate_limit_submit="2/0.01", rate_limit_read="1000/1000")
     async with api_client(settings) as anonymous:
         refused = await anonymous.post("/v1/jobs", json={"prompt": "x"})
@@ -113,9 +114,28 @@ async def test_auth_and_rate_limits_hold_on_the_hot_path(make_settings, redis_cl
     assert len(redis_client.keys("genq:job:*")) == 2
 
 
-async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
+@pytest.mark.parametrize("hot_paths", [True, False])
+async def test_the_caller_is_asked_where_fastapi_asks_it(
+    make_settings: Callable[..., Settings], hot_paths: bool
+) -> None:
+    """serve() authenticates when the work first asks, so FastAPI's order holds: a malformed body
+    is a 400 whoever sends it and spends no token; a well-formed but invalid one is a 401 without
+    a key, and spends one with it (then 429)."""
+    key = f"order-{hot_paths}"  # a bucket of its own
+    settings = make_settings(api_keys=[key], rate_limit_submit="1/0.001", api_hot_paths=hot_paths)
+    malformed = b'{"prompt": '
+    async with api_client(settings) as anonymous:
+        assert (await anonymous.post("/v1/jobs", content=malformed, headers=JSON)).status_code == 400
+        assert (await anonymous.post("/v1/jobs", json={"prompt": "x", "colour": "blue"})).status_code == 401
+    async with api_client(settings, key) as api:
+        assert (await api.post("/v1/jobs", content=malformed, headers=JSON)).status_code == 400
+        assert (await api.post("/v1/jobs", json={"prompt": "x", "colour": "blue"})).status_code == 422
+        assert (await api.post("/v1/jobs", json={"prompt": "x"})).status_code == 429
+
+
+async def test_requests_of_the_common_shape_skip_fastapi(make_settings: Callable[..., Settings]) -> None:
     """With FastAPI's owner dependency broken, the FastAPI routes fail and the hot path does not:
-    proof that the hot path, not the router, served them."""
+    proof that the hot path, not the router, served them (it asks serve()'s caller directly)."""
 
     def broken() -> str:
         raise RuntimeError("FastAPI dependency reached")
@@ -123,7 +143,7 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
     for hot_paths in (True, False):
         async with api_client(make_settings(api_hot_paths=hot_paths)) as api:
             app = api._transport.app  # type: ignore[attr-defined]
-            app.dependency_overrides[current_owner] = broken
+            app.dependency_overrides[caller_owner] = broken
             try:
                 submitted = await api.post("/v1/jobs", json={"prompt": f"skip fastapi {hot_paths}"})
             except RuntimeError:
@@ -137,7 +157,7 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings) -> None:
                 await api.get("/v1/jobs")
 
 
-async def test_hot_path_requests_are_counted_by_route_template(api) -> None:
+async def test_hot_path_requests_are_counted_by_route_template(api: httpx.AsyncClient) -> None:
     def served(route: str, method: str, status: str) -> float:
         labels = {"route": route, "method": method, "status": status}
         return REGISTRY.get_sample_value("genq_http_requests_total", labels) or 0.0
@@ -207,7 +227,9 @@ async def run_cases(
 
 
 async def test_hot_path_answers_alike_in_every_state(
-    make_settings: Callable[..., Settings], redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """Both ways, each under its own key (its own rate-limit bucket, cache and idempotency keys),
     answer every request of the same sequence with the same status, body and header values."""
@@ -239,6 +261,32 @@ async def test_hot_path_refuses_alike_when_the_queue_is_full_or_redis_is_down(
     assert hot == routed and {answer["status"] for answer in hot.values()} == {503}, hot
 
 
+async def test_both_ways_send_a_job_byte_for_byte_alike(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """The store builds one typed job view and both ways send it through one encoder: the same
+    job read either way is the same bytes, queued, canceled, or finished with output and metrics."""
+    hot_settings = make_settings(api_keys=["k"], api_hot_paths=True)
+    routed_settings = make_settings(api_keys=["k"], api_hot_paths=False)
+    async with api_client(hot_settings, "k") as hot, api_client(routed_settings, "k") as routed:
+
+        async def assert_alike(location: str) -> None:
+            for query in ("", "?wait=0.1"):
+                hot_body = (await hot.get(location + query)).content
+                assert hot_body == (await routed.get(location + query)).content, (location, query)
+
+        queued = await routed.post("/v1/jobs", json={"prompt": "x", "metadata": {"k": "v"}})
+        await assert_alike(queued.headers["location"])
+        await hot.post(queued.json()["urls"]["cancel"])
+        await assert_alike(queued.headers["location"])
+        start_worker(make_settings(placeholder_step_s=0.01))
+        done = await hot.post(
+            "/v1/jobs", json={"prompt": "bytes", "max_tokens": 3}, headers={"Prefer": "wait=20"}
+        )
+        assert done.json()["status"] == "succeeded" and done.json()["output"] is not None
+        await assert_alike(done.headers["location"])
+
+
 def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Where two answers differ, part by part (a readable assertion message)."""
     found: dict[str, Any] = {}
@@ -262,11 +310,22 @@ def closed_port() -> int:
 # --- the hot path mirrors the routes, or the app does not start --------------------------------------
 def test_the_hot_path_takes_its_limit_kinds_from_the_routes(make_settings: Callable[..., Settings]) -> None:
     hot = create_app(make_settings(api_hot_paths=True)).hot_paths  # type: ignore[attr-defined]
-    assert (hot.submit_kind, hot.read_kind) == ("submit", "read")
-    swapped = APIRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
-    assert limit_kind(swapped) == "submit"
-    with pytest.raises(HotPathMismatch, match="declares 0 rate limits"):
-        limit_kind(APIRoute("/v1/jobs/{job_id}", get_job))
+    assert (hot.submit_route.kind, hot.read_route.kind) == ("submit", "read")
+    swapped = PipelineRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
+    assert swapped.kind == "submit"
+    with pytest.raises(RouteDeclarationError, match="declares 0 rate limits"):
+        PipelineRoute("/v1/jobs/{job_id}", get_job)
+    with pytest.raises(RouteDeclarationError, match="declares 2 rate limits"):
+        PipelineRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit, ReadLimit])
+
+
+async def unauthenticated() -> None:
+    """An endpoint that forgot to ask for its caller."""
+
+
+def test_a_pipeline_route_must_ask_for_its_caller() -> None:
+    with pytest.raises(RouteDeclarationError, match="CallerDep"):
+        PipelineRoute("/v1/jobs/x", unauthenticated, dependencies=[ReadLimit])
 
 
 async def audit() -> None:
@@ -276,7 +335,9 @@ async def audit() -> None:
 def test_a_dependency_the_hot_path_does_not_run_stops_the_app(
     make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    audited = APIRoute("/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)])
+    audited = PipelineRoute(
+        "/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)]
+    )
     real = hotpath._route_of
     monkeypatch.setattr(
         hotpath, "_route_of", lambda endpoint: audited if endpoint is submit_job else real(endpoint)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import httpx
 import pytest
 import redis
 
 from shared.config import Settings
+from shared.schemas import JobList, JobPublic, JobSummary
 from shared.store import ClaimOutcome, JobStore, WorkerJobs
 from tests.conftest import WorkerProcess, api_client
 
@@ -18,10 +21,10 @@ pytestmark = pytest.mark.anyio
 
 async def _wait_status(
     api: httpx.AsyncClient, job_id: str, statuses: set[str], timeout_s: float = 30
-) -> dict:
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        job = (await api.get(f"/v1/jobs/{job_id}")).json()
+        job: dict[str, Any] = (await api.get(f"/v1/jobs/{job_id}")).json()
         if job["status"] in statuses or time.monotonic() > deadline:
             return job
         await asyncio.sleep(0.02)
@@ -158,7 +161,7 @@ async def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body
 
 
 async def test_cancel_a_queued_job_means_it_never_starts(
-    api: httpx.AsyncClient, settings: Settings, start_worker
+    api: httpx.AsyncClient, settings: Settings, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     job = (await api.post("/v1/jobs", json={"prompt": "never"})).json()
     canceled = await api.post(f"/v1/jobs/{job['id']}/cancel")
@@ -173,7 +176,9 @@ async def test_cancel_a_queued_job_means_it_never_starts(
 
 
 async def test_cancel_a_running_job_stops_it_and_frees_its_slot(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     from tests.conftest import api_client
 
@@ -204,6 +209,33 @@ async def test_cancel_a_finished_job_returns_it_unchanged(
     assert response.json() == job
 
 
+async def test_every_job_answer_is_what_the_openapi_document_says(
+    api: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    """The routes send the store's JobView as is; JobPublic and JobList (their response models in
+    /openapi.json) describe it: every field and no other, whatever state the job is in (failed:
+    the placeholder engine refuses logprobs)."""
+    body = {"prompt": "documented", "max_tokens": 2}
+    done = await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=20"})
+    failed = await api.post("/v1/jobs", json=body | {"logprobs": 1}, headers={"Prefer": "wait=20"})
+    queued = await api.post("/v1/jobs", json={"prompt": "x", "max_tokens": 1, "priority": "batch"})
+    canceled = await api.post(f"/v1/jobs/{queued.json()['id']}/cancel")
+    cached = await api.post("/v1/jobs", json=body)
+    assert [done.json()["status"], failed.json()["status"], cached.json()["cached"]] == [
+        "succeeded",
+        "failed",
+        True,
+    ]
+    for response in (done, failed, queued, canceled, cached, await api.get(done.headers["location"])):
+        job = response.json()
+        assert set(job) == set(JobPublic.model_fields)
+        JobPublic.model_validate(job)
+    listed = (await api.get("/v1/jobs")).json()
+    summaries = JobList.model_validate(listed).data
+    assert {job.id for job in summaries} >= {done.json()["id"], failed.json()["id"], queued.json()["id"]}
+    assert all(set(job) == set(JobSummary.model_fields) for job in listed["data"])
+
+
 async def test_unknown_job_is_404_everywhere(api: httpx.AsyncClient) -> None:
     for response in (await api.get("/v1/jobs/nope"), await api.post("/v1/jobs/nope/cancel")):
         assert response.status_code == 404
@@ -229,7 +261,9 @@ async def test_list_is_newest_first_paginated_and_filtered(api: httpx.AsyncClien
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "status"
 
 
-async def test_lists_carry_summaries_within_a_byte_bound(make_settings, redis_client: redis.Redis) -> None:
+async def test_lists_carry_summaries_within_a_byte_bound(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(list_max_bytes=8192)
     async with api_client(settings) as api:
         big = "x" * 100_000
@@ -256,7 +290,10 @@ async def test_lists_carry_summaries_within_a_byte_bound(make_settings, redis_cl
 
 
 async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(
-    api: httpx.AsyncClient, settings: Settings, start_worker, redis_client: redis.Redis
+    api: httpx.AsyncClient,
+    settings: Settings,
+    start_worker: Callable[..., WorkerProcess],
+    redis_client: redis.Redis,
 ) -> None:
     batch = [
         (await api.post("/v1/jobs", json={"prompt": f"b{i}", "max_tokens": 1, "priority": "batch"})).json()[
@@ -273,7 +310,7 @@ async def test_priorities_an_interactive_job_overtakes_1000_batch_jobs(
     for job_id in batch:
         pipe.hget(f"genq:job:{job_id}", "started_at")
     started = [float(s) for s in pipe.execute() if s]
-    urgent_started = float(redis_client.hget(f"genq:job:{urgent['id']}", "started_at"))
+    urgent_started = float(cast(str, redis_client.hget(f"genq:job:{urgent['id']}", "started_at")))
     started_ahead = [s for s in started if submitted_at < s < urgent_started]
     overtaken = len(batch) - sum(s < urgent_started for s in started)
     assert overtaken > 500  # it really went ahead of most of them

@@ -5,13 +5,15 @@ worker drains the queue; batch histograms count engine steps; route labels are t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import httpx
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import api_client, wait_until_running
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client, wait_until_running
 
 pytestmark = pytest.mark.anyio
 QUEUE = "genq.placeholder-echo"
@@ -33,8 +35,10 @@ async def queue_length(api: httpx.AsyncClient) -> float:
 
 
 async def test_queue_length_counts_waiting_and_reserved_jobs(
-    make_settings, redis_client: redis.Redis, start_worker
-):
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
     settings = make_settings(placeholder_step_s=0.05, worker_prefetch_multiplier=4, max_batch_size=1)
     async with api_client(settings) as api:
         assert await queue_length(api) == 0
@@ -74,7 +78,9 @@ async def test_http_metrics_use_route_templates(api: httpx.AsyncClient) -> None:
 
 
 def test_worker_exports_batch_and_token_metrics(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     from cli.redis_server import free_port
 

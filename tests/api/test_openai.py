@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 import redis
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from shared.config import Settings
 from tests.api.live_server import live_server
@@ -105,22 +107,22 @@ def test_a_text_completion_with_and_without_streaming(
 
 
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as n_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=17)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, n=17)
     assert n_error.value.param == "n"
     assert n_error.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as temperature_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, temperature=3)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, temperature=3)
     assert temperature_error.value.param == "temperature"
     with pytest.raises(openai.BadRequestError) as echo_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})
     assert echo_error.value.param == "echo"
     with pytest.raises(openai.BadRequestError) as unknown_error:  # never silently dropped
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"top_k": 5})  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"top_k": 5})
     assert unknown_error.value.param == "top_k"
     with pytest.raises(openai.BadRequestError) as top_error:
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)
     assert top_error.value.param == "top_logprobs"
     with pytest.raises(openai.BadRequestError) as many_error:
         client.completions.create(model=TEST_MODEL, prompt="x", logprobs=6)
@@ -129,11 +131,11 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.completions.create(model=TEST_MODEL, prompt="x", n=3, best_of=2)
     assert best_of_error.value.param == "best_of"
     with pytest.raises(openai.BadRequestError) as schema_error:
-        bad = {
+        bad: ResponseFormatJSONSchema = {
             "type": "json_schema",
             "json_schema": {"name": "p", "schema": {"type": "object", "required": 5}},
         }
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, response_format=bad)  # type: ignore[arg-type]
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, response_format=bad)
     assert schema_error.value.param == "response_format"
     with pytest.raises(openai.BadRequestError) as nothing_error:
         client.completions.create(model=TEST_MODEL, prompt="x", max_tokens=0)
@@ -142,7 +144,7 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.completions.create(model=TEST_MODEL, prompt=[[9906, 1917]])
     assert (token_ids_error.value.param or "").startswith("prompt")
     with pytest.raises(openai.NotFoundError) as model_error:
-        client.chat.completions.create(model="gpt-nope", messages=messages)  # type: ignore[arg-type]
+        client.chat.completions.create(model="gpt-nope", messages=messages)
     assert model_error.value.code == "model_not_found"
 
 
@@ -192,10 +194,10 @@ def test_over_the_rate_limit_raises_rate_limit_error(
     start_worker(settings)
     with live_server(settings) as url:
         client = client_for(url)
-        messages = [{"role": "user", "content": "hi"}]
-        assert client.chat.completions.create(model=TEST_MODEL, messages=messages, max_tokens=1).choices  # type: ignore[arg-type]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        assert client.chat.completions.create(model=TEST_MODEL, messages=messages, max_tokens=1).choices
         with pytest.raises(openai.RateLimitError) as error:
-            client.chat.completions.create(model=TEST_MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+            client.chat.completions.create(model=TEST_MODEL, messages=messages, max_tokens=1)
     assert error.value.code == "rate_limit_exceeded"
     assert int(error.value.response.headers["retry-after"]) >= 1
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
 import redis
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from cli.redis_server import EmbeddedRedis
 from tests.api.live_server import live_server
@@ -57,7 +59,7 @@ def test_penalties_logit_bias_and_raw_prompts_reach_the_model(base_url: str) -> 
         messages=[{"role": "user", "content": "hello there"}],
         max_tokens=4,
         temperature=0,
-        logit_bias={str(CAT): 1.0},
+        logit_bias={str(CAT): 1.0},  # type: ignore[dict-item]  # genq takes float biases; the SDK types int
     )
     assert chat.choices[0].message.content == " cat" * 4
 
@@ -111,7 +113,7 @@ def test_echo_scores_the_prompt_like_lm_eval_asks(base_url: str) -> None:
         model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0
     )
     assert more.choices[0].logprobs is not None and more.choices[0].text.startswith(prompt)
-    assert more.choices[0].logprobs.token_logprobs[: len(logprobs.tokens or [])] == logprobs.token_logprobs  # type: ignore[index]
+    assert more.choices[0].logprobs.token_logprobs[: len(logprobs.tokens or [])] == logprobs.token_logprobs
     streamed = list(
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, stream=True)
     )
@@ -178,7 +180,7 @@ COMPACT_SCHEMA = {
 def test_structured_completions_through_the_openai_client_all_validate(base_url: str) -> None:
     """200 json_schema completions from 16 concurrent clients: every one parses and validates."""
     client = _client(base_url)
-    response_format = {
+    response_format: ResponseFormatJSONSchema = {
         "type": "json_schema",
         "json_schema": {"name": "person", "schema": COMPACT_SCHEMA, "strict": True},
     }
@@ -189,7 +191,7 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
             messages=[{"role": "user", "content": f"person {index} as JSON"}],
             max_tokens=60,
             seed=index,
-            response_format=response_format,  # type: ignore[arg-type]
+            response_format=response_format,
         )
         return completion.choices[0].message.content, completion.choices[0].finish_reason
 
@@ -201,7 +203,7 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
     assert len({content for content, _ in answers}) > 50  # sampled, not one answer repeated
     # json_object on random weights: "{" (107) and "}" (109) pushed hard, the grammar still decides.
     braces = {"107": 50, "109": 100}
-    plain = client.completions.create(  # type: ignore[call-overload]
+    plain = client.completions.create(
         model=MODEL,
         prompt="x",
         max_tokens=8,
@@ -213,7 +215,7 @@ def test_structured_completions_through_the_openai_client_all_validate(base_url:
 
 def _stream_while_running(
     base_url: str, create: object, ask: dict[str, object]
-) -> tuple[list[object], dict[str, object]]:
+) -> tuple[list[object], dict[str, Any]]:
     """The chunks of a stream, the job's status when its first token chunk came, and the job at
     the end."""
     status = ""

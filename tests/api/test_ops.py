@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
 
 from cli.redis_server import EmbeddedRedis
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_healthz_and_openapi(api) -> None:
+async def test_healthz_and_openapi(api: httpx.AsyncClient) -> None:
     assert (await api.get("/healthz")).json() == {"status": "ok"}
     schema = (await api.get("/openapi.json")).json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel"} <= set(schema["paths"])
 
 
-async def test_readyz_needs_a_live_worker(api, worker) -> None:
+async def test_readyz_needs_a_live_worker(api: httpx.AsyncClient, worker: WorkerProcess) -> None:
     ready = await api.get("/readyz")
     assert ready.status_code == 200 and ready.json()["workers"] == 1
     worker.kill()
@@ -29,7 +33,9 @@ async def test_readyz_needs_a_live_worker(api, worker) -> None:
     assert "no worker" in gone.json()["reason"]
 
 
-async def test_redis_down_is_a_fast_503_and_the_api_recovers(make_settings, tmp_path) -> None:
+async def test_redis_down_is_a_fast_503_and_the_api_recovers(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
     server = EmbeddedRedis(tmp_path / "flaky", appendonly=True)
     server.start()
     settings = make_settings(redis_url=server.url)

@@ -3,17 +3,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = pytest.mark.anyio
 
 ALICE, BOB = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer bob-key"}
 
 
-async def test_live_job_bound_is_per_key(make_settings, redis_client: redis.Redis, start_worker) -> None:
+async def test_live_job_bound_is_per_key(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
     settings = make_settings(api_keys=["alice-key", "bob-key"], max_live_jobs_per_key=2)
     async with api_client(settings) as api:  # no worker: every accepted job stays queued
         for i in range(2):
@@ -35,7 +42,9 @@ async def test_live_job_bound_is_per_key(make_settings, redis_client: redis.Redi
         assert done.json()["status"] == "succeeded"
 
 
-async def test_stored_bytes_bound_is_per_key(make_settings, redis_client: redis.Redis) -> None:
+async def test_stored_bytes_bound_is_per_key(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["alice-key", "bob-key"], max_stored_bytes_per_key=20_000)
     async with api_client(settings) as api:
         big = {"prompt": "x" * 9_000}
@@ -46,7 +55,9 @@ async def test_stored_bytes_bound_is_per_key(make_settings, redis_client: redis.
         assert (await api.post("/v1/jobs", json=big, headers=BOB)).status_code == 202
 
 
-async def test_a_key_override_replaces_the_default_bound(make_settings, redis_client: redis.Redis) -> None:
+async def test_a_key_override_replaces_the_default_bound(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     """GENQ_RATE_LIMIT_OVERRIDES sets one key's bounds (`live_jobs`, `stored_bytes`), as it does
     its rate limits: bob may hold 3 live jobs while alice keeps the default of 1."""
     from api.auth import owner_of
@@ -61,6 +72,8 @@ async def test_a_key_override_replaces_the_default_bound(make_settings, redis_cl
                 for i in range(4)] == [202, 202, 202, 429]  # fmt: skip
 
 
-def test_an_override_that_is_not_a_whole_number_fails_at_start_up(make_settings) -> None:
+def test_an_override_that_is_not_a_whole_number_fails_at_start_up(
+    make_settings: Callable[..., Settings],
+) -> None:
     with pytest.raises(ValueError, match=r"\['key-x'\]\['live_jobs'\] must be a whole number"):
         make_settings(rate_limit_overrides={"key-x": {"live_jobs": "lots"}})

@@ -7,11 +7,15 @@ import asyncio
 import hashlib
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
-from tests.conftest import ROOT, api_client, settings_env
+from shared.config import Settings
+from tests.conftest import ROOT, ApiProcess, api_client, settings_env
 
 pytestmark = pytest.mark.anyio
 
@@ -20,7 +24,9 @@ def owner_id(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-async def test_the_fifth_submission_of_a_four_token_bucket_is_refused(make_settings, redis_client) -> None:
+async def test_the_fifth_submission_of_a_four_token_bucket_is_refused(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["k1"], rate_limit_submit="4/0.5", rate_limit_read="1000/1000")
     async with api_client(settings, "k1") as api:
         answers = [await api.post("/v1/jobs", json={"prompt": "x"}) for _ in range(5)]
@@ -39,7 +45,7 @@ async def test_the_fifth_submission_of_a_four_token_bucket_is_refused(make_setti
         assert (await api.post("/v1/jobs", json={"prompt": "x"})).status_code == 202  # refilled
 
 
-async def test_per_key_overrides(make_settings, redis_client) -> None:
+async def test_per_key_overrides(make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = make_settings(
         api_keys=["small", "big"],
         rate_limit_submit="1/0.01",
@@ -55,7 +61,11 @@ async def test_per_key_overrides(make_settings, redis_client) -> None:
         ] * 3 + [429]
 
 
-def test_two_api_processes_share_one_bucket(make_settings, redis_client, start_api) -> None:
+def test_two_api_processes_share_one_bucket(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_api: Callable[[Settings], ApiProcess],
+) -> None:
     settings = make_settings(api_keys=["shared"], rate_limit_submit="6/0.01")
     apis = [start_api(settings), start_api(settings)]
     clients = [httpx.Client(base_url=api.url, headers={"Authorization": "Bearer shared"}) for api in apis]
@@ -63,7 +73,9 @@ def test_two_api_processes_share_one_bucket(make_settings, redis_client, start_a
     assert statuses == [202] * 6 + [429, 429]
 
 
-async def test_redis_down_fails_reads_open_and_submissions_closed(make_settings, tmp_path) -> None:
+async def test_redis_down_fails_reads_open_and_submissions_closed(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
     from api.ratelimit import RateLimiter
     from cli.redis_server import EmbeddedRedis
     from shared.errors import Unavailable
@@ -85,7 +97,9 @@ async def test_redis_down_fails_reads_open_and_submissions_closed(make_settings,
 
 
 @pytest.mark.parametrize("name", ["GENQ_RATE_LIMIT_SUBMIT", "GENQ_RATE_LIMIT_READ"])
-def test_a_limit_that_does_not_parse_stops_the_api_at_start_up(make_settings, name: str) -> None:
+def test_a_limit_that_does_not_parse_stops_the_api_at_start_up(
+    make_settings: Callable[..., Settings], name: str
+) -> None:
     """Not a 500 on every request that reaches the limiter: `genq api` refuses to start, naming
     the setting (and never its value)."""
     env = settings_env(make_settings()) | {name: "60per10"}

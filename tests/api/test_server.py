@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 
 import pytest
+import redis
 
 from api.server import OneWriteTransport
 from shared.config import Settings
 from tests.api.live_server import live_server
+from tests.conftest import ApiProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -96,7 +99,9 @@ async def test_writes_of_one_turn_and_of_later_turns_arrive_in_order_and_close_f
     await server.wait_closed()
 
 
-def test_a_client_that_trickles_its_headers_is_cut_off(make_settings, redis_client) -> None:
+def test_a_client_that_trickles_its_headers_is_cut_off(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_header_timeout_s=0.5)
     with live_server(settings) as base_url:
         host, port = base_url.removeprefix("http://").split(":")
@@ -113,7 +118,11 @@ def test_a_client_that_trickles_its_headers_is_cut_off(make_settings, redis_clie
             assert read_response(prompt, bytearray())[0] == b"HTTP/1.1 200 OK"
 
 
-def test_genq_api_runs_this_protocol(make_settings, redis_client, start_api) -> None:
+def test_genq_api_runs_this_protocol(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_api: Callable[[Settings], ApiProcess],
+) -> None:
     """`genq api` (the CLI process, not an app built in the test) serves through
     OneWriteHttpProtocol: its header timeout, which stock uvicorn lacks, cuts a trickling client off."""
     api = start_api(make_settings(api_header_timeout_s=0.5))

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -28,8 +29,8 @@ class Event:
     data: str
     id: str | None
 
-    def json(self) -> dict:
-        return json.loads(self.data)
+    def json(self) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(self.data))
 
 
 async def events_of(response: httpx.Response) -> AsyncIterator[Event | str]:
@@ -69,10 +70,10 @@ def deltas(events: list[Event]) -> str:
     return "".join(e.json()["delta"] for e in events if e.event == "output")
 
 
-async def submit(live: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
+async def submit(live: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict[str, Any]:
     response = await live.post("/v1/jobs", json={"prompt": prompt, "max_tokens": max_tokens, "cache": False})
     assert response.status_code == 202, response.text
-    return response.json()
+    return cast(dict[str, Any], response.json())
 
 
 @pytest.fixture

@@ -12,14 +12,17 @@ import json
 import re
 from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from shared.metrics import QUEUE_LENGTH_METRIC
 from tests.deploy.tools import ROOT, load, load_all, run, tool
 
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (dev extras)")
+if TYPE_CHECKING:
+    import jsonschema
+else:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (dev extras)")
 
 OVERLAYS = ["dev", "prod", "prod-keda"]
 K8S_VERSION = "1.37.0"
@@ -327,7 +330,7 @@ def test_services_select_pods_and_monitors_select_services(docs: tuple[dict[str,
 def worker_container(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     spec = named(docs, "Deployment", "genq-worker")["spec"]["template"]["spec"]
     (container,) = [c for c in spec["containers"] if c["name"] == "worker"]
-    return container
+    return cast(dict[str, Any], container)  # parsed YAML
 
 
 def worker_queue(docs: tuple[dict[str, Any], ...]) -> str:

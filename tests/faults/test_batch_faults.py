@@ -17,7 +17,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
-from tests.api.test_batches import CHAT, chat_line, results, upload, wait_for
+from tests.api.test_batches import CHAT, chat_line, completed, results, upload, wait_for
 from tests.api.test_openai import client_for
 from tests.conftest import ApiProcess, WorkerProcess, wait_until_acked
 
@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 LINES = 300
 
 
-def wait_completed(client: object, batch_id: str, at_least: int) -> None:
+def wait_completed(client: openai.OpenAI, batch_id: str, at_least: int) -> None:
     deadline = time.monotonic() + 60
-    while client.batches.retrieve(batch_id).request_counts.completed < at_least:  # type: ignore[attr-defined]
+    while completed(client, batch_id) < at_least:
         assert time.monotonic() < deadline
         time.sleep(0.05)
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
+
+from shared.config import Settings
+from tests.conftest import ApiProcess
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +39,9 @@ async def burst(url: str, count: int) -> Counter[int]:
 
 
 def test_a_burst_ten_times_over_the_limit_gets_only_202_and_429(
-    make_settings, redis_client, start_api
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_api: Callable[[Settings], ApiProcess],
 ) -> None:
     # A bucket of 50 refilled at 5/s; each burst sends 1,000 as fast as it can (a few seconds here).
     api = start_api(make_settings(rate_limit_submit="50/5", max_queue_length=0))

@@ -54,7 +54,7 @@ SEEDS = [1, 207200094770492595203603346250873041724, random.SystemRandom().getra
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=["1", "cursor", "random"])
-def test_api_conforms_to_its_openapi_document(api_url: str, tmp_path, seed: int) -> None:
+def test_api_conforms_to_its_openapi_document(api_url: str, tmp_path: Path, seed: int) -> None:
     # Schemathesis's CLI (its pytest plugin does not load under pytest 9): a non-zero exit is a
     # failed check; its output names the operation and a reproducing curl command.
     result = subprocess.run(

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 
-from tests.conftest import api_client, wait_until_acked, wait_until_running
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client, wait_until_acked, wait_until_running
 from workers.runtime import FATAL_EXIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def test_engine_death_hands_every_job_back_and_fails_none(
-    make_settings, redis_client: redis.Redis, start_worker, tmp_path
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
 ) -> None:
     """The engine's step fails fatally (the test-only fault file): the worker hands its jobs back
     before it exits, so none is recorded `failed`; the next worker finishes them."""
@@ -40,7 +47,9 @@ async def test_engine_death_hands_every_job_back_and_fails_none(
 
 
 async def test_a_job_handed_back_late_in_its_window_still_runs(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """Drained near its queue deadline, a job gets a fresh one: the next worker runs it instead
     of failing it as 'timeout before it ran'. The API gives jobs 5 s in the queue; the workers
@@ -61,7 +70,9 @@ async def test_a_job_handed_back_late_in_its_window_still_runs(
 
 
 async def test_a_job_dropped_by_a_live_worker_is_rescued_by_its_lease(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """A worker that keeps heart-beating but no longer runs a job (here: its record says running
     on that worker, and the worker never received it) does not hold it for the record's TTL: the
@@ -75,7 +86,8 @@ async def test_a_job_dropped_by_a_live_worker_is_rescued_by_its_lease(
         # Roll the finished job back to "running on a live worker that holds nothing".
         redis_client.hset(f"genq:job:{job_id}", mapping={"status": "running", "lease": time.time() + 1})
         redis_client.zadd("genq:leases", {job_id: time.time() + 1})
-        redis_client.sadd(f"genq:owner:{redis_client.hget(f'genq:job:{job_id}', 'owner')}:live", job_id)
+        owner = cast(str, redis_client.hget(f"genq:job:{job_id}", "owner"))
+        redis_client.sadd(f"genq:owner:{owner}:live", job_id)
         assert live_worker and worker.process.poll() is None
         deadline = time.monotonic() + 20
         while redis_client.hget(f"genq:job:{job_id}", "status") != "succeeded":

@@ -55,7 +55,9 @@ async def as_key(api: ApiProcess, key: str) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def test_a_key_reaches_none_of_another_keys_jobs(tenants: Settings, start_api, redis_client) -> None:
+async def test_a_key_reaches_none_of_another_keys_jobs(
+    tenants: Settings, start_api: Callable[[Settings], ApiProcess], redis_client: redis.Redis
+) -> None:
     api = start_api(tenants)
     async with as_key(api, KEY_A) as a, as_key(api, KEY_B) as b:
         job = (await b.post("/v1/jobs", json={"prompt": "b's", "model": IDLE_MODEL, "webhook": None})).json()
@@ -76,7 +78,10 @@ async def test_a_key_reaches_none_of_another_keys_jobs(tenants: Settings, start_
 
 
 async def test_streams_and_long_polls_past_a_keys_limit_cost_only_that_key(
-    tenants: Settings, start_api, worker: WorkerProcess, redis_client: redis.Redis
+    tenants: Settings,
+    start_api: Callable[[Settings], ApiProcess],
+    worker: WorkerProcess,
+    redis_client: redis.Redis,
 ) -> None:
     api = start_api(tenants)
     port = int(api.url.rsplit(":", 1)[1])
@@ -119,7 +124,9 @@ async def test_streams_and_long_polls_past_a_keys_limit_cost_only_that_key(
         assert (await a.get(f"/v1/jobs/{held_job}", params={"wait": 0.1})).status_code == 200  # slots back
 
 
-async def test_listing_big_jobs_keeps_the_api_memory_bounded(tenants: Settings, start_api) -> None:
+async def test_listing_big_jobs_keeps_the_api_memory_bounded(
+    tenants: Settings, start_api: Callable[[Settings], ApiProcess]
+) -> None:
     api = start_api(tenants)
     big = [{"role": "user", "content": "y" * 120_000} for _ in range(8)]  # ~0.96 MB of input
     async with as_key(api, KEY_A) as a:

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from cli.redis_server import EmbeddedRedis
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
-async def test_jobs_survive_a_redis_restart_with_aof(make_settings, start_worker, tmp_path) -> None:
+async def test_jobs_survive_a_redis_restart_with_aof(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
     server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
     server.start()
     settings = make_settings(redis_url=server.url, placeholder_step_s=0.02, heartbeat_ttl_s=30)

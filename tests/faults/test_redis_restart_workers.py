@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 HELD = 6
 
 
-async def test_workers_holding_messages_survive_a_redis_restart(tmp_path) -> None:
+async def test_workers_holding_messages_survive_a_redis_restart(tmp_path: Path) -> None:
     server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
     server.start()
     settings = hook_settings(server.url, tmp_path / "genq", webhook_retry_delays_s=["600"],

@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 PROMPT = "x " * 1000  # ~2 KB per job, as the issue's reproduction
 
 
-async def test_a_full_redis_answers_503_and_loses_nothing(make_settings, start_worker, tmp_path) -> None:
+async def test_a_full_redis_answers_503_and_loses_nothing(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
     server = EmbeddedRedis(tmp_path / "full", appendonly=False)
     server.start()
     client = redis.Redis.from_url(server.url, decode_responses=True)
@@ -50,9 +56,9 @@ async def test_a_full_redis_answers_503_and_loses_nothing(make_settings, start_w
         server.stop()
 
 
-async def _submit_until_refused(api) -> tuple[list[str], list]:  # type: ignore[no-untyped-def]
+async def _submit_until_refused(api: httpx.AsyncClient) -> tuple[list[str], list[httpx.Response]]:
     accepted: list[str] = []
-    refusals = []
+    refusals: list[httpx.Response] = []
     deadline = time.monotonic() + 60
     while len(refusals) < 5 and time.monotonic() < deadline:
         response = await api.post("/v1/jobs", json={"prompt": PROMPT, "max_tokens": 40, "cache": False})
@@ -65,7 +71,10 @@ async def _submit_until_refused(api) -> tuple[list[str], list]:  # type: ignore[
 
 @pytest.mark.parametrize("queues", [(), ("--queues=webhooks",)])
 async def test_a_worker_that_reconnects_to_a_full_redis_stays_up(
-    make_settings, start_worker, tmp_path, queues: tuple[str, ...]
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+    queues: tuple[str, ...],
 ) -> None:
     """A consumer that reconnects declares its queues again (kombu writes its binding set): with
     the store full, that write is refused, and stock kombu's error stopped the worker for good

@@ -8,6 +8,7 @@ that fails first attempts so that retries are in flight when the fault hits."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,7 +24,7 @@ JOBS = 12
 
 
 @pytest.mark.parametrize("fault", ["squeeze", "restart"])
-async def test_no_completion_webhook_is_lost(tmp_path, fault: str) -> None:
+async def test_no_completion_webhook_is_lost(tmp_path: Path, fault: str) -> None:
     server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
     server.start()
     client = redis.Redis.from_url(server.url)

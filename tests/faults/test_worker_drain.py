@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 
-from tests.conftest import api_client, wait_until_running
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def test_sigterm_finishes_jobs_in_flight(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     settings = make_settings(placeholder_step_s=0.05, drain_timeout_s=30)
     worker = start_worker(settings, "--concurrency=2")
@@ -38,7 +42,9 @@ async def test_sigterm_finishes_jobs_in_flight(
 
 
 async def test_drain_timeout_hands_unfinished_jobs_back(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     settings = make_settings(placeholder_step_s=0.05, drain_timeout_s=1, visibility_timeout_s=900)
     worker = start_worker(settings, "--concurrency=2")

@@ -5,16 +5,21 @@ the dead worker's messages are dropped with them (nothing left unacknowledged)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 
-from tests.conftest import api_client, wait_until_acked, wait_until_running
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client, wait_until_acked, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def test_sigkill_mid_batch_loses_nothing(
-    make_settings, redis_client: redis.Redis, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     settings = make_settings(placeholder_step_s=0.05, visibility_timeout_s=900, job_timeout_s=5)
     doomed = start_worker(settings, "--concurrency=4")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import runpy
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tests.deploy.tools import ROOT, load, run
 from tests.monitoring.prometheus import binary
@@ -16,7 +17,7 @@ RULES = "deploy/prometheus/genq-rules.yaml"
 RULE_TESTS = "deploy/prometheus/genq-rules.test.yaml"
 
 
-def alerts() -> list[dict[str, str]]:
+def alerts() -> list[dict[str, Any]]:
     return [rule for group in load(RULES)["groups"] for rule in group["rules"] if "alert" in rule]
 
 

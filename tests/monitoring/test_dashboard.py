@@ -133,7 +133,7 @@ def traffic(api: str, receiver: str, wave: int) -> None:
             httpx.get(f"{api}/v1/jobs/{job_id}", params={"wait": 30}, timeout=40).json()["status"]
             == "succeeded"
         )
-    statuses = []
+    statuses: list[int] = []
     while 503 not in statuses:  # long jobs until admission control sheds
         assert len(statuses) < 60, statuses
         job = {"prompt": f"long job {wave} {len(statuses)}", "max_tokens": 60}  # distinct: none coalesce

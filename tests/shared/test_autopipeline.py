@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,13 +22,15 @@ from prometheus_client import REGISTRY
 from cli.redis_server import EmbeddedRedis
 from shared import autopipeline
 from shared.autopipeline import AutoPipeline, DirectCommands, TakeOverFailed, open_commands, pack_command
+from shared.config import Settings
+from shared.logging import FIELDS
 from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def aclient(redis_server: EmbeddedRedis, redis_client) -> AsyncIterator[aioredis.Redis]:
+async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[aioredis.Redis]:
     async_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     yield async_client
     await async_client.aclose()
@@ -52,27 +55,29 @@ async def test_concurrent_commands_share_round_trips(aclient: aioredis.Redis) ->
     assert sent - sent_before == 250
     assert trips - trips_before <= 3  # all issued in one loop turn: one round trip (or a few)
     assert replies[200:] == [{"a": "1", "b": "2"}] * 50  # redis-py's response callbacks applied
-    assert sum([int(await aclient.get(f"n{k}")) for k in range(10)]) == sum(range(200))
+    assert sum([int(cast(str, await aclient.get(f"n{k}"))) for k in range(10)]) == sum(range(200))
 
 
 async def test_an_error_reply_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
     commands = AutoPipeline(aclient)
     await aclient.set("text", "not a hash")
-    ok, wrong, also_ok = await asyncio.gather(
+    replies = await asyncio.gather(
         commands.execute("SET", "a", "1"),
         commands.execute("HGETALL", "text"),
         commands.execute("GET", "a"),
         return_exceptions=True,
     )
+    ok, wrong, also_ok = replies  # unpacked apart: mypy cannot type the unpacking of an awaited gather
     assert ok is True and also_ok == "1"
     assert isinstance(wrong, redis.exceptions.ResponseError) and "WRONGTYPE" in str(wrong)
 
 
 async def test_a_bad_argument_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
     commands = AutoPipeline(aclient)
-    ok, refused = await asyncio.gather(
+    replies = await asyncio.gather(
         commands.execute("SET", "a", "1"), commands.execute("SET", "b", True), return_exceptions=True
     )
+    ok, refused = replies
     assert ok is True
     assert isinstance(refused, redis.exceptions.DataError)
     assert await aclient.exists("b") == 0
@@ -93,7 +98,7 @@ async def test_scripts_are_reloaded_after_a_flush(aclient: aioredis.Redis) -> No
     await aclient.script_flush()
     again = await asyncio.gather(*(commands.run_script(script, ["counter"], [1]) for _ in range(3)))
     assert sorted(again) == [6, 7, 8]
-    assert int(await aclient.get("counter")) == 8
+    assert int(cast(str, await aclient.get("counter"))) == 8
 
 
 async def test_a_lost_server_fails_the_batch_and_the_next_one_reconnects(tmp_path: Path) -> None:
@@ -152,7 +157,7 @@ COMMAND = st.lists(ARG, min_size=1, max_size=8).map(lambda args: ["CMD", *args])
 
 @given(st.lists(COMMAND, min_size=1, max_size=4))
 def test_packing_matches_redis_py(commands: list[list[object]]) -> None:
-    connection = aioredis.Redis().connection_pool.make_connection()
+    connection = aioredis.Redis().connection_pool.make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
     assert b"".join(map(pack_command, commands)) == b"".join(connection.pack_commands(commands))
 
 
@@ -170,7 +175,7 @@ async def test_a_loading_reply_fails_its_command(aclient: aioredis.Redis) -> Non
     reply; a live server in that state answers only between chunks of its load (racy to catch)."""
     from shared.autopipeline import _Link
 
-    connection = aclient.connection_pool.make_connection()
+    connection = aclient.connection_pool.make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
     await connection.connect()
     link = _Link.take_over(connection)
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -199,7 +204,7 @@ async def test_a_take_over_that_breaks_falls_back_to_redis_pys_pool(
     commands = await open_commands(aclient)
     assert isinstance(commands, DirectCommands)
     [record] = [r for r in caplog.records if r.getMessage() == "autopipeline_off"]
-    assert "_writer" in record.genq_fields["error"]
+    assert "_writer" in getattr(record, FIELDS)["error"]
     await commands.execute("SET", "fenced", "1")
     assert await commands.execute("GET", "fenced") == "1"
     assert await connected_clients(aclient) == before  # the connection it opened is closed
@@ -227,7 +232,9 @@ async def test_autopipeline_can_be_turned_off(aclient: aioredis.Redis) -> None:
     await commands.aclose()
 
 
-async def test_the_api_serves_through_the_fallback(make_settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_api_serves_through_the_fallback(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(autopipeline._Link, "take_over", staticmethod(broken_take_over))
     async with api_client(make_settings()) as api:
         submitted = await api.post("/v1/jobs", json={"prompt": "through the fallback"})

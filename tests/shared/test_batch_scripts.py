@@ -24,7 +24,8 @@ def run(client: redis.Redis, name: str, keys_: list[str], args: list[Any]) -> An
 
 def make_batch(client: redis.Redis, status: BatchStatus, **fields: str) -> None:
     new = NewBatch(BATCH, OWNER, "/v1/chat/completions", "file-" + "1" * 32, 1000.0, 2000.0, None)
-    client.hset(keys.batch(BATCH), mapping=new.fields() | {"status": status.value} | fields)
+    # Copied through items(): redis-py types `mapping` with a key type no dict[str, str] matches.
+    client.hset(keys.batch(BATCH), mapping=dict((new.fields() | {"status": status.value} | fields).items()))
     client.expire(keys.batch(BATCH), 3600)
     client.zadd(keys.BATCHES_ACTIVE, {BATCH: 1000})
 

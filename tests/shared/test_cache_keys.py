@@ -155,7 +155,8 @@ def test_each_logit_adjustment_and_logprob_request_is_part_of_the_key() -> None:
     defaults = {"presence_penalty": 0, "frequency_penalty": -0.0, "repetition_penalty": 1, "logit_bias": {},
                 "min_tokens": 0, "n": 1}  # fmt: skip
     assert _key(body) == _key({**body, **defaults})  # as before these fields existed
-    variants = [{"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.1},
+    variants: list[dict[str, Any]] = [
+                {"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.1},
                 {"logit_bias": {"7": 1}}, {"logit_bias": {"7": 2}}, {"min_tokens": 2}, {"logprobs": 0},
                 {"logprobs": 2}, {"prompt_logprobs": 0}, {"n": 2}, {"n": 2, "best_of": 3},
                 {"response_format": {"type": "json_object"}},

@@ -7,6 +7,8 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
+from typing import cast
 
 import pydantic
 import pytest
@@ -34,7 +36,7 @@ def test_keys_are_secret_in_every_repr() -> None:
     assert len(settings.api_key_digests) == 2
 
 
-def test_genq_api_refuses_to_start_on_a_placeholder_outside_dev_mode(tmp_path) -> None:
+def test_genq_api_refuses_to_start_on_a_placeholder_outside_dev_mode(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "GENQ_REDIS_URL": "redis://127.0.0.1:1/0",
            "GENQ_API_KEYS": "CHANGE-ME-api-key-1", "GENQ_DATA_DIR": str(tmp_path)}  # fmt: skip
     result = subprocess.run(
@@ -50,7 +52,7 @@ def _formatted(logger: str, message: str, **event_fields: object) -> dict[str, o
     record = logging.LogRecord(logger, logging.WARNING, __file__, 1, message, None, None)
     if event_fields:
         record.__dict__.update(fields(**event_fields))  # as `extra=fields(...)` sets it
-    return json.loads(JsonFormatter().format(record))
+    return cast(dict[str, object], json.loads(JsonFormatter().format(record)))
 
 
 @pytest.mark.parametrize(

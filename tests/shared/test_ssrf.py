@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -77,6 +78,6 @@ def test_delivery_refusal_is_final_and_sends_nothing(settings: Settings) -> None
     assert result.error is not None and "loopback" in result.error
 
 
-def test_lifting_the_guard_allows_private_targets_on_any_port(make_settings) -> None:
+def test_lifting_the_guard_allows_private_targets_on_any_port(make_settings: Callable[..., Settings]) -> None:
     lifted = make_settings(webhook_allow_private=True).webhook_policy
     assert webhook_http.checked_addresses("http://127.0.0.1:6379/", lifted) == ["127.0.0.1"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -71,7 +71,7 @@ def submit(
 
 
 def record(client: redis.Redis, job_id: str) -> dict[str, str]:
-    return client.hgetall(keys.job(job_id))  # type: ignore[return-value]
+    return cast(dict[str, str], client.hgetall(keys.job(job_id)))
 
 
 def indexed(client: redis.Redis, job_id: str) -> set[str]:
@@ -88,7 +88,7 @@ def messages_in_list(client: redis.Redis, job_id: str) -> int:
 
 def deliver(client: redis.Redis, job_id: str) -> str:
     """What a Celery worker does when it takes the job's message: list -> kombu's unacked hash."""
-    raw = client.rpop(LIST)
+    raw = cast(str | None, client.rpop(LIST))  # one element: no count given
     assert raw is not None and orjson.loads(raw)["headers"]["id"] == job_id
     tag = orjson.loads(raw)["properties"]["delivery_tag"]
     client.hset(keys.KOMBU_UNACKED, tag, orjson.dumps([orjson.loads(raw), "", QUEUE]))

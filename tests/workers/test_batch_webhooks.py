@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import openai
 import pytest
@@ -101,4 +102,4 @@ def test_a_webhook_url_the_policy_refuses_is_a_400(
         with pytest.raises(openai.BadRequestError) as refused:
             client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h",
                                   metadata={"webhook_url": "http://127.0.0.1:8080/hook"})  # fmt: skip
-        assert refused.value.body["param"] == "metadata.webhook_url"
+        assert cast(dict[str, Any], refused.value.body)["param"] == "metadata.webhook_url"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import pytest
 import redis
@@ -82,6 +83,6 @@ async def test_a_drained_job_goes_back_to_the_queue_without_an_attempt(
     await wait_until_running(redis_client, [job_id])
     runtime.drain(timeout_s=0.05)  # SIGTERM: the job is stopped and handed back at the timeout
     await asyncio.to_thread(running.join, 30)
-    record = redis_client.hgetall(keys.job(job_id))
+    record = cast(dict[str, str], redis_client.hgetall(keys.job(job_id)))
     assert (record["status"], record["attempts"], record["worker"]) == ("queued", "0", "")
     assert redis_client.zscore(keys.queued(record["queue"]), job_id) is not None  # findable again

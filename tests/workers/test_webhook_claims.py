@@ -4,10 +4,12 @@ message may make an attempt."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
+from cli.redis_server import EmbeddedRedis
 from tests.workers.test_webhooks import hook_settings
 from workers.deliveries import Deliveries, Delivery
 
@@ -15,7 +17,7 @@ DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
 
 @pytest.fixture
-def deliveries(redis_server, redis_client: redis.Redis, tmp_path) -> Deliveries:
+def deliveries(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> Deliveries:
     return Deliveries(redis_client, hook_settings(redis_server.url, tmp_path / "genq"))
 
 

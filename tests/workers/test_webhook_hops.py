@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 
+from cli.redis_server import EmbeddedRedis
 from tests.conftest import WorkerProcess, api_client
 from tests.workers.test_webhooks import Receiver, hook_settings
 
@@ -20,7 +24,7 @@ DELAY_S = 8.0  # > the visibility timeout: one eta'd message would be handed out
 
 
 async def test_a_long_retry_delay_is_waited_in_hops(
-    redis_server, redis_client: redis.Redis, tmp_path
+    redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     settings = hook_settings(redis_server.url, tmp_path / "genq", visibility_timeout_s=VISIBILITY_S,
                              job_timeout_s=5, webhook_retry_delays_s=[str(DELAY_S)])  # fmt: skip
@@ -46,14 +50,14 @@ async def test_a_long_retry_delay_is_waited_in_hops(
     assert receiver.received[1].at - receiver.received[0].at >= DELAY_S - 0.5
 
 
-async def _watch_unacked_until(client: redis.Redis, done, timeout_s: float) -> float:  # type: ignore[no-untyped-def]
+async def _watch_unacked_until(client: redis.Redis, done: Callable[[], object], timeout_s: float) -> float:
     """The longest any message sat in kombu's unacked index while waiting for `done`."""
     oldest = 0.0
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, "the retry never came"
         now = time.time()
-        for _, since in client.zrange("unacked_index", 0, -1, withscores=True):
+        for _, since in cast(list[tuple[str, float]], client.zrange("unacked_index", 0, -1, withscores=True)):
             oldest = max(oldest, now - since)
         await asyncio.sleep(0.1)
     return oldest

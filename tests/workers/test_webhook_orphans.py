@@ -5,7 +5,9 @@ Redis, then end to end with real worker processes and a real receiver."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -14,7 +16,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.reaper import Reaper
-from tests.conftest import api_client
+from tests.conftest import WorkerProcess, api_client
 from tests.workers.test_webhooks import Receiver, hook_settings, submit_completed_hook, until
 from workers.deliveries import WEBHOOK_LIST, Deliveries, Delivery
 
@@ -31,7 +33,7 @@ def recheck_at(first: float) -> float:
 
 
 @pytest.fixture
-def deliveries(redis_server, redis_client: redis.Redis, tmp_path) -> Deliveries:
+def deliveries(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> Deliveries:
     redis_client.hset(keys.job(DELIVERY.job_id), "status", "succeeded")  # its TTL bounds the delivery's
     redis_client.expire(keys.job(DELIVERY.job_id), 3600)
     return Deliveries(redis_client, hook_settings(redis_server.url, tmp_path / "genq"))
@@ -42,13 +44,13 @@ def reap(client: redis.Redis, now: float) -> dict[str, int]:
     return Reaper(client, 3, 600.0, 1.0).run_once(now)
 
 
-def listed(client: redis.Redis) -> list[dict]:
+def listed(client: redis.Redis) -> list[dict[str, Any]]:
     return [orjson.loads(m) for m in client.lrange(WEBHOOK_LIST, 0, -1)]
 
 
 def take(client: redis.Redis) -> str:
     """What a worker does with the message: the list -> kombu's unacked hash."""
-    raw = client.rpop(WEBHOOK_LIST)
+    raw = cast(str | None, client.rpop(WEBHOOK_LIST))  # one element: no count given
     assert raw is not None
     tag = orjson.loads(raw)["properties"]["delivery_tag"]
     client.hset(keys.KOMBU_UNACKED, tag, raw)
@@ -84,7 +86,7 @@ def test_a_lost_message_is_pushed_again_after_two_checks_under_a_fresh_tag(
 ) -> None:
     """kombu pops a message before it records it unacked: a worker killed in between loses it."""
     deliveries.publish(DELIVERY, "task-1", 1, 0.0, {"due_at": 5.0})
-    lost = orjson.loads(redis_client.rpop(WEBHOOK_LIST) or b"")
+    lost = orjson.loads(cast(str | None, redis_client.rpop(WEBHOOK_LIST)) or b"")
     first = check_at()
     assert reap(redis_client, first) == {}  # suspect: maybe between kombu's two steps right now
     assert reap(redis_client, recheck_at(first)) == {"webhook_repushed": 1}
@@ -101,7 +103,7 @@ def test_a_message_seen_again_before_the_recheck_is_not_pushed(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
     deliveries.publish(DELIVERY, "task-1", 0, 0.0, {})
-    raw = redis_client.rpop(WEBHOOK_LIST)
+    raw = cast(str | None, redis_client.rpop(WEBHOOK_LIST))
     first = check_at()
     assert reap(redis_client, first) == {}
     redis_client.hset(keys.KOMBU_UNACKED, orjson.loads(raw or b"")["properties"]["delivery_tag"], raw or b"")
@@ -131,7 +133,10 @@ def test_an_index_entry_whose_delivery_expired_is_dropped(
 @pytest.mark.anyio
 @pytest.mark.slow
 async def test_a_completion_message_lost_by_the_broker_is_still_delivered(
-    redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path, start_worker
+    redis_server: EmbeddedRedis,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """The job script pushed `job.completed`'s message; a webhook worker popped it and was killed
     before kombu recorded it (here: the message is taken off the list by hand). The reaper pushes

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -48,7 +48,7 @@ class Received:
 
     @property
     def payload(self) -> dict[str, Any]:
-        return json.loads(self.body)
+        return cast(dict[str, Any], json.loads(self.body))
 
     @property
     def type(self) -> str:
@@ -179,7 +179,7 @@ async def delivery_log(api: httpx.AsyncClient, job_id: str) -> list[dict[str, An
 
 
 async def log_until(
-    api: httpx.AsyncClient, job_id: str, done: Callable[[list[dict[str, Any]]], bool]
+    api: httpx.AsyncClient, job_id: str, done: Callable[[list[dict[str, Any]]], object]
 ) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 15
     while not done(entries := await delivery_log(api, job_id)):
@@ -216,7 +216,9 @@ async def submit(
 
 
 # --- events, body, signatures -------------------------------------------------------------------------
-async def test_start_and_completed_are_signed_and_carry_the_job(settings, workers, receivers) -> None:
+async def test_start_and_completed_are_signed_and_carry_the_job(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     receiver = receivers()
     async with api_client(settings) as api:
         job_id = await submit(api, receiver.url, ["start", "completed"])
@@ -241,7 +243,9 @@ async def test_start_and_completed_are_signed_and_carry_the_job(settings, worker
     assert all(e["at"].endswith("Z") and e["duration_ms"] >= 0 for e in entries)
 
 
-async def test_the_filter_selects_the_events(settings, workers, receivers) -> None:
+async def test_the_filter_selects_the_events(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     default, start_only = receivers(), receivers()
     async with api_client(settings) as api:
         default_job = await submit(api, default.url)  # the default filter: completed
@@ -254,7 +258,9 @@ async def test_the_filter_selects_the_events(settings, workers, receivers) -> No
     assert [r.type for r in start_only.received] == ["job.start"]
 
 
-async def test_output_events_reach_the_receiver_while_the_job_runs(settings, workers, receivers) -> None:
+async def test_output_events_reach_the_receiver_while_the_job_runs(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     receiver = receivers()
     notifier = OutputWebhooks(
         redis.Redis.from_url(settings.require_redis_url(), decode_responses=True), settings
@@ -312,7 +318,7 @@ def test_output_notices_are_throttled_to_one_per_second_per_job(
     assert all(later - earlier >= 0.9 for earlier, later in itertools.pairwise(pushes)), pushes
 
 
-def test_on_output_never_blocks_or_raises_when_redis_is_down(make_settings) -> None:
+def test_on_output_never_blocks_or_raises_when_redis_is_down(make_settings: Callable[..., Settings]) -> None:
     unreachable = redis.Redis(port=socket_free_port(), socket_connect_timeout=5)
     notifier = OutputWebhooks(unreachable, make_settings())
     started = time.monotonic()
@@ -330,7 +336,7 @@ def socket_free_port() -> int:
 
 # --- retries ------------------------------------------------------------------------------------------
 async def test_server_errors_are_retried_with_the_same_body_until_success(
-    settings, workers, receivers
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
 ) -> None:
     receiver = receivers({"job.completed": [500, 503]})
     async with api_client(settings) as api:
@@ -350,7 +356,9 @@ async def test_server_errors_are_retried_with_the_same_body_until_success(
     assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # the schedule: 0.2 s, then 0.4 s (plus jitter)
 
 
-async def test_gone_stops_for_good(settings, workers, receivers) -> None:
+async def test_gone_stops_for_good(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     receiver = receivers({"job.completed": [410]})
     async with api_client(settings) as api:
         job_id = await submit(api, receiver.url)
@@ -361,7 +369,9 @@ async def test_gone_stops_for_good(settings, workers, receivers) -> None:
     assert len(receiver.received) == 1
 
 
-async def test_a_failing_receiver_is_given_up_after_the_schedule(settings, workers, receivers) -> None:
+async def test_a_failing_receiver_is_given_up_after_the_schedule(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     receiver = receivers({"job.completed": [500] * 10})
     async with api_client(settings) as api:
         job_id = await submit(api, receiver.url)
@@ -370,7 +380,9 @@ async def test_a_failing_receiver_is_given_up_after_the_schedule(settings, worke
     assert len(receiver.received) == len(DELAYS) + 1
 
 
-async def test_a_receiver_that_is_down_for_a_while_gets_the_delivery(settings, workers, receivers) -> None:
+async def test_a_receiver_that_is_down_for_a_while_gets_the_delivery(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     port = socket_free_port()
     async with api_client(settings) as api:
         job_id = await submit(api, f"http://127.0.0.1:{port}/hooks")
@@ -385,7 +397,9 @@ async def test_a_receiver_that_is_down_for_a_while_gets_the_delivery(settings, w
     assert [e["attempt"] for e in entries] == list(range(1, len(entries) + 1))
 
 
-async def test_a_hanging_receiver_is_cut_at_the_timeout(settings, workers, receivers) -> None:
+async def test_a_hanging_receiver_is_cut_at_the_timeout(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     receiver = receivers({"job.completed": [3.0]})  # hangs 3 s on the first attempt
     async with api_client(settings) as api:
         job_id = await submit(api, receiver.url)
@@ -397,7 +411,9 @@ async def test_a_hanging_receiver_is_cut_at_the_timeout(settings, workers, recei
 
 
 # --- ordering -----------------------------------------------------------------------------------------
-async def test_completed_waits_until_start_was_delivered_or_given_up(settings, workers, receivers) -> None:
+async def test_completed_waits_until_start_was_delivered_or_given_up(
+    settings: Settings, workers: None, receivers: Callable[..., Receiver]
+) -> None:
     slow_start = receivers({"job.start": [500, 500]})
     gone_start = receivers({"job.start": [410]})
     async with api_client(settings) as api:
@@ -422,7 +438,10 @@ async def test_completed_waits_until_start_was_delivered_or_given_up(settings, w
 
 # --- the SSRF guard at delivery time --------------------------------------------------------------------
 async def test_the_guard_refuses_at_delivery_time(
-    redis_server: EmbeddedRedis, tmp_path: Path, receivers, start_worker
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+    receivers: Callable[..., Receiver],
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """A target that passed at submit but is forbidden when delivered (as after DNS rebinding):
     refused, not retried, nothing sent. Its own database, so only this guarded worker delivers."""
@@ -447,7 +466,9 @@ async def test_the_guard_refuses_at_delivery_time(
 
 
 # --- the delivery log endpoint ----------------------------------------------------------------------
-async def test_the_delivery_log_is_only_shown_to_the_jobs_owner(make_settings, redis_client) -> None:
+async def test_the_delivery_log_is_only_shown_to_the_jobs_owner(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=["key-a", "key-b"], webhook_allow_private=True)
     async with api_client(settings, "key-a") as owner, api_client(settings, "key-b") as other:
         job_id = await submit(owner, "http://127.0.0.1:9/")
@@ -486,7 +507,10 @@ def verifies(secret: str, received: Received) -> bool:
 
 
 async def test_each_key_signs_with_its_own_secret_and_no_other(
-    redis_server: EmbeddedRedis, tmp_path: Path, receivers, start_worker
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+    receivers: Callable[..., Receiver],
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """A makes its secret through the API, B has one in settings: each receiver verifies its own
     tenant's events only; the deployment secret signs neither; a rotation signs with both for a day."""
@@ -525,7 +549,10 @@ async def test_each_key_signs_with_its_own_secret_and_no_other(
 
 # --- durability -----------------------------------------------------------------------------------------
 async def test_a_retry_survives_a_killed_worker_and_runs_once(
-    redis_server: EmbeddedRedis, tmp_path: Path, receivers, start_worker
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+    receivers: Callable[..., Receiver],
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """The worker holding a retry (an eta'd, unacknowledged message) is killed: the broker gives the
     message back after the visibility timeout and a new worker delivers it. The retry waits longer

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -18,7 +20,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 UNACTIONABLE = ("Failed to load", "Detected no triton", "is an Enum subclass", "deprecated")
 
 
-def test_a_default_model_worker_starts_without_unactionable_warnings(make_settings, start_worker) -> None:
+def test_a_default_model_worker_starts_without_unactionable_warnings(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
     worker = start_worker(make_settings(model="smollm2-135m-instruct"))
     log = worker.log_path.read_text()
     assert '"event": "worker_ready"' in log  # the output checked is a whole start-up
@@ -27,7 +31,7 @@ def test_a_default_model_worker_starts_without_unactionable_warnings(make_settin
 
 
 def _celery_events(client: redis.Redis, seen: list[str], stop: threading.Event) -> None:
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # unannotated in redis-py
     pubsub.psubscribe("*celeryev*")
     while not stop.is_set():
         message = pubsub.get_message(timeout=0.2)
@@ -38,7 +42,10 @@ def _celery_events(client: redis.Redis, seen: list[str], stop: threading.Event) 
 
 @pytest.mark.parametrize("task_events", [False, True])
 async def test_task_events_are_sent_only_when_asked_for(
-    make_settings, redis_client: redis.Redis, start_worker, task_events: bool
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    task_events: bool,
 ) -> None:
     settings = make_settings(worker_task_events=task_events)
     seen: list[str] = []

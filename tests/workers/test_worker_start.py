@@ -5,19 +5,24 @@ port is one warning line and a port of its own, and only the model worker makes 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
+import redis
 
 from cli.redis_server import free_port
 from shared import keys
-from tests.conftest import api_client
+from shared.config import Settings
+from tests.conftest import WorkerProcess, api_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 async def test_a_second_worker_on_the_same_metrics_port_runs(
-    make_settings, redis_client, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     port = free_port()
     settings = make_settings(worker_metrics_port=port)
@@ -33,7 +38,9 @@ async def test_a_second_worker_on_the_same_metrics_port_runs(
 
 
 async def test_a_webhook_only_worker_does_not_make_the_api_ready(
-    make_settings, redis_client, start_worker
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     settings = make_settings()
     start_worker(settings, "--queues", keys.WEBHOOK_QUEUE)

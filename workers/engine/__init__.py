@@ -1,7 +1,10 @@
 """The inference engine: model loading, scheduling and continuous batching. Imports no Celery.
 
 build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the transformers
-continuous-batching engine (workers/engine/continuous.py) for every other model id. The worker:
+continuous-batching engine (workers/engine/continuous.py) for every other model id. Both run the same
+loop (core.py: each step scheduler.py plans, an executor runs the forward passes, output.py applies
+the tokens) and differ only in the executor (executor.py's Protocol: where other backends plug in).
+The worker:
 
     engine = build_engine(EngineConfig(model=..., on_step=observe_step, on_fatal=exit_soon))
     engine.start()                      # loads, converts on first use, warms up; FatalEngineError if it can't
@@ -10,7 +13,7 @@ continuous-batching engine (workers/engine/continuous.py) for every other model 
     engine.cancel(request_id); engine.shutdown(timeout)
 
 Metrics hooks: EngineConfig.on_step(StepStats) after every engine step (batch_size, tokens,
-prefill_tokens, duration_s, first_token_ms from submit); TransformersEngine.stats() -> EngineStats
+prefill_tokens, duration_s, first_token_ms from submit); engine.stats() -> EngineStats
 counters; every GenerationResult carries queued_ms, time_to_first_token_ms and batch_size.
 Fatal errors: fatal_error is set and EngineConfig.on_fatal is called once, before anything else (a
 worker hands its jobs back and exits non-zero there); then every held future fails with the

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from workers.engine.detokenizer import IncrementalText
 from workers.engine.logprobs import RawLogprob
 from workers.engine.types import (
     FatalEngineError,
@@ -18,6 +20,28 @@ from workers.engine.types import (
     RequestError,
     TokenLogprob,
 )
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life: the scheduler and the executor act on this, not on which
+    container holds it."""
+
+    #: Submitted, not admitted yet (the scheduler's queue).
+    WAITING = "waiting"
+    #: Admitted: prefilled (or being prefilled) and decoded every step, holding a row of the executor.
+    RUNNING = "running"
+    #: Ended by the end-of-sequence token, a stop string or a complete response format.
+    FINISHED_STOPPED = "finished_stopped"
+    #: Ended by max_tokens or the model's context.
+    FINISHED_LENGTH = "finished_length"
+    #: Canceled (by the client or its caller) or past its deadline.
+    FINISHED_ABORTED = "finished_aborted"
+    #: Failed: its prefill, a grammar refusal, or the engine itself.
+    FINISHED_FAILED = "finished_failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
 
 
 @dataclass(eq=False)
@@ -32,13 +56,16 @@ class Sequence:
     reservation: int
     generator: torch.Generator | None
     submitted_at: float
+    #: The completion's text, decoded a few tokens at a time (for stop strings and streaming).
+    text: IncrementalText
+    status: SequenceStatus = SequenceStatus.WAITING
     completion: list[int] = field(default_factory=list)
     admitted_at: float = 0.0
     first_token_at: float | None = None
     batch_size: int = 1
     last_output_at: float = -math.inf
-    #: Length of the text already searched for stop strings.
-    stop_checked_chars: int = 0
+    #: The end of the text already searched for stop strings (as long as the longest stop, less one).
+    stop_tail: str = ""
     #: Set by cancel() from a caller thread; a plain bool store is atomic, and the engine reads it each step.
     cancel_requested: bool = False
     #: The llguidance matcher of the request's response format (SamplingParams.json_schema).

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ def random_model(model_cache: Path) -> LoadedModel:
 def _factory(loaded: LoadedModel, model_id: str, model_cache: Path) -> Iterator[EngineFactory]:
     engines: list[TransformersEngine] = []
 
-    def make(**overrides: object) -> TransformersEngine:
+    def make(**overrides: Any) -> TransformersEngine:
         config = replace(EngineConfig(model=model_id, model_cache=model_cache, torch_threads=1), **overrides)
         engine = TransformersEngine(config, loaded)
         engine.start()

@@ -14,9 +14,11 @@ import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
+from transformers import BatchEncoding
 
 from tests.workers.engine.conftest import ROOT
 from workers.engine import GenerationRequest, SamplingParams
@@ -78,8 +80,11 @@ def test_awq_checkpoint_serves_close_to_the_unquantized_model(
 
     cosines, agreements = [], []
     for prompt, text in zip(PROMPTS, texts, strict=True):
-        prompt_ids = awq.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        prompt_ids = cast(  # a BatchEncoding: return_dict defaults to True
+            BatchEncoding,
+            awq.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True
+            ),
         )["input_ids"]
         ids = torch.tensor([prompt_ids + awq.tokenizer(text).input_ids])
         with torch.inference_mode():  # both models read the AWQ engine's own output, position by position

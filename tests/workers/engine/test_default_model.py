@@ -5,9 +5,11 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from typing import Any, Protocol, cast
 
 import pytest
 import torch
+from transformers import BatchEncoding
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
@@ -29,8 +31,15 @@ PROMPTS = [
 ]
 
 
-def _chat(request_id: str, prompt: str, **params: object) -> GenerationRequest:
-    sampling = SamplingParams(**{"max_tokens": 24, **params})  # type: ignore[arg-type]
+class CausalLM(Protocol):
+    """The model as generate() sees it: LoadedModel declares a PreTrainedModel, and its causal-LM
+    classes add generate() through GenerationMixin (greedy, no dict asked for: token ids)."""
+
+    def generate(self, inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor: ...
+
+
+def _chat(request_id: str, prompt: str, **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(**{"max_tokens": 24, **params})
     return GenerationRequest(request_id, sampling, messages=[{"role": "user", "content": prompt}])
 
 
@@ -54,9 +63,12 @@ def test_batched_greedy_is_identical_to_solo(
     # ... and solo is what transformers' own generate() says (the engine's cache is not fooling itself).
     tokenizer = default_model.tokenizer
     for prompt, result in list(zip(PROMPTS, solo, strict=True))[:2]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = cast(  # a BatchEncoding: return_dict defaults to True
+            BatchEncoding,
+            tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True),
+        )
         with torch.inference_mode():
-            output = default_model.model.generate(
+            output = cast(CausalLM, default_model.model).generate(
                 torch.tensor([ids["input_ids"]]), max_new_tokens=24, do_sample=False
             )
         expected = tokenizer.decode(output[0, len(ids["input_ids"]) :], skip_special_tokens=True)

@@ -26,33 +26,36 @@ def test_batched_decode_matches_uncached_forward(random_model: LoadedModel) -> N
     def tokens(count: int) -> list[int]:
         return torch.randint(10, 40000, (count,), generator=generator).tolist()
 
-    batch = RunningBatch(random_model.model, max_rows=4)
+    batch: RunningBatch[int] = RunningBatch(random_model.model, max_rows=4)
     plan = {0: tokens(3), 5: tokens(90), 9: tokens(7), 30: tokens(150)}  # step -> prompt joining then
-    sequences: list[list[int]] = []  # index == row
+    sequences: dict[int, list[int]] = {}  # member (its joining step) -> its tokens
     with torch.inference_mode():
         for step in range(110):
             if step in plan:
                 cache, logits = batch.prefill(plan[step])
                 # prefill's logits are [1, vocab]: the next token's
                 torch.testing.assert_close(logits[-1], _reference_logits(random_model, plan[step]))
-                assert batch.join(cache) == len(sequences)
-                sequences.append(list(plan[step]))
+                assert batch.join(step, cache) == len(sequences)
+                sequences[step] = list(plan[step])
             if step == 60:  # the second sequence leaves; the last row moves into its place
-                assert batch.leave(1) == len(sequences) - 1
-                sequences[1] = sequences.pop()
-            next_tokens = tokens(len(sequences))
+                batch.leave(5)
+                del sequences[5]
+                assert batch.members == [0, 30, 9] and batch.row(30) == 1
+            members = batch.members
+            next_tokens = tokens(len(members))
             logits = batch.decode(next_tokens)
-            for row, token in enumerate(next_tokens):
-                sequences[row].append(token)
+            for row, (member, token) in enumerate(zip(members, next_tokens, strict=True)):
+                sequences[member].append(token)
                 torch.testing.assert_close(
-                    logits[row], _reference_logits(random_model, sequences[row]), atol=1e-4, rtol=1e-4
+                    logits[row], _reference_logits(random_model, sequences[member]), atol=1e-4, rtol=1e-4
                 )
     assert batch.rows == 3
 
 
 def test_prefix_reuse_matches_full_prefill(random_model: LoadedModel) -> None:
     prompt = torch.randint(10, 40000, (30,), generator=torch.Generator().manual_seed(1)).tolist()
-    plain, shared = RunningBatch(random_model.model, max_rows=2), RunningBatch(random_model.model, max_rows=2)
+    plain: RunningBatch[int] = RunningBatch(random_model.model, max_rows=2)
+    shared: RunningBatch[int] = RunningBatch(random_model.model, max_rows=2)
     with torch.inference_mode():
         shared.share_prefix(prompt[:12])
         plain_cache, plain_logits = plain.prefill(prompt)

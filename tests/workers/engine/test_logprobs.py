@@ -4,6 +4,7 @@ batched or not, with or without penalties (they are the raw model's, as vLLM ret
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -16,8 +17,8 @@ from workers.engine.types import GenerationResult, OutputUpdate
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time there was a", "def add(a, b):"]
 
 
-def _raw(request_id: str, prompt: str, **params: object) -> GenerationRequest:
-    sampling = SamplingParams(**{"max_tokens": 8, "logprobs": 5, **params})  # type: ignore[arg-type]
+def _raw(request_id: str, prompt: str, **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(**{"max_tokens": 8, "logprobs": 5, **params})
     return GenerationRequest(request_id, sampling, prompt=prompt, template="none")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -16,8 +17,8 @@ from workers.engine.penalties import adjust_logits
 from workers.engine.types import GenerationResult
 
 
-def _request(request_id: str, prompt: str = "the same prompt", **params: object) -> GenerationRequest:
-    sampling = SamplingParams(**{"max_tokens": 16, "ignore_eos": True, **params})  # type: ignore[arg-type]
+def _request(request_id: str, prompt: str = "the same prompt", **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(**{"max_tokens": 16, "ignore_eos": True, **params})
     return GenerationRequest(request_id, sampling, prompt=prompt)
 
 
@@ -63,7 +64,9 @@ def test_penalties_break_a_repetition(random_engine: EngineFactory, random_model
     assert engine.submit(_request("plain", logit_bias=cat)).result(30).text == " cat" * 16
     # ... until a penalty takes enough back once " cat" has been said.
     for name, value in (("frequency_penalty", 2.0), ("presence_penalty", 2.0), ("repetition_penalty", 2.0)):
-        penalised = engine.submit(_request(name, logit_bias=cat, **{name: value})).result(30).text
+        penalised = (
+            engine.submit(_request(name, "the same prompt", logit_bias=cat, **{name: value})).result(30).text
+        )
         assert penalised.startswith(" cat") and penalised.count(" cat") <= 2, (name, penalised)
 
 

@@ -6,9 +6,12 @@ import concurrent.futures
 import itertools
 import threading
 import time
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
+from transformers import BatchEncoding
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
@@ -17,8 +20,8 @@ from workers.engine.loading import LoadedModel, load_model
 from workers.engine.types import FatalEngineError, GenerationResult, OutputUpdate
 
 
-def _request(request_id: str, prompt: str, max_tokens: int = 12, **params: object) -> GenerationRequest:
-    return GenerationRequest(request_id, SamplingParams(max_tokens=max_tokens, **params), prompt=prompt)  # type: ignore[arg-type]
+def _request(request_id: str, prompt: str, max_tokens: int = 12, **params: Any) -> GenerationRequest:
+    return GenerationRequest(request_id, SamplingParams(max_tokens=max_tokens, **params), prompt=prompt)
 
 
 def _error(future: concurrent.futures.Future[GenerationResult], timeout: float = 30) -> RequestError:
@@ -39,7 +42,7 @@ def test_label_and_fingerprint_say_random_weights(
         torch.testing.assert_close(reloaded.model.state_dict()[name], weight, rtol=0, atol=0)
 
 
-def _cache_of(factory: EngineFactory) -> object:
+def _cache_of(factory: EngineFactory) -> Path:
     from tests.workers.engine.conftest import MODEL_CACHE
 
     return MODEL_CACHE
@@ -59,8 +62,11 @@ def test_batched_greedy_equals_solo(random_engine: EngineFactory) -> None:
 def test_usage_counts_chat_template_tokens(random_engine: EngineFactory, random_model: LoadedModel) -> None:
     engine = random_engine()
     result = engine.submit(_request("usage", "hello there", max_tokens=5)).result(30)
-    templated = random_model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hello there"}], add_generation_prompt=True, tokenize=True
+    templated = cast(  # a BatchEncoding: return_dict defaults to True
+        BatchEncoding,
+        random_model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hello there"}], add_generation_prompt=True, tokenize=True
+        ),
     )["input_ids"]
     assert result.prompt_tokens == len(templated)
     assert result.completion_tokens == 5

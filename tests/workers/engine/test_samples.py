@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -12,8 +13,8 @@ from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.types import GenerationResult, OutputUpdate
 
 
-def _request(request_id: str, **params: object) -> GenerationRequest:
-    sampling = SamplingParams(**{"max_tokens": 10, "temperature": 1.0, "seed": 40, **params})  # type: ignore[arg-type]
+def _request(request_id: str, **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(**{"max_tokens": 10, "temperature": 1.0, "seed": 40, **params})
     return GenerationRequest(request_id, sampling, prompt="tell me something")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from typing import Any
 
 import jsonschema
 import pytest
@@ -27,8 +28,8 @@ SCHEMA = {
 }
 
 
-def _request(request_id: str, schema: object = SCHEMA, **params: object) -> GenerationRequest:
-    sampling = SamplingParams(  # type: ignore[arg-type]
+def _request(request_id: str, schema: object = SCHEMA, **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(
         **{"max_tokens": 120, "json_schema": None if schema is None else json.dumps(schema), **params}
     )
     return GenerationRequest(request_id, sampling, prompt=f"describe person {request_id} as JSON")

@@ -1,6 +1,6 @@
 """workers/scalein.py: the pod-deletion-cost annotation follows the worker's in-flight count.
 
-Every test here runs the official `kubernetes` client against tests/deploy/fake_kube.py, a local
+Every test here runs the official `kubernetes` client against tests/kube.py, a local
 HTTP server (127.0.0.1, free port, thread) that speaks GET/PATCH /api/v1/namespaces/{ns}/pods/{name}
 with real-shaped Pod and Status bodies and applies merge patches; no cluster is needed.
 """
@@ -12,11 +12,29 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import FakeClock
-from tests.deploy.fake_kube import FakeKube, make_pod
+from shared.logging import FIELDS
+from tests.kube import FakeKube, make_pod
 from workers.scalein import DELETION_COST_ANNOTATION, PodDeletionCost, from_env
 
 NS, POD = "genq", "genq-worker-7d9f8-abcde"
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
@@ -91,7 +109,7 @@ def test_api_errors_are_logged_and_retried_later(
     with caplog.at_level(logging.WARNING, logger="workers.scalein"):
         assert cost.update(4) is False
     (record,) = caplog.records
-    event = record.genq_fields
+    event = getattr(record, FIELDS)
     assert record.getMessage() == "pod_deletion_cost_patch_failed"
     assert event["pod"] == POD and event["inflight"] == 4
     assert f"HTTP {code}" in event["error"]

@@ -1,7 +1,7 @@
 """cli/k8s.py: `genq k8s status` and the pure functions that build its screen.
 
 The command tests run the official `kubernetes` client, configured from a kubeconfig file, against
-tests/deploy/fake_kube.py: a local HTTP server (127.0.0.1, free port, thread) that speaks GET
+tests/kube.py: a local HTTP server (127.0.0.1, free port, thread) that speaks GET
 pods (list with labelSelector), GET autoscaling/v2 horizontalpodautoscalers and the API's /metrics,
 with real-shaped bodies. The pure-function tests deserialize the same bodies with the client's own
 ApiClient, so they see the client's model objects.
@@ -29,7 +29,7 @@ from cli.k8s import (
     render_status,
     worker_views,
 )
-from tests.deploy.fake_kube import FakeKube, make_hpa, make_pod
+from tests.kube import FakeKube, make_hpa, make_pod
 
 METRICS = """\
 # HELP genq_queue_length Jobs accepted and not yet running.

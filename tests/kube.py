@@ -27,6 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+from kubernetes import client
+
 POD_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")
 PODS_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 HPA_PATH = re.compile(
@@ -354,3 +357,17 @@ def serve() -> Iterator[FakeKube]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with serve() as state:
+        yield state
+
+
+@pytest.fixture
+def core_api(kube: FakeKube) -> Any:
+    """The official CoreV1Api, talking to the fake server over HTTP."""
+    configuration = client.Configuration()
+    configuration.host = kube.url
+    return client.CoreV1Api(client.ApiClient(configuration))
