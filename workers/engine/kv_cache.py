@@ -11,6 +11,13 @@ a solo run would) and leave by moving the last row into their place: rows stay d
 costs the live batch only. When the window reaches the right edge, or a new prompt does not fit
 left of `cur`, the window is moved (and the buffers grown) once; both are rare.
 
+Memory follows the live batch, not the limits: buffers hold as many rows as have been live since
+the batch was last empty (grown by doubling up to max_rows), and the first sequence to join an
+empty batch replaces them with one-row buffers (not the leaving row: remove() stays as cheap as it
+was on the step that finishes a request). Allocating max_rows rows up front, and keeping the
+columns an earlier burst had grown, is what took the engine benchmark to its 2.0 GB peak: its
+phases (33 rows allowed; 32 jobs x 64 tokens, then 16 x 256) peaked at 2.33 GB, 1.50 GB since.
+
 It subclasses `Cache` so models accept it as `past_key_values`; the engine passes a ready 4D mask
 and explicit position ids, so transformers' own mask and position logic never asks it for sizes.
 """
@@ -82,18 +89,26 @@ class SlotKVCache(Cache):
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes the K/V buffers take now (an empty batch keeps its last buffers until one joins)."""
+        return sum(buffer.nbytes for buffer in (*self._keys, *self._values))
+
     def append(self, prefill: DynamicCache) -> int:
         """Add a sequence from its prefill cache (batch 1); returns its row."""
         first, _ = layer_kv(prefill, 0)
         length = first.shape[-2]
         if self.rows >= self.max_rows:
             raise RuntimeError(f"SlotKVCache is full ({self.max_rows} rows)")
-        if not self._keys:
-            self._allocate(first, columns=length + _headroom(length))
+        if not self._lengths:  # a new burst: drop the last one's buffers before allocating
+            self._keys, self._values = [], []
+            self._allocate(first, rows=1, columns=length + _headroom(length))
             self._cur = length
         self._prompt_hint = max(self._prompt_hint, length)
         self._make_room(left=length)
         row, span = self.rows, slice(self._cur - length, self._cur)
+        if row >= self._keys[0].shape[0]:
+            self._add_rows(min(self.max_rows, 2 * row))
         for layer, (keys, values) in enumerate(zip(self._keys, self._values, strict=True)):
             source_keys, source_values = layer_kv(prefill, layer)
             keys[row, :, span] = source_keys[0]
@@ -148,13 +163,21 @@ class SlotKVCache(Cache):
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.window + query_length, 0
 
-    def _allocate(self, like: torch.Tensor, columns: int) -> None:
+    def _allocate(self, like: torch.Tensor, rows: int, columns: int) -> None:
         _, heads, _, head_dim = like.shape
-        shape = (self.max_rows, heads, columns, head_dim)
+        shape = (rows, heads, columns, head_dim)
         # Zeros, not empty: masked columns still enter the attention product (times a zero weight),
         # and uninitialized memory can hold NaN, which a zero weight does not cancel.
         self._keys = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in self.layers]
         self._values = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in self.layers]
+
+    def _add_rows(self, rows: int) -> None:
+        """Grow every buffer to `rows` rows (zeros), keeping the live rows' columns."""
+        for buffers in (self._keys, self._values):
+            for index, old in enumerate(buffers):
+                grown = old.new_zeros((rows, *old.shape[1:]))
+                grown[: self.rows] = old[: self.rows]
+                buffers[index] = grown
 
     def _make_room(self, left: int) -> None:
         """Ensure `left` free columns left of `cur` and one free column at `cur`."""
