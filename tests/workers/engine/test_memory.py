@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -29,7 +30,8 @@ def _mapped_ranges(name: str) -> list[tuple[int, int]]:
 
 def test_default_weights_are_the_mapped_file_and_tied_once(default_model: LoadedModel) -> None:
     model = default_model.model
-    embeddings, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    head = cast(torch.Tensor, model.lm_head.weight)  # get_output_embeddings() is untyped
+    embeddings = cast(torch.Tensor, model.get_input_embeddings().weight)
     assert embeddings.data_ptr() == head.data_ptr()  # one 113 MB matrix, not two
     ranges = _mapped_ranges("model.safetensors")
     assert ranges, "the weights file is not memory-mapped"
