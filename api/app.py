@@ -16,24 +16,24 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api import observability
-from api.anonymous import AnonymousGuard
-from api.batch_feeder import BatchFeeder
-from api.batches import Batches
-from api.cache import ResponseCache
-from api.errors import install_error_handlers
-from api.events import JobEvents
-from api.files import Files
-from api.filestore import storage_from_settings
-from api.hotpath import HotPaths
-from api.limits import MULTIPART_OVERHEAD, BodySizeLimit
-from api.queue import JobQueue
-from api.queue_stats import QueueStatsReader
-from api.ratelimit import RateLimiter
+from api.batches.feeder import BatchFeeder
+from api.batches.files import Files
+from api.batches.filestore import storage_from_settings
+from api.batches.service import Batches
+from api.edge import observability
+from api.edge.anonymous import AnonymousGuard
+from api.edge.errors import install_error_handlers
+from api.edge.hotpath import HotPaths
+from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
+from api.edge.ratelimit import RateLimiter
+from api.edge.server import OneWriteHttpProtocol
+from api.jobs.cache import ResponseCache
+from api.jobs.events import JobEvents
+from api.jobs.queue import JobQueue
+from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.stream_hub import StreamHub
+from api.jobs.streams import OutputStreams
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
-from api.server import OneWriteHttpProtocol
-from api.stream_hub import StreamHub
-from api.streams import OutputStreams
 from shared import keys
 from shared.autopipeline import open_commands
 from shared.batches import BatchStore
@@ -109,7 +109,7 @@ async def running_feeder(feeder: BatchFeeder) -> AsyncIterator[None]:
 
 
 class GenqAPI(FastAPI):
-    """FastAPI, with the hot requests answered before its middleware stack (api/hotpath.py), and
+    """FastAPI, with the hot requests answered before its middleware stack (api/edge/hotpath.py), and
     the request metrics around both (so every request is observed by the same code)."""
 
     def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
@@ -134,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
     # uvicorn builds its protocol objects from its own config; this process's answer to how long
-    # a request's headers may take is ours (api/server.py).
+    # a request's headers may take is ours (api/edge/server.py).
     OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
 
     @asynccontextmanager
@@ -182,7 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="LLM inference jobs: submit, poll, stream, cancel.",
         lifespan=lifespan,
-        # Metrics are Prometheus (api/observability.py). FastAPI's native OpenTelemetry hook would
+        # Metrics are Prometheus (api/edge/observability.py). FastAPI's native OpenTelemetry hook would
         # otherwise check for a configured provider on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )

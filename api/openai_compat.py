@@ -27,10 +27,10 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from api.errors import genq_error_response, validation_error_response
-from api.follow import FINAL_ID, Output
-from api.queue import JobQueue
-from api.responses import json_response
+from api.edge.errors import genq_error_response, validation_error_response
+from api.edge.responses import json_response
+from api.jobs.follow import FINAL_ID, Output
+from api.jobs.queue import JobQueue
 from shared import errors
 from shared.logging import fields
 from shared.schemas import ChatMessage, JobCreate, JobStatus, JobView, Priority

@@ -27,7 +27,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from api.app import create_app
-from api.auth import ANONYMOUS
+from api.edge.auth import ANONYMOUS
 from bench.common import (
     BENCH_SETTINGS,
     bench_stack,

@@ -18,7 +18,7 @@ from shared.schemas import JobStatus
 
 #: Statuses after which a job never changes.
 TERMINAL = frozenset(status.value for status in JobStatus if status.is_terminal())
-#: The API sends a `: ping` after 15 s without events (api/follow.py); a read silent for longer
+#: The API sends a `: ping` after 15 s without events (api/jobs/follow.py); a read silent for longer
 #: than this means the connection is dead, so reconnect.
 STREAM_READ_TIMEOUT_S = 30.0
 #: Reconnections in a row without an event in between before the stream is given up.

@@ -68,7 +68,7 @@ def api(
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port or settings.api_port,
         workers=workers, access_log=False, log_config=None,
-        timeout_graceful_shutdown=30, http="api.server:OneWriteHttpProtocol",
+        timeout_graceful_shutdown=30, http="api.edge.server:OneWriteHttpProtocol",
         limit_concurrency=settings.api_limit_concurrency, timeout_keep_alive=settings.api_keep_alive_s,
     )  # fmt: skip
 

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     api_hot_paths: bool = True
     """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) of the
     common shape through a raw-ASGI path that skips FastAPI's per-request machinery
-    (api/hotpath.py); the answers are the same. Turn it off only to compare the two."""
+    (api/edge/hotpath.py); the answers are the same. Turn it off only to compare the two."""
 
     api_autopipeline: bool = True
     """Send the Redis commands that concurrent requests issue in one event-loop turn as one write

@@ -1,5 +1,5 @@
 """genq's one error hierarchy. Each error carries the `type` a client branches on; the API maps
-them to HTTP statuses in exactly one place (api/errors.py)."""
+them to HTTP statuses in exactly one place (api/edge/errors.py)."""
 
 from __future__ import annotations
 

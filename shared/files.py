@@ -1,5 +1,5 @@
 """File records of the batch API (/v1/files): one Redis hash per file, its content in the file
-storage (api/filestore.py) under the file's id. Every read is scoped to the owner."""
+storage (api/batches/filestore.py) under the file's id. Every read is scoped to the owner."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ OWNER_JOBS = PREFIX + ":owner:{owner}:jobs"
 IDEMPOTENCY = PREFIX + ":idem:{owner}:{key_digest}"
 
 #: Redis Stream of one job's output deltas (fields: delta, tokens; index and logprobs when the job
-#: asked for several completions or log-probabilities: api/streams.py), written by the worker
+#: asked for several completions or log-probabilities: api/jobs/streams.py), written by the worker
 #: while it generates and read by any API replica's SSE endpoint. Capped at JOB_STREAM_MAXLEN entries
 #: (approximately); TTL: the job's.
 JOB_STREAM = PREFIX + ":job:{job_id}:stream"
@@ -82,7 +82,7 @@ OWNER_BYTES = PREFIX + ":owner:{owner}:bytes:{day}"
 REAPER_LOCK = PREFIX + ":reaper:lock"
 
 #: Hash of one uploaded or generated file's record (id, owner, bytes, created_at, filename,
-#: purpose, expires_at); its content lives in the file storage (api/filestore.py) under the id.
+#: purpose, expires_at); its content lives in the file storage (api/batches/filestore.py) under the id.
 #: No TTL: a file lives until deleted, or until its expires_at (EXPIREAT) for batch outputs
 #: created with output_expires_after.
 FILE = PREFIX + ":file:{file_id}"

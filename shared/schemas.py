@@ -358,8 +358,8 @@ class JobSummaryView(JobCoreView):
 class JobView(JobCoreView):
     """A job as every read of it returns it (JobPublic documents it). `input` and `output` are
     the JSON the job store holds (of JobInput's and JobOutput's shapes) as decoded, not
-    re-validated: both ways of serving a job (api/hotpath.py, the FastAPI routes) send this one
-    value through one encoder (api/responses.py)."""
+    re-validated: both ways of serving a job (api/edge/hotpath.py, the FastAPI routes) send this one
+    value through one encoder (api/edge/responses.py)."""
 
     input: dict[str, Any]
     output: dict[str, Any] | None

@@ -11,12 +11,12 @@ import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api.batches import BatchCreate, Batches
-from api.concurrency import Slot
-from api.deps import OwnerDep, QueueDep
+from api.batches.service import BatchCreate, Batches
+from api.edge.concurrency import Slot
+from api.edge.deps import OwnerDep, QueueDep
+from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.responses import json_response
 from api.openai_compat import OpenAIRoute
-from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
 from api.routes.openai import OPENAI_ERRORS
 from api.routes.stream import held_stream
 

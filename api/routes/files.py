@@ -12,12 +12,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import StreamingResponse
 
-from api.batches import Batches
-from api.deps import OwnerDep
-from api.files import Files
+from api.batches.files import Files
+from api.batches.service import Batches
+from api.edge.deps import OwnerDep
+from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.responses import json_response
 from api.openai_compat import OpenAIRoute
-from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
 from api.routes.openai import OPENAI_ERRORS
 from shared.files import public_file
 

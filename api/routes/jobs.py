@@ -7,16 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from api.deps import QueueDep, SettingsDep
-from api.pipeline import CallerDep, PipelineRoute
-from api.queue import JobQueue
-from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import job_response, json_response
+from api.edge.deps import QueueDep, SettingsDep
+from api.edge.pipeline import CallerDep, PipelineRoute
+from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.responses import job_response, json_response
+from api.jobs.queue import JobQueue
 from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
 
-#: Every job route goes through api/pipeline.py's serve(), as the hot path's requests do.
+#: Every job route goes through api/edge/pipeline.py's serve(), as the hot path's requests do.
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=PipelineRoute)
 
 #: Longest job id in a path, and longest Idempotency-Key or Prefer header (longer ones get 422).
@@ -70,7 +70,7 @@ async def accept_job(
     prefer: str | None,
 ) -> Response:
     """What `POST /v1/jobs` does once its inputs are parsed: the route above and the raw-ASGI
-    hot path (api/hotpath.py) both end here."""
+    hot path (api/edge/hotpath.py) both end here."""
     wait_s = _prefer_wait(prefer)
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
@@ -115,7 +115,7 @@ async def read_job(
     queue: JobQueue, settings: Settings, job_id: str, owner: str, wait: float | None
 ) -> Response:
     """What `GET /v1/jobs/{id}` does once its inputs are parsed: the route above and the raw-ASGI
-    hot path (api/hotpath.py) both end here."""
+    hot path (api/edge/hotpath.py) both end here."""
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
     if not wait:

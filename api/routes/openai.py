@@ -20,9 +20,12 @@ import redis.exceptions
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from api.concurrency import Slot
-from api.deps import OwnerDep, QueueDep, SettingsDep
-from api.follow import Done, Failure, Output, Ping, follow
+from api.edge.concurrency import Slot
+from api.edge.deps import OwnerDep, QueueDep, SettingsDep
+from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.responses import json_response
+from api.jobs.follow import Done, Failure, Output, Ping, follow
+from api.jobs.queue import JobQueue
 from api.openai_compat import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,9 +44,6 @@ from api.openai_compat import (
     usage_chunk,
     wait_for_job,
 )
-from api.queue import JobQueue
-from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError

@@ -6,8 +6,8 @@ import redis.exceptions
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from api.deps import RedisDep, SettingsDep
-from api.responses import json_response
+from api.edge.deps import RedisDep, SettingsDep
+from api.edge.responses import json_response
 from shared.store import live_workers
 
 router = APIRouter(tags=["ops"])

@@ -16,12 +16,12 @@ from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from api.concurrency import Slot
-from api.deps import OwnerDep, QueueDep
-from api.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
-from api.ratelimit import ReadLimit
+from api.edge.concurrency import Slot
+from api.edge.deps import OwnerDep, QueueDep
+from api.edge.ratelimit import ReadLimit
+from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
+from api.jobs.streams import START_ID, is_entry_id
 from api.routes.jobs import ERRORS, JobId
-from api.streams import START_ID, is_entry_id
 from shared.errors import InvalidRequest
 from shared.schemas import error_body
 

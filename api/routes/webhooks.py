@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from api.deps import OwnerDep, QueueDep, RedisDep
-from api.ratelimit import ReadLimit, SubmitLimit
-from api.responses import json_response
+from api.edge.deps import OwnerDep, QueueDep, RedisDep
+from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.responses import json_response
 from api.routes.jobs import JobId
 from shared import key_secrets, keys
 from shared.schemas import ErrorBody

@@ -1,4 +1,4 @@
--- One API key's token bucket of a kind (api/ratelimit.py); runs on every limited request, so it
+-- One API key's token bucket of a kind (api/edge/ratelimit.py); runs on every limited request, so it
 -- is loaded without the prelude (it builds no key names).
 -- KEYS: bucket. ARGV: capacity, refill per second, cost.
 -- Returns {allowed 0/1, tokens left (x1000), ms until full, ms until `cost` tokens are there}.

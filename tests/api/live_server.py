@@ -1,6 +1,6 @@
 """The real app under a real uvicorn server on a free loopback port, in a thread: for clients that
 speak real HTTP (the official openai client, a headless browser). It runs the HTTP protocol that
-`genq api` runs (api/server.py)."""
+`genq api` runs (api/edge/server.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import uvicorn
 
-from api.server import OneWriteHttpProtocol
+from api.edge.server import OneWriteHttpProtocol
 from shared.config import Settings
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.batch_feeder import batch_capacity, fair_shares
+from api.batches.feeder import batch_capacity, fair_shares
 from shared import keys
 from shared.config import Settings
 from shared.store import WorkerJobs, fleet_slots

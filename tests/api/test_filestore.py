@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from api.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage, lines_from
+from api.batches.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage, lines_from
 from cli.redis_server import free_port
 
 BUCKET = "genq-test"

@@ -1,4 +1,4 @@
-"""The raw-ASGI hot path (api/hotpath.py) answers exactly as the FastAPI routes do, and really
+"""The raw-ASGI hot path (api/edge/hotpath.py) answers exactly as the FastAPI routes do, and really
 serves the requests it claims: every case below is sent to an app with it on and one with it off,
 and the answers compared — status, body and header values — across the request shapes, and
 across states: an idempotent replay and its 409, `Prefer: wait`, a cache hit, a long-poll, a full
@@ -17,11 +17,11 @@ from fastapi import Depends
 from prometheus_client import REGISTRY
 from starlette.middleware.gzip import GZipMiddleware
 
-from api import hotpath
 from api.app import create_app
-from api.hotpath import HotPathMismatch
-from api.pipeline import PipelineRoute, RouteDeclarationError, caller_owner
-from api.ratelimit import ReadLimit, SubmitLimit
+from api.edge import hotpath
+from api.edge.hotpath import HotPathMismatch
+from api.edge.pipeline import PipelineRoute, RouteDeclarationError, caller_owner
+from api.edge.ratelimit import ReadLimit, SubmitLimit
 from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings

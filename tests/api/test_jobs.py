@@ -92,7 +92,7 @@ async def test_a_job_that_ends_while_the_long_poll_reads_it_is_answered_at_once(
     api: httpx.AsyncClient, redis_client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The wake-up that arrives while the long-poll's read is in flight is not lost: the answer
-    comes on it, not at the next recheck (2.5-5 s; api/queue.py RECHECK_S)."""
+    comes on it, not at the next recheck (2.5-5 s; api/jobs/queue.py RECHECK_S)."""
     job = (await api.post("/v1/jobs", json={"prompt": "ends mid-read"})).json()
     worker_jobs = WorkerJobs(
         redis_client, settings.lease_ttl_s, settings.max_attempts, settings.job_timeout_s

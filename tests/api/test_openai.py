@@ -182,8 +182,8 @@ def test_a_wrong_key_raises_authentication_error(
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("api.ratelimit") is None,
-    reason="api/ratelimit.py (rate limiting) is not there yet",
+    importlib.util.find_spec("api.edge.ratelimit") is None,
+    reason="api/edge/ratelimit.py (rate limiting) is not there yet",
 )
 def test_over_the_rate_limit_raises_rate_limit_error(
     make_settings: Callable[..., Settings],

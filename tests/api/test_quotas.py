@@ -60,7 +60,7 @@ async def test_a_key_override_replaces_the_default_bound(
 ) -> None:
     """GENQ_RATE_LIMIT_OVERRIDES sets one key's bounds (`live_jobs`, `stored_bytes`), as it does
     its rate limits: bob may hold 3 live jobs while alice keeps the default of 1."""
-    from api.auth import owner_of
+    from api.edge.auth import owner_of
 
     bob = owner_of("Bearer bob-key", make_settings(api_keys=["alice-key", "bob-key"]))
     settings = make_settings(api_keys=["alice-key", "bob-key"], max_live_jobs_per_key=1,

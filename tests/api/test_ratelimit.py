@@ -76,7 +76,7 @@ def test_two_api_processes_share_one_bucket(
 async def test_redis_down_fails_reads_open_and_submissions_closed(
     make_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    from api.ratelimit import RateLimiter
+    from api.edge.ratelimit import RateLimiter
     from cli.redis_server import EmbeddedRedis
     from shared.errors import Unavailable
 

@@ -1,4 +1,4 @@
-"""The HTTP protocol `genq api` runs (api/server.py): uvicorn's, with the writes of one event-loop
+"""The HTTP protocol `genq api` runs (api/edge/server.py): uvicorn's, with the writes of one event-loop
 turn sent together. Real sockets throughout: responses must arrive whole and in order, on
 keep-alive connections and on ones the server closes. (Streams, which write in many turns, run
 through the same protocol in tests/api/test_stream.py.)"""
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from api.server import OneWriteTransport
+from api.edge.server import OneWriteTransport
 from shared.config import Settings
 from tests.api.live_server import live_server
 from tests.conftest import ApiProcess

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from api import follow
+from api.jobs import follow
 from shared import keys
 from shared.config import Settings
 from tests.api.live_server import live_client

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import genq_error_response
+from api.edge.errors import genq_error_response
 from shared.errors import Forbidden, GenqError, UnsupportedMediaType
 
 

@@ -37,11 +37,11 @@ import anyio.to_thread
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from api.batch_lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
-from api.files import Files
-from api.filestore import FileStorage, lines_from
+from api.batches.files import Files
+from api.batches.filestore import FileStorage, lines_from
+from api.batches.lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
+from api.jobs.queue import Accepted, JobQueue
 from api.openai_compat import Kind
-from api.queue import Accepted, JobQueue
 from shared import keys, metrics
 from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key, result_file_id
 from shared.config import Settings

@@ -1,11 +1,11 @@
 """One request pipeline for the job routes, however a request arrives: `serve()`.
 
 A job request reaches genq one of two ways: through FastAPI's router (a `PipelineRoute`), or
-through the raw-ASGI hot path (api/hotpath.py), which skips FastAPI's dependency solving. Both call
+through the raw-ASGI hot path (api/edge/hotpath.py), which skips FastAPI's dependency solving. Both call
 `serve()`, which owns what the request needs besides its own work: who the caller is
-(api/auth.py), the rate limit of the kind the route declares (api/ratelimit.py), and the one
-mapping of errors to responses (api/errors.py). The request's id, metrics and the rate-limit
-headers serve() leaves in the scope's state are added by `HttpMetrics` (api/observability.py),
+(api/edge/auth.py), the rate limit of the kind the route declares (api/edge/ratelimit.py), and the one
+mapping of errors to responses (api/edge/errors.py). The request's id, metrics and the rate-limit
+headers serve() leaves in the scope's state are added by `HttpMetrics` (api/edge/observability.py),
 which wraps both ways. So a change to any of these lands in both by construction.
 
 The caller is asked once, when the work first needs it (`Caller.owner()`), not before: FastAPI
@@ -26,9 +26,9 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import State
 from starlette.types import Scope
 
-from api.auth import owner_of
-from api.errors import genq_error_response, redis_down_response, redis_error_response
-from api.ratelimit import Kind, limit_reads, limit_submissions
+from api.edge.auth import owner_of
+from api.edge.errors import genq_error_response, redis_down_response, redis_error_response
+from api.edge.ratelimit import Kind, limit_reads, limit_submissions
 from shared.errors import GenqError
 
 #: A request's own work, given its caller: its response.

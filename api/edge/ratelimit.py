@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, Request
 
-from api.deps import OwnerDep
+from api.edge.deps import OwnerDep
 from shared import keys, metrics, scripts
 from shared.autopipeline import Commands
 from shared.config import Settings
@@ -114,7 +114,7 @@ async def _limiter(request: Request) -> RateLimiter:
 async def limit_submissions(
     owner: OwnerDep, limiter: Annotated[RateLimiter, Depends(_limiter)], request: Request
 ) -> None:
-    # Routes return ready-made responses; api/observability.py adds these headers to them.
+    # Routes return ready-made responses; api/edge/observability.py adds these headers to them.
     request.state.response_headers = await limiter.check(owner, "submit")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from api.streams import entry_order
+from api.jobs.streams import entry_order
 from shared import keys
 from shared.logging import fields
 

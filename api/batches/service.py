@@ -1,5 +1,5 @@
 """The API's door to batches: create (checking the input file and the fields OpenAI's clients
-send), read, list, cancel. The feeder (api/batch_feeder.py) does the rest."""
+send), read, list, cancel. The feeder (api/batches/feeder.py) does the rest."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from api.files import Files
+from api.batches.files import Files
 from shared.batches import BATCH_ENDPOINTS, BatchStatus, BatchStore, NewBatch, new_batch_id, public_batch
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound

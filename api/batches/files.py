@@ -1,5 +1,5 @@
 """The API's door to files: records in Redis (shared/files.py), content in the file storage
-(api/filestore.py). Blocking storage calls run on a thread, off the event loop."""
+(api/batches/filestore.py). Blocking storage calls run on a thread, off the event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, BinaryIO
 
 import anyio.to_thread
 
-from api.filestore import FileStorage, file_chunks
+from api.batches.filestore import FileStorage, file_chunks
 from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.files import FilePurpose, FileRecords, NewFile, new_file_id, public_file
 

@@ -8,7 +8,7 @@ benchmark, bench/README.md). The ASGI app cannot merge them; the server can: wri
 one event-loop turn (a response's start and body always are) go out together at the end of
 that turn. Streaming responses keep their timing: each chunk is written in the turn it is sent.
 
-`genq api` runs uvicorn with `http="api.server:OneWriteHttpProtocol"`; everything else in the
+`genq api` runs uvicorn with `http="api.edge.server:OneWriteHttpProtocol"`; everything else in the
 protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own, plus one timeout uvicorn
 lacks: a connection that has not finished sending a request's headers within `header_timeout_s`
 of starting it (or of connecting) is closed. uvicorn only times out idle keep-alive connections,

@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from api.cache import Lookup, ResponseCache
-from api.concurrency import ConcurrencyLimits, Held, Slot
-from api.events import JobEvents
-from api.queue_stats import QueueStatsReader
-from api.stream_hub import StreamHub
-from api.streams import OutputEntry, OutputStreams
+from api.edge.concurrency import ConcurrencyLimits, Held, Slot
+from api.jobs.cache import Lookup, ResponseCache
+from api.jobs.events import JobEvents
+from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.stream_hub import StreamHub
+from api.jobs.streams import OutputEntry, OutputStreams
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
@@ -245,7 +245,7 @@ class JobQueue:
     def follow_stream(
         self, job_id: str, after_id: str, event: asyncio.Event
     ) -> contextlib.AbstractContextManager[None]:
-        """Within the block, `event` is set when the job's stream gets entries (api/stream_hub.py)."""
+        """Within the block, `event` is set when the job's stream gets entries (api/jobs/stream_hub.py)."""
         return self._hub.follow(job_id, after_id, event)
 
     def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:

@@ -19,7 +19,7 @@ class QueueStatsReader:
         self._max_age_s = max_age_s
         self._cached: tuple[float, QueueSnapshot] | None = None
         #: One read in flight per process, however many requests find the cache stale together
-        #: (as ModelFingerprints in api/cache.py).
+        #: (as ModelFingerprints in api/jobs/cache.py).
         self._refreshing: asyncio.Task[None] | None = None
 
     async def read(self) -> QueueSnapshot:

@@ -9,7 +9,7 @@ which the real work (validation, one pipelined Redis round trip, the reply) is ~
 gateway targets (issue 2) cannot be met through that machinery on two cores.
 
 What it does: a request of exactly the common shape is answered here through the same code the
-FastAPI routes run: `serve()` (api/pipeline.py: the caller, the rate limit its route declares, the
+FastAPI routes run: `serve()` (api/edge/pipeline.py: the caller, the rate limit its route declares, the
 error mapping) around `accept_job` or `read_job`, inside the same `HttpMetrics` (request id,
 metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits:
 how clients wait for a job). Anything else goes on, untouched, to FastAPI: another path or method,
@@ -32,8 +32,8 @@ from fastapi import Response
 from fastapi.dependencies.models import Dependant
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.asgi import read_body, replay
-from api.pipeline import Caller, PipelineRoute, Work, serve
+from api.edge.asgi import read_body, replay
+from api.edge.pipeline import Caller, PipelineRoute, Work, serve
 from api.routes import jobs
 from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
 from shared.schemas import JobCreate
@@ -120,7 +120,7 @@ class HotPaths:
     async def _answer(
         self, scope: Scope, send: Send, headers: dict[bytes, bytes], route: PipelineRoute, work: Work
     ) -> None:
-        """Serve the request as its route would (api/pipeline.py) and send the response; the
+        """Serve the request as its route would (api/edge/pipeline.py) and send the response; the
         request's metrics and its remaining headers are HttpMetrics', which wraps this path."""
         scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
         authorization = _text(headers.get(b"authorization"))
@@ -135,7 +135,7 @@ class HotPaths:
 
 
 class HotPathMismatch(RuntimeError):
-    """The hot routes or the app changed in a way api/hotpath.py does not mirror."""
+    """The hot routes or the app changed in a way api/edge/hotpath.py does not mirror."""
 
 
 #: What the hot routes may depend on: serve() asks for the caller (caller_owner), and the hot

@@ -10,8 +10,8 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import Depends, Header, Request
 
-from api.auth import owner_of
-from api.queue import JobQueue
+from api.edge.auth import owner_of
+from api.jobs.queue import JobQueue
 from shared.config import Settings
 
 

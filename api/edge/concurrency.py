@@ -1,7 +1,7 @@
 """Per-key limits on requests that are held open: output streams and long-polls.
 
 A held request costs the process memory and a task for as long as it lasts, whatever the token
-buckets (api/ratelimit.py) say about how often it may start, so a key that opened thousands would
+buckets (api/edge/ratelimit.py) say about how often it may start, so a key that opened thousands would
 starve every other key's. Each API process counts what each key holds and refuses the one past
 the key's limit with 429 (ConcurrencyLimited names the limit); nobody else is refused. Counted
 per process, not in Redis: a count in Redis would outlive a process that died holding slots.

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.responses import json_response
+from api.edge.responses import json_response
 from shared import errors, metrics
 from shared.logging import fields
 from shared.schemas import error_body

@@ -1,5 +1,5 @@
 """HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids,
-headers that dependencies or api/pipeline.py's serve() left in `request.state.response_headers`
+headers that dependencies or api/edge/pipeline.py's serve() left in `request.state.response_headers`
 (rate-limit state), and the /metrics endpoint (multiprocess-aware)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.queue_stats import QueueStatsReader
+from api.jobs.queue_stats import QueueStatsReader
 from shared.config import Settings
 from shared.errors import Unauthorized
 from shared.metrics import (

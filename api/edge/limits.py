@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.asgi import read_body, replay
-from api.errors import genq_error_response
+from api.edge.asgi import read_body, replay
+from api.edge.errors import genq_error_response
 from shared.errors import PayloadTooLarge
 
 #: Room for a multipart upload's boundaries and small fields beyond the file's own cap.

@@ -3,7 +3,7 @@
 Entries are `{delta, tokens}`, with `index` (a completion other than the first, OpenAI's n) and
 `logprobs` (JSON list of the new tokens' entries, when the job asked for them); their Redis ids
 are increasing, so a reader resumes after the last id it saw (XRANGE with an exclusive start).
-Waiting for new ones is the stream hub's (api/stream_hub.py): one blocking read per process,
+Waiting for new ones is the stream hub's (api/jobs/stream_hub.py): one blocking read per process,
 never one per reader.
 """
 

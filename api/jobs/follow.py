@@ -3,7 +3,7 @@
 
 The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record
 turns terminal. So: read what is there (late join), then sleep until the process's stream hub
-(api/stream_hub.py: one XREAD for all followers) says new entries came, or the events hub says
+(api/jobs/stream_hub.py: one XREAD for all followers) says new entries came, or the events hub says
 the job ended, and read them with one short XRANGE; a wake that brought no entries, or RECHECK_S
 without any, re-reads the record. Once the record is terminal, one more read drains everything
 left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job that ended
@@ -23,8 +23,8 @@ from typing import Any
 
 import redis.exceptions
 
-from api.queue import JobQueue
-from api.streams import START_ID, OutputEntry, entry_order
+from api.jobs.queue import JobQueue
+from api.jobs.streams import START_ID, OutputEntry, entry_order
 from shared.errors import NotFound
 from shared.logging import fields
 from shared.schemas import JobStatus, JobView
