@@ -134,6 +134,7 @@ def test_a_small_batch_of_another_key_is_not_starved(
 
 def test_an_interactive_job_starts_at_once_beside_a_batch(
     make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed store: no worker or batch of an earlier test counts
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """A worker with 4 slots and a batch that wants 8 lines at once: the batch gets 3 (a quarter

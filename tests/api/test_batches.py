@@ -380,7 +380,9 @@ def batch_events(base_url: str, batch_id: str) -> list[dict[str, Any]]:
 
 
 def test_a_batch_streams_its_progress_until_it_ends(
-    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed store: no batch of an earlier test is fed beside this one
+    start_worker: Callable[..., WorkerProcess],
 ) -> None:
     settings = slow_settings(make_settings)
     start_worker(settings)
