@@ -14,7 +14,8 @@ from starlette.types import Receive, Scope, Send
 from api.edge.asgi import read_body
 from api.edge.limits import BodySizeLimit
 
-pytestmark = pytest.mark.anyio
+# A body lost on its way to the app shows as a request waiting forever: fail fast instead.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
 CAP = 1000
 UPLOAD_CAP = 5000
