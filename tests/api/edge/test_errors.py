@@ -71,13 +71,16 @@ async def test_each_error_has_its_status_type_body_and_headers(
 
 
 def test_every_error_class_is_in_the_table_above() -> None:
-    """A new error class without a status would answer 500; this test makes it choose one."""
+    """A new error class of shared/errors.py without a status would answer 500; this test makes it
+    choose one. (Classes other modules derive for their own handling, such as the OpenAI routes'
+    JobNotCompleted, are theirs to test.)"""
 
     def subclasses(cls: type[errors.GenqError]) -> set[type[errors.GenqError]]:
         return {cls} | {c for sub in cls.__subclasses__() for c in subclasses(sub)}
 
     tested = {type(error) for error, *_ in CASES}
-    assert subclasses(errors.GenqError) - tested == set()
+    declared = {cls for cls in subclasses(errors.GenqError) if cls.__module__ == errors.__name__}
+    assert declared - tested == set()
     assert set(STATUS_OF) <= tested
 
 
