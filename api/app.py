@@ -22,6 +22,7 @@ from api.batches.filestore import storage_from_settings
 from api.batches.service import Batches
 from api.edge import observability
 from api.edge.anonymous import AnonymousGuard
+from api.edge.autopipeline import open_commands
 from api.edge.errors import install_error_handlers
 from api.edge.hotpath import HotPaths
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
@@ -31,17 +32,16 @@ from api.jobs.cache import ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.store import JobStore, OwnerBounds
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputStreams
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
 from shared import keys
-from shared.autopipeline import open_commands
 from shared.batches import BatchStore
 from shared.config import Settings
 from shared.files import FileRecords
 from shared.logging import configure_logging
 from shared.reaper import Reaper
-from shared.store import JobStore, OwnerBounds
 
 
 def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:

@@ -94,7 +94,7 @@ class Settings(BaseSettings):
 
     api_autopipeline: bool = True
     """Send the Redis commands that concurrent requests issue in one event-loop turn as one write
-    on one connection (shared/autopipeline.py). Off, or should its start-up check fail (logged as
+    on one connection (api/edge/autopipeline.py). Off, or should its start-up check fail (logged as
     `autopipeline_off`): each command goes through redis-py's own connection pool."""
 
     max_body_bytes: int = Field(1 << 20, ge=1024)

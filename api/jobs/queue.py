@@ -20,6 +20,7 @@ from api.edge.concurrency import ConcurrencyLimits, Held, Slot
 from api.jobs.cache import Lookup, ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.store import JobStore, NewJob
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputEntry, OutputStreams
 from shared import keys, metrics
@@ -29,7 +30,7 @@ from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
+from shared.store import is_terminal, job_summary, public_job
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000

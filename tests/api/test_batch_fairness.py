@@ -1,45 +1,21 @@
-"""Fair sharing between batches and with interactive jobs: the fleet's slots as workers publish
-them (a real Redis), and through real processes two keys' batches, and an interactive job that
-starts at once beside a batch that would otherwise fill every slot. The sharing arithmetic
-itself is tested table-driven in tests/api/batches/test_capacity.py."""
+"""Fair sharing between batches and with interactive jobs, through real processes: two keys'
+batches, and an interactive job that starts at once beside a batch that would otherwise fill
+every slot. The sharing arithmetic itself is tested table-driven in
+tests/api/batches/test_capacity.py, the fleet's slots as workers publish them in
+tests/shared/test_store.py."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-import pytest
 import redis
-import redis.asyncio as aioredis
 
-from shared import keys
 from shared.config import Settings
-from shared.store import WorkerJobs, fleet_slots
 from tests.api.live_server import live_server
 from tests.api.test_batches import chat_line, completed, metric, start_batch
 from tests.api.test_openai import client_for
 from tests.conftest import TEST_MODEL, WorkerProcess
-
-
-@pytest.mark.anyio
-async def test_fleet_slots_count_live_workers_only(settings: Settings, redis_client: redis.Redis) -> None:
-    jobs = WorkerJobs(redis_client, lease_s=30, max_attempts=3, job_timeout_s=60)
-    jobs.heartbeat("w1", slots=16)
-    jobs.heartbeat("w2", slots=4)
-    jobs.heartbeat("hooks", keys.WEBHOOK_WORKERS)  # a webhook-only worker runs no jobs
-    redis_client.zadd(keys.WORKERS, {"old-version": time.time()})  # published no slots
-    redis_client.zadd(keys.WORKERS, {"gone": time.time() - 3600})  # its heartbeat lapsed
-    redis_client.hset(keys.WORKER_SLOTS, "gone", 64)
-    client = aioredis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
-    try:
-        assert await fleet_slots(client, heartbeat_ttl_s=30, unknown=8) == 16 + 4 + 8
-        jobs.leave("w1")
-        assert redis_client.hget(keys.WORKER_SLOTS, "w1") is None
-        assert await fleet_slots(client, heartbeat_ttl_s=30, unknown=8) == 4 + 8
-        redis_client.delete(keys.WORKERS)
-        assert await fleet_slots(client, heartbeat_ttl_s=30, unknown=8) == 0
-    finally:
-        await client.aclose()
 
 
 def test_a_small_batch_of_another_key_is_not_starved(
