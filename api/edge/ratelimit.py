@@ -14,9 +14,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, Request
 
+from api.edge.autopipeline import Commands
 from api.edge.deps import OwnerDep
 from shared import keys, metrics, scripts
-from shared.autopipeline import Commands
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
 from shared.logging import fields
