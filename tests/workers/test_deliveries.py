@@ -1,5 +1,5 @@
-"""workers/deliveries.py: the webhook delivery claim as a state machine, against a real Redis
-(which copy of a delivery message may make an attempt), and what one attempt's result means."""
+"""The webhook delivery claim as a state machine, against a real Redis: which copy of a delivery
+message may make an attempt."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import JITTER_FRACTION, Deliveries, Delivery, Outcome, verdict
+from workers.deliveries import JITTER_FRACTION, Deliveries, Delivery, Outcome, Verdict, verdict
 from workers.webhook_http import AttemptResult
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
@@ -47,42 +47,27 @@ def test_a_delivery_with_its_outcome_takes_no_copy(deliveries: Deliveries) -> No
     assert deliveries.claim(DELIVERY, 1)[0] == "over"
 
 
-def _attempt(
-    status_code: int | None = None, error: str | None = None, refused: bool = False
-) -> AttemptResult:
-    return AttemptResult(status_code, error, refused, duration_ms=1.0)
+# --- what one attempt's result means (verdict) ------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("result", "outcome"),
-    [
+def _attempt(status: int | None = None, error: str | None = None, refused: bool = False) -> AttemptResult:
+    return AttemptResult(status, error, refused, duration_ms=1.0)
+
+
+def test_final_verdicts() -> None:
+    for result, outcome in [
         (_attempt(200), Outcome.DELIVERED),
         (_attempt(299), Outcome.DELIVERED),
-        (_attempt(410), Outcome.GONE),  # the receiver asks for no more
-        (_attempt(error="refused: loopback", refused=True), Outcome.REFUSED),
-    ],
-)
-def test_final_verdicts(result: AttemptResult, outcome: Outcome) -> None:
-    assert (verdict(result, 1, [5.0]).outcome, verdict(result, 1, [5.0]).retry_in) == (outcome, None)
+        (_attempt(410), Outcome.GONE),
+        (_attempt(None, "refused", True), Outcome.REFUSED),
+    ]:
+        assert verdict(result, 1, [5.0]) == Verdict(outcome, None)
 
 
-@pytest.mark.parametrize(
-    "result", [_attempt(500), _attempt(301), _attempt(error="timeout: no answer within 10 s")]
-)
-def test_a_failed_attempt_is_retried_on_schedule_then_fails(result: AttemptResult) -> None:
-    delays = [5.0, 300.0]
-    for attempt, delay in enumerate(delays, start=1):
-        retry = verdict(result, attempt, delays)
-        assert retry.outcome is Outcome.RETRYING and retry.retry_in is not None
-        assert delay <= retry.retry_in <= delay * (1 + JITTER_FRACTION)
-    assert verdict(result, len(delays) + 1, delays).outcome is Outcome.FAILED
-
-
-def test_a_delivery_keeps_its_webhook_id_across_retries() -> None:
-    """Receivers deduplicate on webhook-id: every output event has its own, a retry has the same."""
-    assert (
-        Delivery.of("job-1", "completed", "task-1").webhook_id
-        == Delivery.of("job-1", "completed", "task-2").webhook_id
-    )
-    first, second = Delivery.of("job-1", "output", "task-1"), Delivery.of("job-1", "output", "task-2")
-    assert first.webhook_id != second.webhook_id and ":" not in first.webhook_id
+def test_a_failed_attempt_is_retried_on_schedule_with_jitter_then_fails() -> None:
+    for result in (_attempt(500), _attempt(301), _attempt(None, "timeout: no answer within 10 s")):
+        for attempt, delay in enumerate([5.0, 300.0], start=1):
+            retry = verdict(result, attempt, [5.0, 300.0])
+            assert retry.outcome is Outcome.RETRYING
+            assert delay <= (retry.retry_in or 0) <= delay * (1 + JITTER_FRACTION)
+        assert verdict(result, 3, [5.0, 300.0]).outcome is Outcome.FAILED
