@@ -20,8 +20,8 @@ from shared import keys
 from shared.config import Settings
 from shared.logging import JsonFormatter
 from shared.reaper import Reaper
-from shared.store import WorkerJobs
 from tests.shared.test_store_scripts import LEASE_S, MAX_ATTEMPTS, TIMEOUT_S, deliver, lapse, record, submit
+from workers.jobs import WorkerJobs
 
 
 def _running(client: redis.Redis, job_id: str) -> None:
