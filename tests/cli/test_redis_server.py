@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,31 @@ def test_a_supervised_server_runs_in_its_own_process_group(tmp_path: Path) -> No
         assert _client(server).ping()
     finally:
         server.stop()
+
+
+def test_a_port_held_by_another_redis_is_refused_not_taken_for_ours(tmp_path: Path) -> None:
+    """Another server answering PING on the port is not ours: start() says so, and leaves no
+    process of its own behind."""
+    other = EmbeddedRedis(tmp_path / "other", appendonly=False)
+    other.start()
+    try:
+        server = EmbeddedRedis(tmp_path / "ours", port=other.port, appendonly=False)
+        with pytest.raises(RuntimeError, match=f"port {other.port} is held by another Redis server"):
+            server.start(timeout_s=5)
+        assert server.process is None
+        assert _client(other).ping()  # the other server is untouched
+    finally:
+        other.stop()
+
+
+def test_a_listener_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
+    """Something that accepts connections and never answers: start() gives up at its deadline with
+    its own error, not after a socket's default minute with a bare TimeoutError."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        server = EmbeddedRedis(tmp_path, port=silent.getsockname()[1], appendonly=False)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="did not start"):
+            server.start(timeout_s=2)
+        assert time.monotonic() - started < 10
