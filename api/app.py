@@ -25,6 +25,7 @@ from api.edge.anonymous import AnonymousGuard
 from api.edge.errors import install_error_handlers
 from api.edge.hotpath import HotPaths
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
+from api.edge.pipeline import check_routes
 from api.edge.ratelimit import RateLimiter
 from api.edge.server import OneWriteHttpProtocol
 from api.jobs.cache import ResponseCache
@@ -191,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                playground.router, webhooks.router, webhooks.secret_router, observability.router)  # fmt: skip
     for router in routers:
         app.include_router(router)
+    check_routes(app.routes)  # every route that serves a caller goes through serve()
     app.mount("/static", playground.static_files(), name="static")
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)

@@ -41,7 +41,7 @@ from api.batches.files import Files
 from api.batches.filestore import FileStorage, lines_from
 from api.batches.lines import KIND_OF_ENDPOINT, LineError, error_result, job_result, parse_line, validate
 from api.jobs.queue import Accepted, JobQueue
-from api.openai_compat import Kind
+from api.openai.kind import Kind
 from shared import keys, metrics
 from shared.batches import BatchStatus, BatchStore, Ending, line_idempotency_key, result_file_id
 from shared.config import Settings

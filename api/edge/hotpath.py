@@ -124,7 +124,7 @@ class HotPaths:
         request's metrics and its remaining headers are HttpMetrics', which wraps this path."""
         scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
         authorization = _text(headers.get(b"authorization"))
-        response = await serve(self.app.state, scope, route.kind, authorization, work)
+        response = await serve(self.app.state, scope, route.kind, authorization, work, route.renderer)
         start = {
             "type": "http.response.start",
             "status": response.status_code,
