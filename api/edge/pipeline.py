@@ -150,7 +150,9 @@ class PipelineRoute(APIRoute):
 def check_routes(routes: Iterable[BaseRoute]) -> None:
     """Fail at start-up when a route serves a caller but is not a PipelineRoute: one that asks for
     its caller, declares a rate limit, or reads the Authorization header (a hand-made owner
-    dependency). FastAPI would run it without the caller's rate limit or its routes' error shape."""
+    dependency), anywhere in its own declaration (dependencies given to include_router are not
+    looked at: the app gives none). FastAPI would run it without the caller's rate limit or its
+    routes' error shape."""
     for route in api_routes(routes):
         if not isinstance(route, PipelineRoute):
             for dependant in dependants(route.dependant):
