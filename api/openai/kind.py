@@ -6,7 +6,8 @@ import enum
 
 
 class Kind(enum.Enum):
-    """The two completion flavours: OpenAI's object names and id prefixes."""
+    """The two completion flavours: OpenAI's object names and id prefixes, and the `source` a
+    job's metadata records."""
 
     CHAT = ("chat.completion", "chat.completion.chunk", "chatcmpl-", "openai.chat.completions")
     TEXT = ("text_completion", "text_completion", "cmpl-", "openai.completions")
