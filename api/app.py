@@ -27,6 +27,7 @@ from api.edge.autopipeline import Commands, open_commands
 from api.edge.errors import install_error_handlers
 from api.edge.hotpath import HotPaths
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
+from api.edge.pipeline import check_routes
 from api.edge.ratelimit import RateLimiter
 from api.edge.server import OneWriteHttpProtocol
 from api.jobs.cache import ResponseCache
@@ -217,6 +218,7 @@ def install_routes(app: FastAPI) -> None:
                playground.router, webhooks.router, webhooks.secret_router, observability.router)  # fmt: skip
     for router in routers:
         app.include_router(router)
+    check_routes(app.routes)  # every route that serves a caller goes through serve()
     app.mount("/static", playground.static_files(), name="static")
 
 

@@ -19,15 +19,9 @@ from typing import Any
 import orjson
 import pydantic
 
-from api.openai_compat import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Kind,
-    completion,
-    echoes,
-    failure_of,
-    job_create,
-)
+from api.openai.kind import Kind
+from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create
+from api.openai.responses import completion, failure_of
 from shared.batches import BatchStatus
 from shared.errors import GenqError
 from shared.schemas import JobCreate, JobStatus, JobView, Priority

@@ -21,7 +21,7 @@ from api.batches.files import Files
 from api.batches.filestore import FileStorage
 from api.batches.lines import KIND_OF_ENDPOINT, NOT_RUN, error_result, job_result
 from api.jobs.queue import JobQueue
-from api.openai_compat import Kind
+from api.openai.kind import Kind
 from shared import keys, metrics
 from shared.batches import BatchStatus, BatchStore, Ending, result_file_id
 from shared.errors import NotFound

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from api.batches.results import job_line
-from api.openai_compat import Kind
+from api.openai.kind import Kind
 from shared.batches import BatchStatus
 from shared.schemas import JobStatus, JobView
 
