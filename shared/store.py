@@ -1,6 +1,6 @@
 """Job records in Redis as both tiers read them: the codec from a job's hash to the views the
-API returns and webhooks deliver, the errors the claim and reaper scripts write, a job's Celery
-message, and the fleet's heartbeats as the API reads them.
+API returns and webhooks deliver, the errors the claim and reaper scripts write, and a job's Celery
+message.
 
 Every move of a job is checked and set inside Redis by one script (shared/lua/): queued ->
 running -> terminal, and running -> queued only when a job is handed back (a drain, an engine
@@ -13,12 +13,10 @@ and hands back. Both decode records with the functions below.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from shared import keys
 from shared.messages import task_message
@@ -120,18 +118,3 @@ def job_message(job_id: str, queue: str, priority: int) -> tuple[bytes, str]:
 
 
 # --- the fleet, as the API reads it (workers write their heartbeats through workers/jobs.py) ----
-
-
-async def live_workers(client: aioredis.Redis, heartbeat_ttl_s: float) -> int:
-    """How many model workers sent a heartbeat within heartbeat_ttl_s."""
-    return int(await client.zcount(keys.WORKERS, time.time() - heartbeat_ttl_s, "+inf"))
-
-
-async def fleet_slots(client: aioredis.Redis, heartbeat_ttl_s: float, unknown: int) -> int:
-    """Job slots of the model workers that sent a heartbeat within heartbeat_ttl_s; a live worker
-    that published none (an older version) counts as `unknown` slots."""
-    live = cast(list[str], await client.zrangebyscore(keys.WORKERS, time.time() - heartbeat_ttl_s, "+inf"))
-    if not live:
-        return 0
-    slots = await client.hmget(keys.WORKER_SLOTS, live)
-    return sum(int(s) if s is not None else unknown for s in slots)

@@ -38,12 +38,12 @@ from api.batches.files import Files
 from api.batches.input_file import input_gone, validate_input
 from api.batches.results import Results
 from api.batches.window import Window
+from api.jobs.fleet import fleet_slots
 from api.jobs.queue import JobQueue
 from shared import keys
 from shared.batches import BatchStatus, BatchStore, Ending
 from shared.config import Settings
 from shared.logging import fields
-from shared.store import fleet_slots
 
 log = logging.getLogger("genq.batches")
 
