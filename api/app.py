@@ -6,7 +6,8 @@ import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -22,26 +23,27 @@ from api.batches.filestore import storage_from_settings
 from api.batches.service import Batches
 from api.edge import observability
 from api.edge.anonymous import AnonymousGuard
+from api.edge.autopipeline import Commands, open_commands
 from api.edge.errors import install_error_handlers
 from api.edge.hotpath import HotPaths
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
+from api.edge.pipeline import check_routes
 from api.edge.ratelimit import RateLimiter
 from api.edge.server import OneWriteHttpProtocol
 from api.jobs.cache import ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.store import JobStore, OwnerBounds
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputStreams
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
 from shared import keys
-from shared.autopipeline import open_commands
 from shared.batches import BatchStore
 from shared.config import Settings
 from shared.files import FileRecords
 from shared.logging import configure_logging
 from shared.reaper import Reaper
-from shared.store import JobStore, OwnerBounds
 
 
 def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
@@ -130,71 +132,124 @@ class GenqAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
-    configure_logging(settings.log_level)
-    # uvicorn builds its protocol objects from its own config; this process's answer to how long
-    # a request's headers may take is ours (api/edge/server.py).
-    OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
+@dataclass(slots=True)
+class Services:
+    """What the lifespan opens on the app's Redis and closes when the process stops."""
+
+    client: aioredis.Redis
+    commands: Commands
+    events: JobEvents
+    hub: StreamHub
+    cache: ResponseCache
+    feeder: BatchFeeder
+
+    async def close(self) -> None:
+        await self.events.stop()
+        await self.hub.stop()
+        await self.cache.close()
+        await self.commands.aclose()
+        await self.client.aclose()
+
+
+async def open_services(app: FastAPI, settings: Settings) -> Services:
+    """Every service the routes reach through app.state, on one Redis client; the job events'
+    and the stream hub's readers started."""
+    client = redis_client(settings)
+    events = JobEvents(client)
+    commands = await open_commands(client, settings.api_autopipeline)
+    app.state.settings = settings
+    app.state.redis = client
+    app.state.rate_limiter = RateLimiter(client, commands, settings)
+    cache, hub = job_api(app, settings, client, commands, events)
+    feeder = batch_api(app, settings, client)
+    events.start()
+    hub.start()
+    return Services(client, commands, events, hub, cache, feeder)
+
+
+def job_api(
+    app: FastAPI, settings: Settings, client: aioredis.Redis, commands: Commands, events: JobEvents
+) -> tuple[ResponseCache, StreamHub]:
+    """The job queue on app.state, with what it reads that the app also serves: queue stats,
+    the response cache, the stream hub."""
+    store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds_of(settings))
+    # The webhook queue too: its length is the delivery backlog operators watch.
+    queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
+    queue_stats = app.state.queue_stats = QueueStatsReader(client, queues)
+    cache = app.state.cache = ResponseCache(settings, client)
+    hub = app.state.stream_hub = StreamHub(redis_client(settings, max_connections=1))
+    app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
+    return cache, hub
+
+
+def lifespan_of(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: services open, the batch feeder and the reaper running, while it serves."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = redis_client(settings)
-        events = JobEvents(client)
-        commands = await open_commands(client, settings.api_autopipeline)
-        store = JobStore(
-            client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds_of(settings)
-        )
-        app.state.settings = settings
-        app.state.redis = client
-        app.state.rate_limiter = RateLimiter(client, commands, settings)
-        # The webhook queue too: its length is the delivery backlog operators watch.
-        queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
-        queue_stats = QueueStatsReader(client, queues)
-        app.state.queue_stats = queue_stats
-        cache = ResponseCache(settings, client)
-        app.state.cache = cache
-        hub = StreamHub(redis_client(settings, max_connections=1))
-        app.state.stream_hub = hub
-        app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
-        feeder = batch_api(app, settings, client)
-        events.start()
-        hub.start()
+        services = await open_services(app, settings)
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
         # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
         # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
         gc.freeze()
         try:
-            async with running_feeder(feeder):
+            async with running_feeder(services.feeder):
                 with running_reaper(settings):
                     yield
         finally:
             gc.unfreeze()
-            await events.stop()
-            await hub.stop()
-            await cache.close()
-            await commands.aclose()
-            await client.aclose()
+            await services.close()
 
-    app = GenqAPI(
-        settings=settings,
-        title="genq",
-        version="0.1.0",
-        summary="LLM inference jobs: submit, poll, stream, cancel.",
-        lifespan=lifespan,
-        # Metrics are Prometheus (api/edge/observability.py). FastAPI's native OpenTelemetry hook would
-        # otherwise check for a configured provider on every request.
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
+    return lifespan
+
+
+def configure_process(settings: Settings) -> None:
+    """What this process takes from the settings before any app exists: logging, and the
+    header timeout uvicorn's protocol objects read (they are built from uvicorn's own config;
+    api/edge/server.py)."""
+    configure_logging(settings.log_level)
+    OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
+
+
+def install_routes(app: FastAPI) -> None:
+    """The error handlers, every resource's routes, and the playground's static files."""
     install_error_handlers(app)
     routers = (jobs.router, ops.router, stream.router, openai.router, files.router, batches.router,
                playground.router, webhooks.router, webhooks.secret_router, observability.router)  # fmt: skip
     for router in routers:
         app.include_router(router)
+    check_routes(app.routes)  # every route that serves a caller goes through serve()
     app.mount("/static", playground.static_files(), name="static")
+
+
+def add_middleware(app: FastAPI, settings: Settings) -> None:
+    """The body size limit (uploads to /v1/files get theirs)."""
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
+
+
+def check_start_up(app: GenqAPI) -> None:
+    """Fail the process now, not every request later: the hot paths must run each dependency and
+    middleware of the routes they answer for (api/edge/hotpath.py)."""
     if app.hot_paths is not None:
         app.hot_paths.check()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_process(settings)
+    app = GenqAPI(
+        settings=settings,
+        title="genq",
+        version="0.1.0",
+        summary="LLM inference jobs: submit, poll, stream, cancel.",
+        lifespan=lifespan_of(settings),
+        # Metrics are Prometheus (api/edge/observability.py). FastAPI's native OpenTelemetry hook would
+        # otherwise check for a configured provider on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    install_routes(app)
+    add_middleware(app, settings)
+    check_start_up(app)
     logging.getLogger("genq.api").debug("app created")
     return app

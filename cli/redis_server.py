@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cli.processes import start_supervised
 
@@ -62,19 +64,37 @@ class EmbeddedRedis:
             self.process = start_supervised(args, quiet=True)
         else:
             self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            self._await_ready(self.process, timeout_s)
+        except BaseException:
+            self.stop(kill=True)
+            raise
+
+    def _await_ready(self, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+        """Wait until the server on our port answers and is the process we started: a port taken
+        between free_port() and now may be held by another server (which would answer PING while
+        ours exits) or by something that accepts and never answers (hence the read timeout)."""
+        # No retries: the loop below is the retry, and it must see each failure to check its deadline.
+        client = redis.Redis(
+            port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.exceptions.ConnectionError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the Redis server did not start; see {self.data_dir}/server.log"
-                    ) from None
+        try:
+            while not self._answers_as(client, process.pid):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Redis server did not start; see {self.data_dir}/server.log")
                 time.sleep(0.05)
-        client.close()
+        finally:
+            client.close()
+
+    def _answers_as(self, client: redis.Redis, pid: int) -> bool:
+        try:
+            answering = int(client.info("server")["process_id"])
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return False
+        if answering != pid:
+            raise RuntimeError(f"port {self.port} is held by another Redis server (pid {answering})")
+        return True
 
     def stop(self, kill: bool = False) -> None:
         if self.process is None:

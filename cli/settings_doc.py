@@ -1,4 +1,4 @@
-"""The settings table of the README, generated from the Settings class's field docstrings
+"""The settings table of the README, generated from the settings' field docstrings
 (`genq settings` prints it; a test keeps the README in step)."""
 
 from __future__ import annotations
@@ -10,8 +10,17 @@ from shared.config import Settings
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's docstring (the string literal right after it in the class body)."""
-    body = ast.parse(inspect.getsource(Settings)).body[0]
+    """Each field's docstring (the string literal right after it in its class body), from the
+    Settings class and the themes it is made of (shared/settings/)."""
+    docs: dict[str, str] = {}
+    for cls in Settings.__mro__:
+        if cls.__module__.startswith("shared."):
+            docs |= _class_docs(cls)
+    return docs
+
+
+def _class_docs(cls: type) -> dict[str, str]:
+    body = ast.parse(inspect.getsource(cls)).body[0]
     assert isinstance(body, ast.ClassDef)
     docs: dict[str, str] = {}
     for node, after in zip(body.body, body.body[1:], strict=False):

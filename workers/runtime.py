@@ -35,7 +35,7 @@ from shared.config import Settings
 from shared.logging import fields
 from shared.reaper import Reaper
 from shared.schemas import JobStatus
-from shared.store import ClaimOutcome, WorkerJobs, as_text
+from shared.store import as_text
 from shared.structured import schema_of
 from workers import scalein
 from workers.engine import (
@@ -47,6 +47,7 @@ from workers.engine import (
     RequestError,
     SamplingParams,
 )
+from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher, token_entry
 from workers.webhooks import OutputWebhooks

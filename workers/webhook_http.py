@@ -115,7 +115,7 @@ def _read_capped(response: httpx.Response, deadline: float) -> None:
     """Read at most RESPONSE_CAP_BYTES, and stop at the deadline (a receiver that answers its
     status and then drips its body keeps nobody waiting)."""
     received = 0
-    for chunk in response.iter_raw(RESPONSE_CAP_BYTES):
+    for chunk in response.iter_raw():  # as each read arrives: a chunk size would wait to fill it
         received += len(chunk)
         if received >= RESPONSE_CAP_BYTES or time.monotonic() > deadline:
             return

@@ -19,15 +19,10 @@ from typing import Any
 import orjson
 import pydantic
 
-from api.openai_compat import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Kind,
-    completion,
-    echoes,
-    failure_of,
-    job_create,
-)
+from api.openai.kind import Kind
+from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create
+from api.openai.responses import completion, failure_of
+from shared.batches import BatchStatus
 from shared.errors import GenqError
 from shared.schemas import JobCreate, JobStatus, JobView, Priority
 
@@ -135,7 +130,7 @@ def validate(lines: Iterable[bytes], endpoint: str, batch_id: str, max_lines: in
         total += 1
         if total > max_lines:
             message = f"the file holds more than {max_lines} requests (GENQ_BATCH_MAX_LINES)"
-            return Validation(0, {}, _problem("too_many_lines", message, number))
+            return Validation(0, {}, input_problem("too_many_lines", message, number))
         parsed = parse_line(raw, number, endpoint, batch_id)
         if isinstance(parsed, LineRequest) and parsed.custom_id in seen:
             message = f"line {number}: custom_id {parsed.custom_id!r} was used by an earlier line"
@@ -145,15 +140,25 @@ def validate(lines: Iterable[bytes], endpoint: str, batch_id: str, max_lines: in
         else:
             seen.add(parsed.custom_id)
     if total == 0:
-        return Validation(0, {}, _problem("empty_file", "the file holds no requests", None))
+        return Validation(0, {}, input_problem("empty_file", "the file holds no requests", None))
     return Validation(total, invalid)
 
 
-def _problem(code: str, message: str, line: int | None) -> dict[str, Any]:
+def input_problem(code: str, message: str, line: int | None) -> dict[str, Any]:
+    """A whole-file error of a batch (its errors list): what is wrong with its input file."""
     return {"code": code, "message": message, "param": "input_file_id", "line": line}
 
 
 # --- results -------------------------------------------------------------------------------------
+
+#: The error of a line a batch never ran, by how the batch ended (OpenAI's codes).
+NOT_RUN = {
+    BatchStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),
+    BatchStatus.EXPIRED: (
+        "batch_expired",
+        "this request could not be executed before the completion window expired",
+    ),
+}
 
 
 def request_id(batch_id: str, line: int) -> str:

@@ -1,4 +1,5 @@
-"""FastAPI dependencies as Annotated aliases: what a route may ask for.
+"""FastAPI dependencies as Annotated aliases: what a route may ask for besides its caller (a
+route asks for that as a CallerDep: api/edge/pipeline.py).
 
 All are `async def`: FastAPI runs a plain `def` dependency in a worker thread, and those thread
 hops cost more than everything else on the hot paths (measured with py-spy under wrk)."""
@@ -8,9 +9,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 
-from api.edge.auth import owner_of
 from api.jobs.queue import JobQueue
 from shared.config import Settings
 
@@ -33,10 +33,3 @@ async def get_redis(request: Request) -> aioredis.Redis:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 QueueDep = Annotated[JobQueue, Depends(get_queue)]
 RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
-
-
-async def current_owner(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> str:
-    return owner_of(authorization, settings)
-
-
-OwnerDep = Annotated[str, Depends(current_owner)]

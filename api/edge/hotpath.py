@@ -23,6 +23,7 @@ routes depend on, or whose stack holds middleware, that this path does not run.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from fastapi.dependencies.models import Dependant
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.edge.asgi import read_body, replay
-from api.edge.pipeline import Caller, PipelineRoute, Work, serve
+from api.edge.pipeline import Caller, PipelineRoute, Work, dependants, serve
 from api.routes import jobs
 from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
 from shared.schemas import JobCreate
@@ -124,7 +125,7 @@ class HotPaths:
         request's metrics and its remaining headers are HttpMetrics', which wraps this path."""
         scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
         authorization = _text(headers.get(b"authorization"))
-        response = await serve(self.app.state, scope, route.kind, authorization, work)
+        response = await serve(self.app.state, scope, route.kind, authorization, work, route.renderer)
         start = {
             "type": "http.response.start",
             "status": response.status_code,
@@ -148,12 +149,8 @@ KNOWN_MIDDLEWARE = frozenset({"BodySizeLimit"})
 
 def dependencies_of(dependant: Dependant) -> set[str]:
     """The names of every function a route depends on, however deep."""
-    found: set[str] = set()
-    for sub in dependant.dependencies:
-        if sub.call is not None:
-            found.add(getattr(sub.call, "__name__", repr(sub.call)))
-        found |= dependencies_of(sub)
-    return found
+    subs = itertools.islice(dependants(dependant), 1, None)  # the endpoint itself aside
+    return {getattr(sub.call, "__name__", repr(sub.call)) for sub in subs if sub.call is not None}
 
 
 def _route_of(endpoint: Callable[..., Any]) -> PipelineRoute:

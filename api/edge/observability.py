@@ -1,6 +1,6 @@
 """HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids,
-headers that dependencies or api/edge/pipeline.py's serve() left in `request.state.response_headers`
-(rate-limit state), and the /metrics endpoint (multiprocess-aware)."""
+headers that api/edge/pipeline.py's serve() left in `request.state.response_headers` (rate-limit
+state), and the /metrics endpoint (multiprocess-aware)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def request_id_of(sent: bytes | None) -> str:
 
 def extra_headers(request_id: str, more: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """What every response carries besides its own headers: its request id, and the headers that
-    dependencies left for it (rate-limit state)."""
+    serve() left for it (rate-limit state)."""
     return [
         (b"x-request-id", request_id.encode("latin-1")),
         *((name.lower().encode(), value.encode()) for name, value in more.items()),

@@ -1,40 +1,43 @@
-"""One request pipeline for the job routes, however a request arrives: `serve()`.
+"""One request pipeline for every route that serves a caller: `serve()`.
 
-A job request reaches genq one of two ways: through FastAPI's router (a `PipelineRoute`), or
-through the raw-ASGI hot path (api/edge/hotpath.py), which skips FastAPI's dependency solving. Both call
-`serve()`, which owns what the request needs besides its own work: who the caller is
-(api/edge/auth.py), the rate limit of the kind the route declares (api/edge/ratelimit.py), and the one
-mapping of errors to responses (api/edge/errors.py). The request's id, metrics and the rate-limit
-headers serve() leaves in the scope's state are added by `HttpMetrics` (api/edge/observability.py),
-which wraps both ways. So a change to any of these lands in both by construction.
+A caller's request reaches genq one of two ways: through FastAPI's router (a `PipelineRoute`), or
+through the raw-ASGI hot path (api/edge/hotpath.py), which skips FastAPI's dependency solving. Both
+call `serve()`, which owns what the request needs besides its own work: who the caller is
+(api/edge/auth.py), the rate limit of the kind the route declares (api/edge/ratelimit.py), and the
+one mapping of errors to responses (api/edge/errors.py), rendered in the shape of the route's class
+(genq's; OpenAI's for the OpenAI-compatible routes, api/openai/errors.py). The request's id,
+metrics and the rate-limit headers serve() leaves in the scope's state are added by `HttpMetrics`
+(api/edge/observability.py), which wraps both ways. So a change to any of these lands in every
+route by construction, and `check_routes()` (create_app calls it) refuses to start an app with a
+route that serves a caller some other way.
 
 The caller is asked once, when the work first needs it (`Caller.owner()`), not before: FastAPI
 parses a JSON body before it solves a route's dependencies, so a malformed body is a 400 whoever
 sends it and costs no rate-limit token, and the route's owner dependency (`CallerDep`) is where
-FastAPI's order asks.
+FastAPI's order asks. A streamed response's errors before its first byte are serve()'s; once the
+body streams, the stream reports its own (as an SSE event).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import Annotated, Any, ClassVar
 
-import redis.exceptions
 from fastapi import Depends, Header, Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.params import Depends as DependsParam
 from fastapi.routing import APIRoute
 from starlette.datastructures import State
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from api.edge.auth import owner_of
-from api.edge.errors import genq_error_response, redis_down_response, redis_error_response
-from api.edge.ratelimit import Kind, limit_reads, limit_submissions
-from shared.errors import GenqError
+from api.edge.errors import GENQ_ERRORS, ErrorRenderer, error_of
+from api.edge.ratelimit import Kind
 
 #: A request's own work, given its caller: its response.
 Work = Callable[["Caller"], Awaitable[Response]]
-
-_KINDS: dict[Callable[..., Any], Kind] = {limit_submissions: "submit", limit_reads: "read"}
 
 
 class Caller:
@@ -57,18 +60,26 @@ class Caller:
         return self._owner
 
 
-async def serve(state: State, scope: Scope, kind: Kind, authorization: str | None, work: Work) -> Response:
+async def serve(
+    state: State,
+    scope: Scope,
+    kind: Kind,
+    authorization: str | None,
+    work: Work,
+    renderer: ErrorRenderer = GENQ_ERRORS,
+) -> Response:
     """Run `work` for a request whose route declares rate-limit `kind`: its response, or the
-    response its error maps to. Errors it does not map propagate (FastAPI's handlers, or the
-    server, answer them)."""
+    response its error maps to, in `renderer`'s shape. An error that maps to nothing (a bug)
+    propagates: the app's last handler answers it."""
     try:
         return await work(Caller(state, scope, kind, authorization))
-    except GenqError as exc:
-        return genq_error_response(exc)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        return redis_down_response(exc)
-    except redis.exceptions.ResponseError as exc:
-        return redis_error_response(exc)
+    except StarletteHTTPException as exc:  # Starlette's own refusals: an unreadable form
+        return renderer.http(exc)
+    except Exception as exc:
+        error = error_of(exc)
+        if error is None:
+            raise
+        return renderer.genq(error)
 
 
 async def caller_owner(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
@@ -81,14 +92,34 @@ async def caller_owner(request: Request, authorization: Annotated[str | None, He
 CallerDep = Annotated[str, Depends(caller_owner)]
 
 
+async def limit_submissions() -> None:
+    """Declares a PipelineRoute's requests submissions (`dependencies=[SubmitLimit]`): serve()
+    takes a token of the caller's submit bucket. Never run by FastAPI: PipelineRoute takes the
+    declaration off, and check_routes() refuses it on any other route."""
+    raise RouteDeclarationError("a rate limit is applied by PipelineRoute only")
+
+
+async def limit_reads() -> None:
+    """Declares a PipelineRoute's requests reads (`dependencies=[ReadLimit]`); as above."""
+    raise RouteDeclarationError("a rate limit is applied by PipelineRoute only")
+
+
+SubmitLimit = Depends(limit_submissions)
+ReadLimit = Depends(limit_reads)
+_KINDS: dict[Callable[..., Any], Kind] = {limit_submissions: "submit", limit_reads: "read"}
+
+
 class RouteDeclarationError(RuntimeError):
-    """A PipelineRoute declared no rate limit, several, or does not ask for its caller."""
+    """A route serves a caller without serve(), or a PipelineRoute declared no rate limit,
+    several, or does not ask for its caller."""
 
 
 class PipelineRoute(APIRoute):
-    """A FastAPI route whose requests go through serve(). It declares its rate limit as other
-    routes do (`dependencies=[SubmitLimit]` or `[ReadLimit]`); serve() applies it, so FastAPI
-    does not run that dependency. The endpoint takes its caller as a `CallerDep`."""
+    """A FastAPI route whose requests go through serve(). It declares its rate limit
+    (`dependencies=[SubmitLimit]` or `[ReadLimit]`), which serve() applies; the endpoint takes its
+    caller as a `CallerDep`. Its errors read in `renderer`'s shape (a subclass may bring another)."""
+
+    renderer: ClassVar[ErrorRenderer] = GENQ_ERRORS
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         declared: Sequence[DependsParam] = kwargs.pop("dependencies", None) or []
@@ -103,15 +134,57 @@ class PipelineRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        kind = self.kind
+        kind, renderer = self.kind, self.renderer
 
         async def serve_route(request: Request) -> Response:
             def work(caller: Caller) -> Awaitable[Response]:
                 request.state.caller = caller  # what the endpoint's CallerDep asks
                 return handler(request)
 
-            return await serve(
-                request.app.state, request.scope, kind, request.headers.get("authorization"), work
-            )
+            authorization = request.headers.get("authorization")
+            return await serve(request.app.state, request.scope, kind, authorization, work, renderer)
 
         return serve_route
+
+
+def check_routes(routes: Iterable[BaseRoute]) -> None:
+    """Fail at start-up when a route serves a caller but is not a PipelineRoute: one that asks for
+    its caller, declares a rate limit, or reads the Authorization header (a hand-made owner
+    dependency), anywhere in its own declaration (dependencies given to include_router are not
+    looked at: the app gives none). FastAPI would run it without the caller's rate limit or its
+    routes' error shape."""
+    for route in api_routes(routes):
+        if not isinstance(route, PipelineRoute):
+            for dependant in dependants(route.dependant):
+                need = _caller_need(dependant)
+                if need is not None:
+                    raise RouteDeclarationError(f"{route.path} asks for {need} but is not a PipelineRoute")
+
+
+def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
+    """Every APIRoute among `routes`, however deeply included: FastAPI (0.163) keeps an included
+    router as one entry that points at it (`original_router`), not as copies of its routes."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from api_routes(included.routes)
+
+
+def dependants(dependant: Dependant) -> Iterator[Dependant]:
+    """A route's dependant and all it depends on, however deep."""
+    yield dependant
+    for sub in dependant.dependencies:
+        yield from dependants(sub)
+
+
+def _caller_need(dependant: Dependant) -> str | None:
+    """What of a caller's `dependant` asks for, if anything."""
+    if dependant.call is caller_owner:
+        return "its caller (CallerDep)"
+    if dependant.call in _KINDS:
+        return "a rate limit"
+    if any(param.alias.lower() == "authorization" for param in dependant.header_params):
+        return f"the Authorization header (in {getattr(dependant.call, '__name__', dependant.call)})"
+    return None

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from fastapi import Depends, Request
 
-from api.edge.deps import OwnerDep
+from api.edge.autopipeline import Commands
 from shared import keys, metrics, scripts
-from shared.autopipeline import Commands
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
 from shared.logging import fields
@@ -104,25 +102,3 @@ class RateLimiter:
         if fail_open:
             return {}
         raise Unavailable("rate limiting is unavailable (Redis unreachable); retry shortly") from exc
-
-
-async def _limiter(request: Request) -> RateLimiter:
-    limiter: RateLimiter = request.app.state.rate_limiter
-    return limiter
-
-
-async def limit_submissions(
-    owner: OwnerDep, limiter: Annotated[RateLimiter, Depends(_limiter)], request: Request
-) -> None:
-    # Routes return ready-made responses; api/edge/observability.py adds these headers to them.
-    request.state.response_headers = await limiter.check(owner, "submit")
-
-
-async def limit_reads(
-    owner: OwnerDep, limiter: Annotated[RateLimiter, Depends(_limiter)], request: Request
-) -> None:
-    request.state.response_headers = await limiter.check(owner, "read")
-
-
-SubmitLimit = Depends(limit_submissions)
-ReadLimit = Depends(limit_reads)

@@ -23,11 +23,11 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from api.jobs.store import CacheLookup, Submitted
 from shared import keys
 from shared.cache import CacheEntry, cache_key, is_cacheable
 from shared.config import Settings
 from shared.logging import fields
-from shared.store import CacheLookup, Submitted
 
 log = logging.getLogger("genq.api")
 

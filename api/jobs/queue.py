@@ -20,6 +20,7 @@ from api.edge.concurrency import ConcurrencyLimits, Held, Slot
 from api.jobs.cache import Lookup, ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.store import JobStore, NewJob
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputEntry, OutputStreams
 from shared import keys, metrics
@@ -29,7 +30,7 @@ from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import JobStore, NewJob, is_terminal, job_summary, public_job
+from shared.store import is_terminal, job_summary, public_job
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000
@@ -204,10 +205,7 @@ class JobQueue:
 
     async def get(self, job_id: str, owner: str) -> JobView:
         _require_job_id(job_id)
-        record = await self._store.get(job_id, owner)
-        if record is None:
-            raise NotFound(f"no job {job_id!r}", param="id")
-        return public_job(record)
+        return _found(job_id, await self._store.get(job_id, owner))
 
     async def wait(self, job_id: str, owner: str, timeout_s: float) -> JobView:
         """The job once it is terminal, or as it is when timeout_s has passed."""
@@ -222,7 +220,7 @@ class JobQueue:
                 changed.clear()
                 record = await self._store.get(job_id, owner)
                 if record is None:
-                    raise NotFound(f"no job {job_id!r}", param="id")
+                    raise _no_job(job_id)
                 remaining = deadline - loop.time()
                 if is_terminal(record) or remaining <= 0:
                     return public_job(record)
@@ -259,10 +257,7 @@ class JobQueue:
 
     async def cancel(self, job_id: str, owner: str) -> JobView:
         _require_job_id(job_id)
-        record = await self._store.cancel(job_id, owner)
-        if record is None:
-            raise NotFound(f"no job {job_id!r}", param="id")
-        return public_job(record)
+        return _found(job_id, await self._store.cancel(job_id, owner))
 
     async def list(
         self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
@@ -321,4 +316,16 @@ def _webhook_messages(job_id: str, create: JobCreate) -> tuple[tuple[str, bytes]
 def _require_job_id(job_id: str) -> None:
     """404 for anything that is not a job id, before Redis is asked (shared/ids.py)."""
     if not is_job_id(job_id):
-        raise NotFound(f"no job {job_id!r}", param="id")
+        raise _no_job(job_id)
+
+
+def _found(job_id: str, record: dict[str, str] | None) -> JobView:
+    """The job's view of a record the store returned; 404 when it had none (no such job, or
+    not the caller's)."""
+    if record is None:
+        raise _no_job(job_id)
+    return public_job(record)
+
+
+def _no_job(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id!r}", param="id")

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
+from api.edge.autopipeline import Commands
 from shared import keys
-from shared.autopipeline import Commands
 
 #: The id before every entry: reading after it reads the stream from its beginning.
 START_ID = "0-0"

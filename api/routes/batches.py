@@ -13,11 +13,10 @@ from fastapi.responses import StreamingResponse
 
 from api.batches.service import BatchCreate, Batches
 from api.edge.concurrency import Slot
-from api.edge.deps import OwnerDep, QueueDep
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.deps import QueueDep
+from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
-from api.openai_compat import OpenAIRoute
-from api.routes.openai import OPENAI_ERRORS
+from api.openai.errors import OPENAI_ERRORS, OpenAIRoute
 from api.routes.stream import held_stream
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=OpenAIRoute)
@@ -29,7 +28,7 @@ def _batches(request: Request) -> Batches:
 
 
 @router.post("", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
-async def create_batch(request: Request, body: BatchCreate, owner: OwnerDep) -> Response:
+async def create_batch(request: Request, body: BatchCreate, owner: CallerDep) -> Response:
     """Create a batch from an uploaded input file; it starts `validating`."""
     return json_response(await _batches(request).create(body, owner))
 
@@ -37,7 +36,7 @@ async def create_batch(request: Request, body: BatchCreate, owner: OwnerDep) -> 
 @router.get("", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
 async def list_batches(
     request: Request,
-    owner: OwnerDep,
+    owner: CallerDep,
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
@@ -46,13 +45,13 @@ async def list_batches(
 
 
 @router.get("/{batch_id}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
-async def get_batch(request: Request, batch_id: str, owner: OwnerDep) -> Response:
+async def get_batch(request: Request, batch_id: str, owner: CallerDep) -> Response:
     """One batch, with its request_counts and files."""
     return json_response(await _batches(request).get(batch_id, owner))
 
 
 @router.post("/{batch_id}/cancel", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
-async def cancel_batch(request: Request, batch_id: str, owner: OwnerDep) -> Response:
+async def cancel_batch(request: Request, batch_id: str, owner: CallerDep) -> Response:
     """Cancel: `cancelling` now, `cancelled` once its lines in flight stopped (their results kept)."""
     return json_response(await _batches(request).cancel(batch_id, owner))
 
@@ -75,7 +74,7 @@ async def _progress_frames(updates: AsyncIterator[dict[str, Any] | None], slot: 
     dependencies=[ReadLimit],
 )
 async def batch_events(
-    request: Request, batch_id: str, owner: OwnerDep, queue: QueueDep
+    request: Request, batch_id: str, owner: CallerDep, queue: QueueDep
 ) -> StreamingResponse:
     """The batch's progress as Server-Sent Events: a `batch` event (the batch, as GET returns it)
     now and at each change of its status, counts or files; the stream ends after the event that

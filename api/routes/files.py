@@ -14,11 +14,9 @@ from fastapi.responses import StreamingResponse
 
 from api.batches.files import Files
 from api.batches.service import Batches
-from api.edge.deps import OwnerDep
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
-from api.openai_compat import OpenAIRoute
-from api.routes.openai import OPENAI_ERRORS
+from api.openai.errors import OPENAI_ERRORS, OpenAIRoute
 from shared.files import public_file
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
@@ -36,7 +34,7 @@ def _files(request: Request) -> Files:
 
 @router.post("", responses=FILE_ERRORS, dependencies=[SubmitLimit])
 async def upload_file(
-    request: Request, owner: OwnerDep, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+    request: Request, owner: CallerDep, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
 ) -> Response:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
     created = await _files(request).upload(owner, file.file, file.filename or "", purpose)
@@ -46,7 +44,7 @@ async def upload_file(
 @router.get("", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
 async def list_files(
     request: Request,
-    owner: OwnerDep,
+    owner: CallerDep,
     purpose: str | None = None,
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
@@ -61,20 +59,20 @@ async def list_files(
 
 
 @router.get("/{file_id}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
-async def get_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
+async def get_file(request: Request, file_id: str, owner: CallerDep) -> Response:
     """One file's record."""
     return json_response(public_file(await _files(request).get(file_id, owner)))
 
 
 @router.get("/{file_id}/content", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
-async def file_content(request: Request, file_id: str, owner: OwnerDep) -> Response:
+async def file_content(request: Request, file_id: str, owner: CallerDep) -> Response:
     """The file's bytes, streamed from storage."""
     chunks = await _files(request).content(file_id, owner)
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 @router.delete("/{file_id}", responses=DELETE_ERRORS, dependencies=[ReadLimit])
-async def delete_file(request: Request, file_id: str, owner: OwnerDep) -> Response:
+async def delete_file(request: Request, file_id: str, owner: CallerDep) -> Response:
     """Delete the file's record and content (409 while a batch not yet ended reads it)."""
     files = _files(request)
     await files.get(file_id, owner)  # 404 before anything else

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from api.edge.deps import QueueDep, SettingsDep
-from api.edge.pipeline import CallerDep, PipelineRoute
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, SubmitLimit
 from api.edge.responses import job_response, json_response
 from api.jobs.queue import JobQueue
 from shared.config import Settings

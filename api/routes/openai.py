@@ -2,8 +2,9 @@
 
 Each completion is an ordinary genq job: it goes through JobQueue.submit (interactive priority,
 the caller's key, and whatever the submit path applies), and the response waits for it. Errors
-leave these routes in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), with
-422 answered as 400 like OpenAI does; the rest of the API keeps genq's shape.
+leave these routes in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`, with
+422 answered as 400 like OpenAI does: api/openai/errors.py's OpenAIRoute); the rest of the API
+keeps genq's shape.
 """
 
 from __future__ import annotations
@@ -18,32 +19,19 @@ import anyio
 import orjson
 import redis.exceptions
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
 
 from api.edge.concurrency import Slot
-from api.edge.deps import OwnerDep, QueueDep, SettingsDep
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.deps import QueueDep, SettingsDep
+from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.jobs.follow import Done, Failure, Output, Ping, follow
 from api.jobs.queue import JobQueue
-from api.openai_compat import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Kind,
-    LiveChunks,
-    OpenAIRoute,
-    buffered_chunks,
-    chunk,
-    completion,
-    echoes,
-    failure_of,
-    job_create,
-    openai_error,
-    samples,
-    shows_logprobs,
-    usage_chunk,
-    wait_for_job,
-)
+from api.openai.chunks import LiveChunks, buffered_chunks, chunk, usage_chunk
+from api.openai.errors import OPENAI_ERRORS, OpenAIRoute, openai_error
+from api.openai.kind import Kind
+from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create, shows_logprobs
+from api.openai.responses import completion, failure_of, samples
+from api.openai.waiting import wait_for_job
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError
@@ -51,21 +39,6 @@ from shared.schemas import JobStatus, JobView
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
-
-class OpenAIErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIErrorBody(BaseModel):
-    error: OpenAIErrorDetail
-
-
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 429, 500, 503)
-}
 
 #: A completion answers JSON, or with `stream: true` Server-Sent Events.
 _COMPLETION_OK: dict[int | str, dict[str, Any]] = {
@@ -85,13 +58,13 @@ def _model_object(model: str) -> dict[str, Any]:
 
 
 @router.get("/models", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
-async def list_models(settings: SettingsDep, _: OwnerDep) -> Response:
+async def list_models(settings: SettingsDep, _: CallerDep) -> Response:
     """The models this deployment serves."""
     return json_response({"object": "list", "data": [_model_object(m) for m in settings.served_models]})
 
 
 @router.get("/models/{model}", responses=OPENAI_ERRORS, dependencies=[ReadLimit])
-async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
+async def get_model(model: str, settings: SettingsDep, _: CallerDep) -> Response:
     """One served model."""
     if model not in settings.served_models:
         return openai_error(404, f"the model {model!r} does not exist", "model", "model_not_found")
@@ -100,7 +73,7 @@ async def get_model(model: str, settings: SettingsDep, _: OwnerDep) -> Response:
 
 @router.post("/chat/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
+    body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: CallerDep, settings: SettingsDep
 ) -> Response:
     """Create a chat completion (a genq job on `messages`); `stream: true` answers with SSE chunks."""
     return await _complete(Kind.CHAT, body, request, queue, owner, settings)
@@ -108,7 +81,7 @@ async def chat_completions(
 
 @router.post("/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def completions(
-    body: CompletionRequest, request: Request, queue: QueueDep, owner: OwnerDep, settings: SettingsDep
+    body: CompletionRequest, request: Request, queue: QueueDep, owner: CallerDep, settings: SettingsDep
 ) -> Response:
     """Create a text completion (a genq job on `prompt`); `stream: true` answers with SSE chunks."""
     return await _complete(Kind.TEXT, body, request, queue, owner, settings)

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from api.edge.deps import RedisDep, SettingsDep
 from api.edge.responses import json_response
-from shared.store import live_workers
+from api.jobs.fleet import live_workers
 
 router = APIRouter(tags=["ops"])
 

@@ -17,15 +17,15 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from api.edge.concurrency import Slot
-from api.edge.deps import OwnerDep, QueueDep
-from api.edge.ratelimit import ReadLimit
+from api.edge.deps import QueueDep
+from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit
 from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
 from api.jobs.streams import START_ID, is_entry_id
 from api.routes.jobs import ERRORS, JobId
 from shared.errors import InvalidRequest
 from shared.schemas import error_body
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=PipelineRoute)
 
 #: Headers that keep proxies (nginx) and caches from buffering or storing the stream.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -87,7 +87,7 @@ def held_stream(frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str
 async def stream_job(
     job_id: JobId,
     queue: QueueDep,
-    owner: OwnerDep,
+    owner: CallerDep,
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
     """The job's output as Server-Sent Events: what was generated so far, then live deltas, then

@@ -8,26 +8,26 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from api.edge.deps import OwnerDep, QueueDep, RedisDep
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.deps import QueueDep, RedisDep
+from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.routes.jobs import JobId
 from shared import key_secrets, keys
 from shared.schemas import ErrorBody
 
-router = APIRouter(prefix="/v1/jobs", tags=["webhooks"])
+router = APIRouter(prefix="/v1/jobs", tags=["webhooks"], route_class=PipelineRoute)
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 404, 429, 503)}
 
 
 @router.get("/{job_id}/webhooks", responses=ERRORS, dependencies=[ReadLimit])
-async def webhook_deliveries(job_id: JobId, queue: QueueDep, owner: OwnerDep) -> Response:
+async def webhook_deliveries(job_id: JobId, queue: QueueDep, owner: CallerDep) -> Response:
     """Every webhook delivery attempt of a job: event, attempt, time, status code or error,
     duration and outcome (delivered, retrying, failed, gone, refused)."""
     return json_response({"data": await queue.webhook_log(job_id, owner)})
 
 
-secret_router = APIRouter(prefix="/v1", tags=["webhooks"])
+secret_router = APIRouter(prefix="/v1", tags=["webhooks"], route_class=PipelineRoute)
 
 
 class WebhookSecret(BaseModel):
@@ -44,7 +44,7 @@ class WebhookSecret(BaseModel):
     responses=ERRORS,
     dependencies=[SubmitLimit],
 )
-async def rotate_webhook_secret(client: RedisDep, owner: OwnerDep) -> Response:
+async def rotate_webhook_secret(client: RedisDep, owner: CallerDep) -> Response:
     """Create this key's own webhook signing secret, or rotate it: from now on its jobs' deliveries
     are signed with it (and, for a day, also with the one it replaced). It is shown only here."""
     secret, replaced = await key_secrets.rotate(client, owner)

@@ -1,6 +1,7 @@
 """Settings that cannot work together, or do not parse, stop a process at start-up with a message
 that names the settings involved (and never a secret's value), rather than failing later, per
-request or per job (shared/config.py's validators)."""
+request or per job (shared/config.py's cross-field rules, and the per-field validators of
+shared/settings/)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,3 @@ def test_a_refused_secret_is_not_repeated_in_the_error(make_settings: Callable[.
     with pytest.raises(ValueError) as refused:
         make_settings(webhook_secret="whsec_not base64 at all!")
     assert "not base64 at all" not in str(refused.value)
-
-
-def test_limits_that_parse_are_kept(make_settings: Callable[..., Settings]) -> None:
-    settings = make_settings(rate_limit_submit="", rate_limit_read="10/2.5",
-                             rate_limit_overrides={"key-x": {"submit": "1/1", "streams": "3"}})  # fmt: skip
-    assert (settings.rate_limit_submit, settings.rate_limit_read) == ("", "10/2.5")
-    assert settings.rate_limit_overrides["key-x"] == {"submit": "1/1", "streams": "3"}

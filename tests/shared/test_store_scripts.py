@@ -12,16 +12,11 @@ import orjson
 import pytest
 import redis
 
+from api.jobs.store import NewJob
 from shared import keys, scripts
 from shared.reaper import Reaper
-from shared.store import (
-    TIMEOUT_ERROR,
-    WORKER_LOST_ERROR,
-    ClaimOutcome,
-    NewJob,
-    WorkerJobs,
-    job_message,
-)
+from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message
+from workers.jobs import ClaimOutcome, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
 LIST = keys.queue_key(QUEUE, 0)

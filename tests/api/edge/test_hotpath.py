@@ -20,8 +20,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from api.app import create_app
 from api.edge import hotpath
 from api.edge.hotpath import HotPathMismatch
-from api.edge.pipeline import PipelineRoute, RouteDeclarationError, caller_owner
-from api.edge.ratelimit import ReadLimit, SubmitLimit
+from api.edge.pipeline import PipelineRoute, ReadLimit, RouteDeclarationError, SubmitLimit, caller_owner
 from api.routes.jobs import get_job, submit_job
 from shared import keys
 from shared.config import Settings

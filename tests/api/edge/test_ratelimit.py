@@ -84,7 +84,7 @@ async def test_redis_down_fails_reads_open_and_submissions_closed(
     server.start()
     settings = make_settings(redis_url=server.url, rate_limit_submit="5/1", rate_limit_read="5/1")
     from api.app import redis_client as make_client
-    from shared.autopipeline import AutoPipeline
+    from api.edge.autopipeline import AutoPipeline
 
     client = make_client(settings)
     limiter = RateLimiter(client, AutoPipeline(client), settings)

@@ -11,10 +11,11 @@ import httpx
 import pytest
 import redis
 
+from api.jobs.store import JobStore
 from shared.config import Settings
 from shared.schemas import JobList, JobPublic, JobSummary
-from shared.store import ClaimOutcome, JobStore, WorkerJobs
 from tests.conftest import WorkerProcess, api_client
+from workers.jobs import ClaimOutcome, WorkerJobs
 
 pytestmark = pytest.mark.anyio
 

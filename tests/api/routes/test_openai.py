@@ -217,3 +217,25 @@ def test_a_client_leaving_a_stream_cancels_its_job(
             next(line for line in response.iter_lines() if line.startswith("data: {"))
         job = http.get(f"/v1/jobs/{job_id}", params={"wait": 20}).json()
     assert job["status"] == "canceled"
+
+
+def test_a_streamed_completion_refused_before_its_first_chunk_is_a_json_error(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    """`stream: true` answers an event stream only once a job exists to follow: a refusal before
+    that is a JSON error in OpenAI's shape, with the caller's rate-limit state, like any other."""
+    settings = make_settings(rate_limit_submit="2/0.001")
+    body = {"model": TEST_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        invalid = http.post("/v1/chat/completions", json=body | {"n": 17})
+        unknown = http.post("/v1/chat/completions", json=body | {"model": "gpt-nope"})
+        limited = http.post("/v1/chat/completions", json=body)
+    for refused in (invalid, unknown, limited):
+        assert refused.headers["content-type"] == "application/json"
+        assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+    assert (invalid.status_code, invalid.json()["error"]["param"]) == (400, "n")
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "model_not_found")
+    assert [r.headers["x-ratelimit-remaining"] for r in (invalid, unknown)] == ["1", "0"]
+    assert (limited.status_code, limited.json()["error"]["code"]) == (429, "rate_limit_exceeded")
+    assert limited.headers["retry-after"] == "1000"
+    assert redis_client.keys("genq:job:*") == []

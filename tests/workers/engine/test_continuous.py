@@ -1,4 +1,5 @@
-"""Engine behaviour on random-tiny: fast, real forward passes, no trained weights needed."""
+"""The transformers engine (workers/engine/continuous.py) on random-tiny: fast, real forward passes, no
+trained weights needed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Automatic pipelining (shared/autopipeline.py) against the suite's real Redis: concurrent commands
+"""Automatic pipelining (api/edge/autopipeline.py) against the suite's real Redis: concurrent commands
 share round trips on one connection, each keeps its own reply or error, scripts survive a SCRIPT
 FLUSH, a server that goes away or stops answering fails what waits on it with redis-py's errors,
 and the next command reconnects."""
@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from api.edge import autopipeline
+from api.edge.autopipeline import AutoPipeline, DirectCommands, TakeOverFailed, open_commands, pack_command
 from cli.redis_server import EmbeddedRedis
-from shared import autopipeline
-from shared.autopipeline import AutoPipeline, DirectCommands, TakeOverFailed, open_commands, pack_command
 from shared.config import Settings
 from shared.logging import FIELDS
 from tests.conftest import api_client
@@ -173,7 +173,7 @@ async def test_a_loading_reply_fails_its_command(aclient: aioredis.Redis) -> Non
     ResponseError: the command must fail with it, not return it as its reply (a caller then
     indexed the error object: a bare 500, seen in the chaos soak). The bytes are Redis's own
     reply; a live server in that state answers only between chunks of its load (racy to catch)."""
-    from shared.autopipeline import _Link
+    from api.edge.autopipeline import _Link
 
     connection = aclient.connection_pool.make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
     await connection.connect()

@@ -1,0 +1,98 @@
+"""Settings of the API tier: where it binds, who it serves (API keys, hosts), its connections and
+requests' bounds, its fast paths, idempotency."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from shared.settings.types import CommaList, split_commas
+
+
+class ApiSettings(BaseModel):
+    """The API tier."""
+
+    api_host: str = "127.0.0.1"
+    """Address `genq api` binds. Anything but loopback requires API keys (or allow_anonymous)."""
+
+    api_port: int = Field(8000, ge=1, le=65535)
+    """Port `genq api` binds."""
+
+    api_workers: int = Field(1, ge=1, le=64)
+    """Uvicorn worker processes of `genq api`."""
+
+    api_keys: SecretStr = SecretStr("")
+    """Comma-separated API keys. Only their SHA-256 digests are used (compared in constant time),
+    and the value never appears in a repr, log or error. Empty: the API serves anonymously, on
+    loopback only unless allow_anonymous."""
+
+    allow_anonymous: bool = False
+    """Serve without API keys even on a non-loopback address (trusted networks only)."""
+
+    allowed_hosts: CommaList = ["localhost", "127.0.0.1", "[::1]"]
+    """Host header values an anonymous API answers (with or without a port; `*`: any); anything
+    else gets 403, so a page on another origin that rebinds its DNS name to this address reads
+    nothing. The probes answer under any name. With API keys every Host is served (a Bearer key
+    is the protection)."""
+
+    api_limit_concurrency: int = Field(10_000, ge=1)
+    """Most connections and requests one `genq api` process holds at once (uvicorn's
+    limit_concurrency); past it uvicorn answers 503. A safety net above the per-key limits."""
+
+    api_header_timeout_s: float = Field(10.0, gt=0)
+    """A connection that has not sent a request's headers this long after starting it (or after
+    connecting) is closed (slow-header clients)."""
+
+    api_keep_alive_s: int = Field(5, ge=1)
+    """An idle keep-alive connection is closed after this long."""
+
+    metrics_token: SecretStr | None = None
+    """Bearer token `GET /metrics` requires (Prometheus: `authorization: {credentials: ...}`).
+    Unset: /metrics is open to whoever reaches the API port."""
+
+    api_hot_paths: bool = True
+    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) of the
+    common shape through a raw-ASGI path that skips FastAPI's per-request machinery
+    (api/edge/hotpath.py); the answers are the same. Turn it off only to compare the two."""
+
+    api_autopipeline: bool = True
+    """Send the Redis commands that concurrent requests issue in one event-loop turn as one write
+    on one connection (api/edge/autopipeline.py). Off, or should its start-up check fail (logged as
+    `autopipeline_off`): each command goes through redis-py's own connection pool."""
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+
+    max_wait_s: float = Field(60.0, ge=0, le=300)
+    """Longest long-poll (`?wait=`) or `Prefer: wait=` hold."""
+
+    max_streams_per_key: int = Field(100, ge=1)
+    """Most event streams (`/v1/jobs/{id}/stream`, OpenAI `stream: true`,
+    `/v1/batches/{id}/events`) one API key holds open at once in one API process; past it 429
+    naming the limit. Per-key override: `streams` in rate_limit_overrides."""
+
+    max_long_polls_per_key: int = Field(100, ge=1)
+    """Most waiting requests (`?wait=`, `Prefer: wait=`, non-streaming OpenAI calls) one API key
+    holds at once in one API process; past it 429 naming the limit. Per-key override:
+    `long_polls` in rate_limit_overrides."""
+
+    list_max_bytes: int = Field(256 << 10, ge=4096)
+    """Most bytes of job summaries one `GET /v1/jobs` page carries; a page that would pass it ends
+    early with a next_cursor (lists never carry inputs or outputs)."""
+
+    idempotency_ttl_s: int = Field(86_400, ge=60)
+    """How long an Idempotency-Key maps to its job."""
+
+    _split_hosts = field_validator("allowed_hosts", mode="before")(split_commas)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_as_text(cls, keys: object) -> object:
+        return ",".join(str(key) for key in keys) if isinstance(keys, list | tuple) else keys
+
+    @cached_property
+    def api_key_digests(self) -> tuple[bytes, ...]:
+        keys = (key.strip() for key in self.api_keys.get_secret_value().split(","))
+        return tuple(hashlib.sha256(key.encode()).digest() for key in keys if key)

@@ -1,0 +1,39 @@
+"""Settings of the engine a worker runs: the model's cache, device and dtype, batch bounds, threads,
+and the placeholder model's and fault hook's test settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class EngineSettings(BaseModel):
+    """The engine."""
+
+    model_cache: Path = Path(".genq/models")
+    """Where converted model folders are cached."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the model runs; one GPU per worker process (choose it with CUDA_VISIBLE_DEVICES)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Model dtype; auto is bf16/fp16 on CUDA and fp32 on CPU."""
+
+    max_batch_size: int = Field(16, ge=1, le=512)
+    """Most sequences decoded together in one engine step."""
+
+    max_batch_tokens: int = Field(8192, ge=64)
+    """Most tokens (prompts and outputs of all running sequences) held in the KV cache at once."""
+
+    torch_threads: int | None = Field(None, ge=1)
+    """torch intra-op threads in a worker; default torch's own choice."""
+
+    placeholder_step_s: float = Field(0.01, ge=0)
+    """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
+    use it to hold jobs running for a known while."""
+
+    fault_engine_fatal_file: Path | None = None
+    """TEST-ONLY fault hook (the chaos benchmark): when this file exists, the worker's engine
+    deletes it and fails fatally at its next step. Unset in any real deployment."""

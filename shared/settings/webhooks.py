@@ -1,0 +1,101 @@
+"""Settings of webhook deliveries: signing secrets (global and per key, parsed at start-up), the
+timeout and retry schedule, and the target policy."""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from shared.settings.types import CommaList, split_commas
+from shared.signing import parse_secrets
+from shared.ssrf import TargetPolicy, parse_ports
+
+
+class WebhookSettings(BaseModel):
+    """Webhook deliveries."""
+
+    webhook_secret: SecretStr | None = None
+    """Signing secrets `whsec_<base64>`, space-separated while rotating (every delivery carries a
+    signature per secret). Unset: deliveries are sent unsigned and a warning is logged."""
+
+    webhook_key_secrets: SecretStr | None = None
+    """Per-key signing secrets as JSON: {"<owner id>": "whsec_<base64>"}. A key's jobs are signed
+    with its own secret (from here, or one made with `POST /v1/webhook-secret`), never with
+    webhook_secret, so one tenant's receiver cannot verify, and cannot be sent, another's events."""
+
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60)
+    """Seconds one delivery attempt may take (connect, send, first bytes of the answer)."""
+
+    webhook_retry_delays_s: CommaList = ["5", "300", "1800", "7200", "18000", "36000"]
+    """Delays before each retry of a failed delivery (jitter is added); after the last, the
+    delivery is marked failed. The default spans about a day."""
+
+    webhook_allow_private: bool = False
+    """Allow webhook targets on loopback/private/link-local addresses and any port (local
+    development and tests only; logged at start-up)."""
+
+    webhook_allowed_ports: str = "80,443,8000-9999"
+    """Ports a webhook target may use (comma-separated ports and ranges)."""
+
+    _split_delays = field_validator("webhook_retry_delays_s", mode="before")(split_commas)
+
+    @field_validator("webhook_retry_delays_s")
+    @classmethod
+    def _delays_are_numbers(cls, delays: list[str]) -> list[str]:
+        for delay in delays:
+            try:
+                if float(delay) < 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"GENQ_WEBHOOK_RETRY_DELAYS_S: {delay!r} is not a number of seconds >= 0"
+                ) from None
+        return delays
+
+    @field_validator("webhook_key_secrets")
+    @classmethod
+    def _key_secrets_parse(cls, secrets: SecretStr | None) -> SecretStr | None:
+        if secrets is not None:
+            parse_key_secrets(secrets.get_secret_value())
+        return secrets
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_is_whsec(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None:
+            parse_secrets(secret.get_secret_value())  # raises a ValueError that names the setting
+        return secret
+
+    @cached_property
+    def key_secrets(self) -> dict[str, tuple[bytes, ...]]:
+        """Per-owner signing keys from webhook_key_secrets."""
+        if self.webhook_key_secrets is None:
+            return {}
+        return parse_key_secrets(self.webhook_key_secrets.get_secret_value())
+
+    @cached_property
+    def webhook_policy(self) -> TargetPolicy:
+        return TargetPolicy(self.webhook_allow_private, parse_ports(self.webhook_allowed_ports))
+
+
+def parse_key_secrets(text: str) -> dict[str, tuple[bytes, ...]]:
+    """GENQ_WEBHOOK_KEY_SECRETS as {owner id: HMAC keys}; errors name the setting, not values."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError(
+            "GENQ_WEBHOOK_KEY_SECRETS must be a JSON object of owner id -> whsec_ secret"
+        ) from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ValueError("GENQ_WEBHOOK_KEY_SECRETS must be a JSON object of owner id -> whsec_ secret")
+    parsed = {}
+    for owner, secret in raw.items():
+        try:
+            parsed[str(owner)] = parse_secrets(secret)
+        except ValueError:
+            raise ValueError(
+                f"GENQ_WEBHOOK_KEY_SECRETS[{owner!r}] must be whsec_<non-empty base64>"
+            ) from None
+    return parsed

@@ -1,0 +1,63 @@
+"""shared/key_secrets.py: which secrets sign a key's deliveries. A secret made through the API
+wins over GENQ_WEBHOOK_KEY_SECRETS, which wins over the deployment's GENQ_WEBHOOK_SECRET; a
+rotation keeps the previous secret signing for the grace period (real Redis)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from cli.redis_server import EmbeddedRedis
+from shared import keys, signing
+from shared.config import Settings
+from shared.key_secrets import new_secret, rotate, signing_keys
+
+CONFIGURED = "whsec_" + base64.b64encode(b"configured for key-a, 24 bytes").decode()
+DEFAULT = (b"the deployment's secret",)
+
+
+@pytest.fixture
+def configured(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(webhook_key_secrets=json.dumps({"key-a": CONFIGURED}))
+
+
+def test_new_secrets_are_whsec_random_32_bytes() -> None:
+    made = {new_secret() for _ in range(50)}
+    assert len(made) == 50
+    for secret in made:
+        assert secret.startswith(signing.SECRET_PREFIX)
+        assert len(signing.parse_secrets(secret)[0]) == 32
+
+
+def test_without_a_stored_secret_the_configured_one_then_the_default_signs(
+    redis_client: redis.Redis, configured: Settings
+) -> None:
+    assert signing_keys(redis_client, "key-a", configured, DEFAULT) == signing.parse_secrets(CONFIGURED)
+    assert signing_keys(redis_client, "key-b", configured, DEFAULT) == DEFAULT
+
+
+@pytest.mark.anyio
+async def test_a_rotated_secret_signs_with_the_previous_one_during_the_grace_period(
+    redis_client: redis.Redis, redis_server: EmbeddedRedis, configured: Settings
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        first, replaced = await rotate(client, "key-a")
+        assert not replaced
+        assert signing_keys(redis_client, "key-a", configured, DEFAULT) == signing.parse_secrets(first)
+        second, replaced = await rotate(client, "key-a")
+        assert replaced and second != first
+        # Newest first: both sign while receivers move to the new one.
+        both = signing.parse_secrets(f"{second} {first}")
+        assert signing_keys(redis_client, "key-a", configured, DEFAULT) == both
+        _, previous = keys.webhook_key_secrets("key-a")
+        assert 0 < await client.ttl(previous) <= keys.WEBHOOK_SECRET_GRACE_S
+        # Another owner is unaffected by key-a's secrets.
+        assert signing_keys(redis_client, "key-b", configured, DEFAULT) == DEFAULT
+    finally:
+        await client.aclose()

@@ -1,0 +1,67 @@
+"""workers/engine/sampling.py: temperature 0 is the argmax, a seed repeats its draws whatever
+shares the batch, top_p keeps only the smallest prefix reaching its mass."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.engine.sampling import choose_tokens, make_generator
+from workers.engine.types import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=1)
+
+
+def _logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
+
+
+def test_temperature_zero_is_the_argmax_and_has_no_generator() -> None:
+    logits = _logits(4)
+    assert make_generator(GREEDY) is None
+    assert choose_tokens(logits, [GREEDY] * 4, [None] * 4) == logits.argmax(dim=-1).tolist()
+
+
+def _draws(params: SamplingParams, logits: torch.Tensor, steps: int = 20) -> list[int]:
+    generator = make_generator(params)
+    return [choose_tokens(logits[None], [params], [generator])[0] for _ in range(steps)]
+
+
+def test_a_seeded_generator_repeats_and_another_seed_differs() -> None:
+    logits = torch.zeros(50)  # uniform: every draw is up to the generator
+    seeded = SamplingParams(max_tokens=1, temperature=1.0, seed=7)
+    assert _draws(seeded, logits) == _draws(seeded, logits)
+    assert _draws(seeded, logits) != _draws(SamplingParams(max_tokens=1, temperature=1.0, seed=8), logits)
+
+
+def test_a_seeded_row_draws_the_same_batched_or_alone() -> None:
+    params = SamplingParams(max_tokens=1, temperature=0.8, seed=3)
+    logits = _logits(3)
+    alone = [choose_tokens(logits[1:2], [params], [make_generator(params)])[0]]
+    others = [GREEDY, SamplingParams(max_tokens=1, temperature=1.0, seed=99)]
+    generators = [None, make_generator(params), make_generator(others[1])]
+    batched = choose_tokens(logits, [GREEDY, params, others[1]], generators)
+    assert batched[1] == alone[0] and batched[0] == int(logits[0].argmax())
+
+
+def test_unseeded_generators_differ() -> None:
+    params = SamplingParams(max_tokens=1, temperature=1.0)
+    logits = torch.zeros(1000)
+    assert _draws(params, logits) != _draws(params, logits)
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_its_mass() -> None:
+    # Probabilities ~0.6, 0.3, 0.1 at temperature 1: top_p 0.5 keeps the first only,
+    # top_p 0.8 the first two.
+    logits = torch.log(torch.tensor([0.3, 0.6, 0.1]))
+    only_first = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.5, seed=1)
+    assert set(_draws(only_first, logits, 200)) == {1}
+    two = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.8, seed=1)
+    assert set(_draws(two, logits, 200)) == {0, 1}
+
+
+def test_low_temperature_concentrates_on_the_argmax() -> None:
+    logits = torch.tensor([1.0, 2.0, 1.5])
+    cold = SamplingParams(max_tokens=1, temperature=0.01, seed=5)
+    assert set(_draws(cold, logits, 100)) == {1}
+    hot = SamplingParams(max_tokens=1, temperature=2.0, seed=5)
+    assert set(_draws(hot, logits, 300)) == {0, 1, 2}

@@ -1,0 +1,109 @@
+"""workers/publish.py: a running job's output reaches its Redis Stream as deltas that add up to
+the text, with the stream's expiry; each completion (OpenAI's n) has its own deltas; log-probability
+entries are sent once each; flush() publishes what is pending before the job's end is written;
+a Redis that went away costs a log line, never the job (real Redis)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+import redis
+
+from cli.redis_server import EmbeddedRedis
+from shared import keys
+from workers.engine.types import OutputUpdate, TokenLogprob
+from workers.publish import OutputPublisher, token_entry
+
+TTL_S = 600
+
+
+@pytest.fixture
+def published(redis_client: redis.Redis) -> Iterator[tuple[OutputPublisher, list[str]]]:
+    heard: list[str] = []
+    publisher = OutputPublisher(redis_client, TTL_S, listener=heard.append)
+    yield publisher, heard
+    publisher.stop()
+
+
+def _entries(client: redis.Redis, job_id: str) -> list[dict[str, str]]:
+    stream = cast(list[tuple[str, dict[str, str]]], client.xrange(keys.job_stream(job_id)))
+    return [entry for _, entry in stream]
+
+
+def test_flushed_deltas_add_up_to_the_text(
+    published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
+) -> None:
+    publisher, heard = published
+    for text, tokens in [("Hel", 1), ("Hello", 2), ("Hello", 2), ("Hello world", 3)]:
+        publisher.offer("j1", OutputUpdate(text, tokens))
+        publisher.flush("j1")
+    entries = _entries(redis_client, "j1")
+    assert "".join(e["delta"] for e in entries) == "Hello world"
+    assert [e["tokens"] for e in entries] == ["1", "2", "3"]  # an update with nothing new is skipped
+    assert "index" not in entries[0] and "logprobs" not in entries[0]
+    assert 0 < redis_client.ttl(keys.job_stream("j1")) <= TTL_S
+    assert heard == ["j1", "j1", "j1"]
+
+
+def test_the_background_thread_publishes_the_latest_update(
+    published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
+) -> None:
+    publisher, _ = published
+    publisher.offer("j1", OutputUpdate("a b", 2))
+    deadline = time.monotonic() + 5
+    while not _entries(redis_client, "j1") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "".join(e["delta"] for e in _entries(redis_client, "j1")) == "a b"
+
+
+def test_each_completion_has_its_own_deltas_and_logprobs_go_once(
+    published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
+) -> None:
+    publisher, _ = published
+    first = TokenLogprob(5, "Hi", "Hi", -0.5, ((5, "Hi", -0.5), (6, "Yo", -1.5)))
+    second = TokenLogprob(7, "!", "!", float("-inf"))
+    publisher.offer("j1", OutputUpdate("Hi", 1, (first,), index=1))
+    publisher.flush("j1")
+    publisher.offer("j1", OutputUpdate("Hi!", 2, (first, second), index=1))
+    publisher.offer("j1", OutputUpdate("Other", 1, (), index=0))
+    publisher.flush("j1")
+    entries = _entries(redis_client, "j1")
+    second_completion = [e for e in entries if e.get("index") == "1"]
+    assert "".join(e["delta"] for e in second_completion) == "Hi!"
+    logged = [entry for e in second_completion for entry in json.loads(e["logprobs"])]
+    assert logged == [token_entry(first), token_entry(second)]
+    assert logged[1]["logprob"] == -9999.0  # a banned token's -inf, as JSON can carry it (vLLM's)
+    assert [e["delta"] for e in entries if "index" not in e] == ["Other"]
+
+
+def test_forget_starts_a_job_over(
+    published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
+) -> None:
+    """A job handed back and run again streams its new run from its first character."""
+    publisher, _ = published
+    publisher.offer("j1", OutputUpdate("abc", 1))
+    publisher.flush("j1")
+    publisher.forget("j1")
+    publisher.offer("j1", OutputUpdate("abc", 1))
+    publisher.flush("j1")
+    assert [e["delta"] for e in _entries(redis_client, "j1")] == ["abc", "abc"]
+
+
+def test_a_redis_error_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    gone = EmbeddedRedis(tmp_path, appendonly=False)  # never started
+    client = redis.Redis.from_url(gone.url, socket_connect_timeout=0.2)
+    heard: list[str] = []
+    publisher = OutputPublisher(client, TTL_S, listener=heard.append)
+    try:
+        publisher.offer("j1", OutputUpdate("text", 1))
+        with caplog.at_level(logging.WARNING, logger="genq.worker"):
+            publisher.flush("j1")
+    finally:
+        publisher.stop()
+    assert "output_publish_failed" in [r.getMessage() for r in caplog.records] and heard == []

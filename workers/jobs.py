@@ -1,0 +1,108 @@
+"""The worker's side of job records (blocking; called from Celery task threads): claiming a
+delivered job, renewing the leases of the jobs it runs, finishing one, handing one back (drain,
+engine death), and the worker's heartbeat in the fleet registry. Each move is one script of
+shared/lua/; the record codec both tiers share is shared/store.py."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from shared import keys, scripts
+from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
+
+
+class ClaimOutcome(enum.StrEnum):
+    """What the claim script decided about a delivered job."""
+
+    CLAIMED = "claimed"
+    SKIP = "skip"
+    EXPIRED = "expired"
+    EXHAUSTED = "exhausted"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: ClaimOutcome
+    status: str
+    #: The job's record as the claim left it (CLAIMED only; empty otherwise).
+    record: dict[str, str] = field(default_factory=dict)
+
+
+class WorkerJobs:
+    """The worker's view of job records (blocking; called from Celery task threads)."""
+
+    def __init__(self, client: redis.Redis, lease_s: float, max_attempts: int, job_timeout_s: float) -> None:
+        self._redis = client
+        self._lease_s = lease_s
+        self._max_attempts = max_attempts
+        self._job_timeout_s = job_timeout_s
+        self._start = client.register_script(scripts.source("claim"))
+        self._renew = client.register_script(scripts.source("renew"))
+        self._finish = client.register_script(scripts.source("finish"))
+        self._hand_back = client.register_script(scripts.source("hand_back"))
+
+    def claim(self, job_id: str, worker_id: str) -> Claim:
+        outcome, status, *flat = self._start(
+            keys=[keys.job(job_id)],
+            args=[worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, job_id, self._max_attempts,
+                  WORKER_LOST_ERROR],
+        )  # fmt: skip
+        return Claim(ClaimOutcome(as_text(outcome)), as_text(status), flat_record(flat))
+
+    def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
+        """Extend the leases of the jobs this worker runs; the ids it no longer holds."""
+        if not job_ids:
+            return []
+        lost = self._renew(args=[worker_id, repr(time.time() + self._lease_s), *job_ids])
+        return [as_text(job_id) for job_id in lost]
+
+    def finish(
+        self,
+        job_id: str,
+        worker_id: str,
+        fields: dict[str, str | bytes],
+        cache_entry: tuple[str, int] | None = None,
+    ) -> bool:
+        """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
+        (cache key, ttl): on success the response is stored there in the same step."""
+        flat = [item for pair in fields.items() for item in pair]
+        entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
+        done = self._finish(
+            keys=[keys.job(job_id), entry_key],
+            args=[worker_id, job_id, ttl, "completed_at", repr(time.time()), *flat],
+        )
+        return bool(done)
+
+    def hand_back(self, job_id: str, worker_id: str, record: dict[str, str], *, count_attempt: bool) -> bool:
+        """Put a job this worker holds back in the queue with a fresh deadline (drain, engine death)."""
+        message, queue_list = job_message(job_id, record["queue"], int(record.get("priority") or 0))
+        now = time.time()
+        done = self._hand_back(
+            keys=[keys.job(job_id)],
+            args=[worker_id, job_id, message, queue_list, repr(now), repr(now + self._job_timeout_s),
+                  "1" if count_attempt else "0"],
+        )  # fmt: skip
+        return bool(done)
+
+    def publish_model(self, model_id: str, fingerprint: str) -> None:
+        """Tell the API tier which revision of the model this worker serves (cache keys use it)."""
+        self._redis.hset(keys.MODELS, model_id, fingerprint)
+
+    def heartbeat(self, worker_id: str, registry: str = keys.WORKERS, slots: int | None = None) -> None:
+        """Say this worker is alive; a model worker also says how many jobs it runs at once."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(registry, {worker_id: time.time()})
+        if slots is not None:
+            pipe.hset(keys.WORKER_SLOTS, worker_id, slots)
+        pipe.execute()
+
+    def leave(self, worker_id: str, registry: str = keys.WORKERS) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrem(registry, worker_id)
+        pipe.hdel(keys.WORKER_SLOTS, worker_id)
+        pipe.execute()
