@@ -20,7 +20,7 @@ from api.batches.lines import (
     request_id,
     validate,
 )
-from api.openai_compat import Kind
+from api.openai.kind import Kind
 from shared.schemas import JobStatus, JobView, Priority
 from shared.store import public_job
 

@@ -59,7 +59,9 @@ async def answer(response: Response) -> httpx.Response:
         return await client.get("/")
 
 
-@pytest.mark.parametrize(("error", "status", "type_", "headers"), CASES, ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize(
+    ("error", "status", "type_", "headers"), CASES, ids=[type(c[0]).__name__ for c in CASES]
+)
 async def test_each_error_has_its_status_type_body_and_headers(
     error: errors.GenqError, status: int, type_: str, headers: dict[str, str]
 ) -> None:
@@ -72,8 +74,8 @@ async def test_each_error_has_its_status_type_body_and_headers(
 
 def test_every_error_class_is_in_the_table_above() -> None:
     """A new error class of shared/errors.py without a status would answer 500; this test makes it
-    choose one. (Classes other modules derive for their own handling, such as the OpenAI routes'
-    JobNotCompleted, are theirs to test.)"""
+    choose one. (Classes other modules derive for their own handling, such as the OpenAI tier's
+    JobNotCompleted in api/openai/responses.py, are theirs to test.)"""
 
     def subclasses(cls: type[errors.GenqError]) -> set[type[errors.GenqError]]:
         return {cls} | {c for sub in cls.__subclasses__() for c in subclasses(sub)}

@@ -15,7 +15,7 @@ from api.jobs.queue import JobQueue
 from shared import keys
 from shared.config import Settings
 from shared.schemas import JobCreate
-from shared.store import ClaimOutcome, WorkerJobs
+from workers.jobs import ClaimOutcome, WorkerJobs
 
 OWNER = ANONYMOUS  # the owner of every job of an API without keys
 
@@ -36,7 +36,7 @@ def queue(app: FastAPI) -> JobQueue:
 
 
 class ScriptedWorker:
-    """Runs a job the way a genq worker does (shared.store.WorkerJobs's claim and finish scripts,
+    """Runs a job the way a genq worker does (workers/jobs.py's WorkerJobs: its claim and finish scripts,
     XADDs to the job's output stream), step by step as a test says, with no model."""
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:

@@ -10,11 +10,11 @@ import redis
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
+from api.edge.autopipeline import open_commands
 from api.jobs import streams
 from api.jobs.streams import START_ID, OutputEntry, OutputStreams, entry_order, is_entry_id
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from shared.autopipeline import open_commands
 
 pytestmark = pytest.mark.anyio
 
