@@ -63,7 +63,7 @@ def suite_settings(redis_url: str, data_dir: Path, **overrides: Any) -> Settings
         "lease_ttl_s": 3.0,
         "reaper_interval_s": 0.5,
         "worker_metrics_port": 0,
-        # Limits far above what a test sends; tests/api/test_ratelimit.py sets tight ones.
+        # Limits far above what a test sends; tests/api/edge/test_ratelimit.py sets tight ones.
         "rate_limit_submit": "100000/100000",
         "rate_limit_read": "100000/100000",
     }

@@ -15,7 +15,7 @@ metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`,
 how clients wait for a job). Anything else goes on, untouched, to FastAPI: another path or method,
 any other query string, a chunked or over-long body, a body that is not plain JSON or does not
 validate, an over-long header. So every error response that depends on parsing, every other
-edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/test_hotpath.py checks
+edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/edge/test_hotpath.py checks
 that both ways answer alike. `check()` (create_app calls it) refuses to start an app whose hot
 routes depend on, or whose stack holds middleware, that this path does not run.
 `GENQ_API_HOT_PATHS=0` turns it off.

@@ -18,5 +18,5 @@ def json_response(content: Any, status_code: int = 200, headers: Mapping[str, st
 def job_response(job: JobView, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     """A job as the job routes send it: the job store's view, encoded as is. The hot path and
     the FastAPI routes both answer through this, so a job reads the same bytes either way; the
-    routes' `response_model=JobPublic` documents this shape (tests/api/test_jobs.py checks it)."""
+    routes' `response_model=JobPublic` documents this shape (tests/api/routes/test_jobs.py checks it)."""
     return json_response(job, status_code, headers)

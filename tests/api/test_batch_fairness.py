@@ -13,8 +13,8 @@ import redis
 
 from shared.config import Settings
 from tests.api.live_server import live_server
-from tests.api.test_batches import chat_line, completed, metric, start_batch
-from tests.api.test_openai import client_for
+from tests.api.routes.test_batches import chat_line, completed, metric, start_batch
+from tests.api.routes.test_openai import client_for
 from tests.conftest import TEST_MODEL, WorkerProcess
 
 

@@ -12,7 +12,7 @@ import redis
 
 from cli.client import ExitCode
 from cli.redis_server import EmbeddedRedis
-from tests.api.test_batches import chat_line
+from tests.api.routes.test_batches import chat_line
 from tests.cli.test_jobs import cli_env, genq
 from tests.conftest import ApiProcess, WorkerProcess, suite_settings
 

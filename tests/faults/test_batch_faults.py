@@ -17,8 +17,8 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
-from tests.api.test_batches import CHAT, chat_line, completed, results, upload, wait_for
-from tests.api.test_openai import client_for
+from tests.api.routes.test_batches import CHAT, chat_line, completed, results, upload, wait_for
+from tests.api.routes.test_openai import client_for
 from tests.conftest import ApiProcess, WorkerProcess, wait_until_acked
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]

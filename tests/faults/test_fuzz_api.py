@@ -61,7 +61,7 @@ def test_api_conforms_to_its_openapi_document(api_url: str, tmp_path: Path, seed
         [str(Path(sys.executable).parent / "schemathesis"), "run", f"{api_url}/openapi.json",
          "--checks", ",".join(CHECKS), "--max-examples", "30", "--seed", str(seed),
          "--suppress-health-check", "all", "--report-dir", str(tmp_path),
-         # Its 503 is the designed answer while no worker is ready (tests/api/test_ops.py).
+         # Its 503 is the designed answer while no worker is ready (tests/api/routes/test_ops.py).
          "--exclude-path", "/readyz"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

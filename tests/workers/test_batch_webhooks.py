@@ -16,8 +16,8 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from tests.api.live_server import live_server
-from tests.api.test_batches import CHAT, chat_line, upload, wait_for
-from tests.api.test_openai import client_for
+from tests.api.routes.test_batches import CHAT, chat_line, upload, wait_for
+from tests.api.routes.test_openai import client_for
 from tests.conftest import WorkerProcess
 from tests.workers.test_webhooks import Receiver, hook_settings, receivers, verify_with_each_secret  # noqa: F401
 

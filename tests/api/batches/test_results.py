@@ -1,6 +1,6 @@
 """The result line of a batch line whose job ended (api/batches/results.py): a lost job record
 and a job canceled because its batch was wound up each become the error OpenAI's clients expect.
-Collecting and joining parts through real processes is tested in tests/api/test_batches.py."""
+Collecting and joining parts through real processes is tested in tests/api/routes/test_batches.py."""
 
 from __future__ import annotations
 

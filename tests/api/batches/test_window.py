@@ -27,7 +27,7 @@ from shared.batches import BatchStatus, BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
 from shared.files import FileRecords
 from shared.schemas import JobStatus
-from tests.api.test_batches import chat_line
+from tests.api.routes.test_batches import chat_line
 
 OWNER = "key-a"
 

@@ -55,7 +55,7 @@ def test_a_chat_completion(client: openai.OpenAI, worker: WorkerProcess) -> None
         stop=["never"],
         user="tester",
         store=False,  # configures OpenAI's platform: accepted, no effect
-        presence_penalty=0.5,  # honoured (tests/api/test_openai_sampling.py); the echo engine has no logits
+        presence_penalty=0.5,  # honoured (routes/test_openai_sampling.py); the echo engine has no logits
     )
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")

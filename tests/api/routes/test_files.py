@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from shared.config import Settings
+from tests.api.batches.test_filestore import BUCKET, s3_endpoint  # noqa: F401 (a fixture)
 from tests.api.live_server import live_server
-from tests.api.test_filestore import BUCKET, s3_endpoint  # noqa: F401 (a fixture)
-from tests.api.test_openai import client_for
+from tests.api.routes.test_openai import client_for
 
 LINES = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 

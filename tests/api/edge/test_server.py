@@ -1,7 +1,7 @@
 """The HTTP protocol `genq api` runs (api/edge/server.py): uvicorn's, with the writes of one event-loop
 turn sent together. Real sockets throughout: responses must arrive whole and in order, on
 keep-alive connections and on ones the server closes. (Streams, which write in many turns, run
-through the same protocol in tests/api/test_stream.py.)"""
+through the same protocol in tests/api/routes/test_stream.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The playground lists the key's batches with their progress, in a real headless Chromium
-against a live server and a real worker (as tests/api/test_playground.py)."""
+against a live server and a real worker (as tests/api/routes/test_playground.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import redis
 
 from shared.config import Settings
 from tests.api.live_server import live_server
-from tests.api.test_batches import CHAT, chat_line, upload, wait_for
-from tests.api.test_openai import client_for
-from tests.api.test_playground import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _playwright
+from tests.api.routes.test_batches import CHAT, chat_line, upload, wait_for
+from tests.api.routes.test_openai import client_for
+from tests.api.routes.test_playground import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _playwright
 from tests.conftest import WorkerProcess
 
 

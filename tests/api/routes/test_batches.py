@@ -20,7 +20,7 @@ from openai.types import Batch
 from shared import keys
 from shared.config import Settings
 from tests.api.live_server import live_server
-from tests.api.test_openai import client_for
+from tests.api.routes.test_openai import client_for
 from tests.conftest import TEST_MODEL, WorkerProcess
 
 CHAT: Final = "/v1/chat/completions"

@@ -1,0 +1,73 @@
+"""api/jobs/events.py: a job's end, published by a worker, wakes that job's long-pollers in this
+process, and a lost subscription wakes them all (real Redis pub/sub)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from api.jobs.events import JobEvents
+from cli.redis_server import EmbeddedRedis
+from shared import keys
+
+pytestmark = pytest.mark.anyio
+
+JOB_A = "6f1c0a2e-8b1d-4c3e-9f00-00000000000a"
+JOB_B = "6f1c0a2e-8b1d-4c3e-9f00-00000000000b"
+
+
+@pytest.fixture
+async def events(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[JobEvents]:
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    events = JobEvents(client)
+    events.start()
+    yield events
+    await events.stop()
+    await client.aclose()
+
+
+async def subscribed(client: redis.Redis) -> None:
+    """Until the events subscription is in place (a message published before it is lost)."""
+    for _ in range(100):
+        if client.pubsub_numsub(keys.JOB_EVENTS_CHANNEL)[0][1] >= 1:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("JobEvents never subscribed")
+
+
+async def woken(event: asyncio.Event, timeout_s: float = 2.0) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_a_jobs_end_wakes_its_waiters_only(events: JobEvents, redis_client: redis.Redis) -> None:
+    await subscribed(redis_client)
+    with events.watch(JOB_A) as a1, events.watch(JOB_A) as a2, events.watch(JOB_B) as b:
+        redis_client.publish(keys.JOB_EVENTS_CHANNEL, JOB_A)
+        assert await woken(a1) and await woken(a2)
+        assert not await woken(b, 0.3)
+
+
+async def test_a_waiter_that_left_is_woken_no_more(events: JobEvents, redis_client: redis.Redis) -> None:
+    await subscribed(redis_client)
+    with events.watch(JOB_A) as left:
+        pass
+    with events.watch(JOB_A) as staying:
+        redis_client.publish(keys.JOB_EVENTS_CHANNEL, JOB_A)
+        assert await woken(staying)
+    assert not left.is_set()
+
+
+async def test_a_lost_subscription_wakes_every_waiter(events: JobEvents, redis_client: redis.Redis) -> None:
+    """A job may have ended while the subscription was down: each waiter re-reads its record."""
+    await subscribed(redis_client)
+    with events.watch(JOB_A) as a, events.watch(JOB_B) as b:
+        assert redis_client.client_kill_filter(_type="pubsub") >= 1
+        assert await woken(a) and await woken(b)

@@ -1,0 +1,105 @@
+"""api/jobs/follow.py: a job's output as typed events, against the running app's queue, the
+suite's Redis, and a job driven through the worker's own store calls (tests/api/jobs/conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from api.jobs.follow import FINAL_ID, Done, Failure, Output, StreamEvent, follow
+from api.jobs.queue import JobQueue
+from api.jobs.streams import START_ID
+from shared import keys
+from shared.schemas import JobStatus
+from tests.api.jobs.conftest import OWNER, ScriptedWorker, submitted
+
+pytestmark = pytest.mark.anyio
+
+
+async def all_events(
+    queue: JobQueue, job_id: str, after_id: str = START_ID, owner: str = OWNER
+) -> list[StreamEvent]:
+    return [event async for event in follow(queue, job_id, owner, after_id)]
+
+
+async def test_a_finished_jobs_events_are_its_entries_then_done(
+    queue: JobQueue, scripted: ScriptedWorker
+) -> None:
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    first = scripted.publish(job_id, "one", 1)
+    second = scripted.publish(job_id, " two", 2)
+    scripted.succeed(job_id, "one two", 2)
+    events = await all_events(queue, job_id)
+    assert events[:2] == [Output(first, "one", 1), Output(second, " two", 2)]
+    assert len(events) == 3 and isinstance(events[2], Done)
+    assert events[2].job["status"] is JobStatus.SUCCEEDED and events[2].job["id"] == job_id
+    # Resuming after the first entry sends the rest, once.
+    assert (await all_events(queue, job_id, first))[:-1] == [Output(second, " two", 2)]
+
+
+async def test_text_the_stream_lacks_comes_as_one_final_output(
+    queue: JobQueue, scripted: ScriptedWorker
+) -> None:
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    scripted.publish(job_id, "one", 1)
+    scripted.succeed(job_id, "one two three", 3)  # the last deltas never reached the stream
+    events = await all_events(queue, job_id)
+    assert events[1] == Output(FINAL_ID, " two three", 3)
+    assert isinstance(events[2], Done)
+    # After FINAL_ID nothing is sent again but the end.
+    resumed = await all_events(queue, job_id, FINAL_ID)
+    assert len(resumed) == 1 and isinstance(resumed[0], Done)
+
+
+async def test_a_stream_that_is_no_prefix_of_the_text_leaves_the_text_to_done(
+    queue: JobQueue, scripted: ScriptedWorker
+) -> None:
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    entry = scripted.publish(job_id, "draft", 1)
+    scripted.succeed(job_id, "final answer", 2)
+    events = await all_events(queue, job_id)
+    assert events[0] == Output(entry, "draft", 1)
+    assert len(events) == 2 and isinstance(events[1], Done)
+
+
+async def test_a_follower_of_a_queued_job_gets_its_entries_as_they_come(
+    queue: JobQueue, scripted: ScriptedWorker
+) -> None:
+    """No poll interval in the way: the stream hub wakes the follower (the recheck is 15-30 s)."""
+    job_id = await submitted(queue)
+    events: list[tuple[float, StreamEvent]] = []
+
+    async def collect() -> None:
+        async for event in follow(queue, job_id, OWNER):
+            events.append((time.monotonic(), event))
+
+    following = asyncio.create_task(collect())
+    await asyncio.sleep(0.3)  # the follower has read the empty stream and waits
+    scripted.claim(job_id)
+    published = time.monotonic()
+    entry = scripted.publish(job_id, "live", 1)
+    while not events:
+        assert time.monotonic() - published < 3, "the entry never reached the follower"
+        await asyncio.sleep(0.02)
+    assert events[0][1] == Output(entry, "live", 1)
+    scripted.succeed(job_id, "live", 1)
+    await asyncio.wait_for(following, 5)
+    assert isinstance(events[-1][1], Done) and events[-1][1].job["status"] is JobStatus.SUCCEEDED
+
+
+async def test_a_job_that_vanishes_or_is_not_the_callers_ends_in_not_found(
+    queue: JobQueue, redis_client: redis.Redis
+) -> None:
+    job_id = await submitted(queue)
+    assert await all_events(queue, job_id, owner="key-someone-else") == [
+        Failure("not_found", f"job {job_id!r} no longer exists (it expired or was removed)")
+    ]
+    redis_client.delete(keys.job(job_id))
+    events = await all_events(queue, job_id)
+    assert len(events) == 1 and isinstance(events[0], Failure) and events[0].type == "not_found"
