@@ -46,7 +46,8 @@ class HttpMetrics:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extra = scope.get("state", {}).get("response_headers", {})
-                message["headers"] = [*message.get("headers", []), *extra_headers(request_id, extra)]
+                own = list(message.get("headers", []))
+                message["headers"] = [*own, *extra_headers(request_id, extra, {name for name, _ in own})]
             await send(message)
 
         started = time.perf_counter()
@@ -83,13 +84,15 @@ def request_id_of(sent: bytes | None) -> str:
     return os.urandom(16).hex()
 
 
-def extra_headers(request_id: str, more: dict[str, str]) -> list[tuple[bytes, bytes]]:
+def extra_headers(
+    request_id: str, more: dict[str, str], present: frozenset[bytes] | set[bytes] = frozenset()
+) -> list[tuple[bytes, bytes]]:
     """What every response carries besides its own headers: its request id, and the headers that
-    serve() left for it (rate-limit state)."""
-    return [
-        (b"x-request-id", request_id.encode("latin-1")),
-        *((name.lower().encode(), value.encode()) for name, value in more.items()),
-    ]
+    serve() left for it (rate-limit state) unless the response set them itself (`present`, lower
+    case): a 429 from a concurrency limit describes the limit that refused it, not the caller's
+    read bucket, and a header must not carry both."""
+    added = ((name.lower().encode(), value.encode()) for name, value in more.items())
+    return [(b"x-request-id", request_id.encode("latin-1")), *(h for h in added if h[0] not in present)]
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

@@ -30,6 +30,13 @@ def test_the_headers_left_for_a_response_follow_its_request_id() -> None:
     ]
 
 
+def test_a_header_the_response_set_itself_is_not_added_again() -> None:
+    more = {"X-RateLimit-Limit": "100", "X-RateLimit-Remaining": "3"}
+    assert extra_headers("abc", more, {b"x-ratelimit-limit", b"x-ratelimit-remaining"}) == [
+        (b"x-request-id", b"abc")
+    ]
+
+
 @pytest.mark.parametrize("path", ["/v1/jobs", "/healthz"])
 async def test_every_answer_carries_its_request_id(api: httpx.AsyncClient, path: str) -> None:
     kept = await api.get(path, headers={"X-Request-ID": "trace-7"})
