@@ -1,5 +1,5 @@
 """api/jobs/follow.py: a job's output as typed events, against the running app's queue, the
-suite's Redis, and a job driven through the worker's own store calls (tests/api/jobs/conftest.py)."""
+suite's Redis, and a job driven through the worker's own store calls (tests/api/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID
 from shared import keys
 from shared.schemas import JobStatus
-from tests.api.jobs.conftest import OWNER, ScriptedWorker, submitted
+from tests.api.conftest import OWNER, ScriptedWorker, submitted
 
 pytestmark = pytest.mark.anyio
 

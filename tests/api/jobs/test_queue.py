@@ -15,7 +15,7 @@ from api.jobs.queue import PREVIEW_CHARS, JobQueue, job_preview
 from shared.config import Settings
 from shared.errors import NotFound, StorageRefused
 from shared.schemas import JobCreate, JobStatus
-from tests.api.jobs.conftest import OWNER, submitted
+from tests.api.conftest import OWNER, submitted
 from tests.conftest import assert_nothing_written
 
 pytestmark = pytest.mark.anyio

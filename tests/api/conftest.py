@@ -1,5 +1,6 @@
 """The API's job machinery as the running app wires it (its lifespan entered, so the events
-subscription and the stream hub run), and a job driven through the worker's own store calls."""
+subscription and the stream hub run), and a job driven through the worker's own store calls: for
+the job services' tests (tests/api/jobs) and the OpenAI layer's above them (tests/api/openai)."""
 
 from __future__ import annotations
 

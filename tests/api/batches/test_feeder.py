@@ -1,8 +1,8 @@
-"""Fair sharing between batches and with interactive jobs, through real processes: two keys'
-batches, and an interactive job that starts at once beside a batch that would otherwise fill
-every slot. The sharing arithmetic itself is tested table-driven in
-tests/api/batches/test_capacity.py, the fleet's slots as workers publish them in
-tests/shared/test_store.py."""
+"""api/batches/feeder.py: the feeder shares capacity fairly between batches and keeps some for
+interactive jobs, through real processes: two keys' batches, and an interactive job that starts at
+once beside a batch that would otherwise fill every slot. The sharing arithmetic itself is tested
+table-driven in tests/api/batches/test_capacity.py, the fleet's slots as workers publish them in
+tests/api/jobs/test_fleet.py."""
 
 from __future__ import annotations
 
