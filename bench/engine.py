@@ -16,9 +16,9 @@ against the same jobs without one at concurrency 16, with the mask's cost per de
 <out>/engine.json and <out>/engine.png.
 
 --backends runs the same closed-loop sweep on each engine backend (EngineConfig.backend) over the same
-GGUF model, llama.cpp first (so its resident memory is measured before torch's model is loaded), and
-reports llama.cpp's tokens/s, time to first token and job latency as ratios to torch's, at each
-concurrency. Writes <out>/engine_llamacpp.json and .png.
+GGUF model, llama.cpp first (so its resident memory is measured before torch's model is loaded), in
+two rounds, and reports llama.cpp's tokens/s, time to first token and job latency as ratios to
+torch's at each concurrency (per round, and their medians). Writes <out>/engine_llamacpp.json and .png.
 """
 
 from __future__ import annotations
@@ -468,20 +468,35 @@ def compare_backends(args: argparse.Namespace) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "machine": machine_label("cpu"),
         "llamacpp_sequence_tokens": BACKEND_SEQUENCE_TOKENS,
-        "backends": {},
+        "rounds": [],
     }
-    for backend in ("llamacpp", "torch"):
-        report["backends"][backend] = _sweep(replace(config, backend=backend), concurrency, tokens)
-    report["ratios"] = [
-        {"concurrency": llama["concurrency"]}
-        | {key: round(llama[key] / torch_run[key], 2) for key in _COMPARED}
-        for llama, torch_run in zip(
-            report["backends"]["llamacpp"]["runs"], report["backends"]["torch"]["runs"], strict=True
-        )
+    for _ in range(1 if args.quick else BACKEND_ROUNDS):
+        sweeps = {
+            backend: _sweep(replace(config, backend=backend), concurrency, tokens) for backend in BACKENDS
+        }
+        report["rounds"].append({"backends": sweeps, "ratios": _ratios(sweeps)})
+    report["ratios"] = [  # each ratio's median over the rounds
+        {"concurrency": rows[0]["concurrency"]}
+        | {key: round(percentile([row[key] for row in rows], 50), 2) for key in _COMPARED}
+        for rows in zip(*(round_["ratios"] for round_ in report["rounds"]), strict=True)
     ]
     print(json.dumps(report["ratios"]))
     write_report(args.out, "engine_llamacpp", report, plot_backends)
     return report
+
+
+#: --backends: the order of each round's sweeps (llama.cpp first: its RSS is read before torch's
+#: model is loaded) and the rounds (a load change on a shared machine hits both sides).
+BACKENDS = ("llamacpp", "torch")
+BACKEND_ROUNDS = 2
+
+
+def _ratios(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"concurrency": llama["concurrency"]}
+        | {key: round(llama[key] / torch_run[key], 2) for key in _COMPARED}
+        for llama, torch_run in zip(sweeps["llamacpp"]["runs"], sweeps["torch"]["runs"], strict=True)
+    ]
 
 
 #: What --backends compares (llama.cpp's value over torch's).
@@ -509,7 +524,7 @@ def plot_backends(report: dict[str, Any], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
     for offset, (backend, color) in enumerate((("torch", "#dd8452"), ("llamacpp", "#4c72b0"))):
-        runs = report["backends"][backend]["runs"]
+        runs = report["rounds"][-1]["backends"][backend]["runs"]
         positions = [index + (offset - 0.5) * 0.4 for index in range(len(runs))]
         axis.bar(positions, [run["tokens_per_s"] for run in runs], width=0.4, color=color, label=backend)
     labels = [str(ratio["concurrency"]) for ratio in report["ratios"]]

@@ -376,7 +376,7 @@ class Settings(BaseSettings):
 
     llamacpp_sequence_tokens: int = Field(2048, ge=64)
     """Under llama.cpp: the most tokens (prompt + completion) one job holds, the KV cells of each
-    row's own stream; max_batch_size streams are allocated at start (16 x 2048 cells take 720 MB
+    row's own stream; max_batch_size streams are allocated at start (16 x 2048 cells take 360 MiB
     for the default model)."""
 
     placeholder_step_s: float = Field(0.01, ge=0)

@@ -79,11 +79,15 @@ def test_bench_engine_backends_quick(tmp_path: Path) -> None:
         cwd=ROOT, check=True, timeout=240, capture_output=True,
     )  # fmt: skip
     report = json.loads((tmp_path / "engine_llamacpp.json").read_text())
-    assert set(report["backends"]) == {"torch", "llamacpp"}
-    assert "llama.cpp" in report["backends"]["llamacpp"]["label"]
-    for backend in report["backends"].values():
+    (only,) = report["rounds"]
+    assert set(only["backends"]) == {"torch", "llamacpp"}
+    assert "llama.cpp" in only["backends"]["llamacpp"]["label"]
+    for backend in only["backends"].values():
         assert [run["concurrency"] for run in backend["runs"]] == [1, 4]
         assert all(run["output_tokens"] == run["jobs"] * report["tokens_per_job"] for run in backend["runs"])
-    assert [ratio["concurrency"] for ratio in report["ratios"]] == [1, 4]
+    assert report["ratios"] == only["ratios"] and [ratio["concurrency"] for ratio in report["ratios"]] == [
+        1,
+        4,
+    ]
     assert all(ratio["tokens_per_s"] > 0 for ratio in report["ratios"])
     assert (tmp_path / "engine_llamacpp.png").stat().st_size > 0

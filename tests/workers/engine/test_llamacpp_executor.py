@@ -96,7 +96,10 @@ def test_a_released_sequence_leaves_no_kv(llamacpp_engine: EngineFactory) -> Non
 def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> None:
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     }
@@ -110,8 +113,10 @@ def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> 
     ]
     free = engine.submit(_chat("free", PROMPTS[0]))
     for future in futures:
-        value = json.loads(future.result(60).text)
-        assert set(value) == {"name", "age"} and isinstance(value["age"], int)
+        result = future.result(60)
+        value = json.loads(result.text)  # bounded by the schema, so complete within max_tokens
+        assert result.finish_reason == "stop"
+        assert set(value) == {"name", "age"} and 0 <= value["age"] <= 150
     assert free.result(60).completion_tokens > 0
 
 
