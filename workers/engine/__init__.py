@@ -3,9 +3,10 @@
 build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the
 continuous-batching text engine (workers/engine/continuous.py) for every other model id, its forward
 passes run by one of two backends (EngineConfig.backend, resolved by `choose_backend`): llama.cpp's
-kernels (llamacpp_executor.py) for a GGUF model on CPU, 3-10x faster than the dequantized fp32 torch
-model at one running job and ~2x at 16-32 on this model, or transformers (model_executor.py) for
-safetensors/AWQ checkpoints, GPUs, and any model when llama-cpp-python is not installed. All run the
+kernels (llamacpp_executor.py) for a GGUF model on CPU (no dequantized fp32 copy of the weights;
+faster than torch at a few running jobs, slower at 16-32 and in prefill: the README's "Engine
+backends" has the numbers), or transformers (model_executor.py) for safetensors/AWQ checkpoints,
+GPUs, and any model when llama-cpp-python is not installed. All run the
 same loop (core.py: each step scheduler.py plans, an executor runs the forward passes, output.py
 applies the tokens) and differ only in the executor (executor.py's Protocol).
 The worker:
