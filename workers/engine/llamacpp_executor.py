@@ -9,10 +9,12 @@ Releasing a sequence removes its cells (llama_memory_seq_rm) and frees its seq_i
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
-and its query row goes through the same kernel whatever shares the step (a unified cache puts the
-step's queries in one tile and interleaves the sequences' cells, changing the float sums). The
-price: each stream is sized up front, `EngineConfig.llamacpp_sequence_tokens` cells per row,
-`max_batch_size` rows (llama.cpp zeroes the whole buffer, so all of it is resident).
+and its one query row goes through the same attention kernel whatever shares the step (a unified
+cache would interleave the sequences' cells and hand a step's queries to the tiled kernel, which
+can change the float sums); the weights use the plain kernels (no repacked buffers, see
+load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
+`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows (llama.cpp zeroes the
+whole buffer, so all of it is resident).
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a torch tensor without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
