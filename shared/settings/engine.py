@@ -28,7 +28,18 @@ class EngineSettings(BaseModel):
     """Most tokens (prompts and outputs of all running sequences) held in the KV cache at once."""
 
     torch_threads: int | None = Field(None, ge=1)
-    """torch intra-op threads in a worker; default torch's own choice."""
+    """Engine threads in a worker: torch's intra-op threads, and llama.cpp's n_threads and
+    n_threads_batch under that backend; default torch's own choice (the physical cores)."""
+
+    engine_backend: Literal["auto", "torch", "llamacpp"] = "auto"
+    """Kernels that run the model: `llamacpp` (llama.cpp via llama-cpp-python; GGUF models on cpu
+    only), `torch` (transformers), or `auto`: llamacpp for a GGUF model (the default model) on cpu
+    when llama-cpp-python is installed, torch for safetensors/AWQ checkpoints and GPUs."""
+
+    llamacpp_sequence_tokens: int = Field(2048, ge=64)
+    """Under llama.cpp: the most tokens (prompt + completion) one job holds, the KV cells of each
+    row's own stream; max_batch_size streams are allocated at start (16 x 2048 cells take 360 MiB
+    for the default model)."""
 
     placeholder_step_s: float = Field(0.01, ge=0)
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests

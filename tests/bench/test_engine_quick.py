@@ -70,3 +70,24 @@ def test_bench_engine_on_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
     assert completed.returncode != 0
     assert "torch sees no CUDA device" in completed.stderr
     assert not (tmp_path / "engine.json").exists()
+
+
+def test_bench_engine_backends_quick(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--quick", "--backends", "--threads", "1",
+         "--out", str(tmp_path), "--model-cache", str(MODEL_CACHE)],
+        cwd=ROOT, check=True, timeout=240, capture_output=True,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "engine_llamacpp.json").read_text())
+    (only,) = report["rounds"]
+    assert set(only["backends"]) == {"torch", "llamacpp"}
+    assert "llama.cpp" in only["backends"]["llamacpp"]["label"]
+    for backend in only["backends"].values():
+        assert [run["concurrency"] for run in backend["runs"]] == [1, 4]
+        assert all(run["output_tokens"] == run["jobs"] * report["tokens_per_job"] for run in backend["runs"])
+    assert report["ratios"] == only["ratios"] and [ratio["concurrency"] for ratio in report["ratios"]] == [
+        1,
+        4,
+    ]
+    assert all(ratio["tokens_per_s"] > 0 for ratio in report["ratios"])
+    assert (tmp_path / "engine_llamacpp.png").stat().st_size > 0

@@ -1,9 +1,14 @@
 """The inference engine: model loading, scheduling and continuous batching. Imports no Celery.
 
-build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the transformers
-continuous-batching engine (workers/engine/continuous.py) for every other model id. Both run the same
-loop (core.py: each step scheduler.py plans, an executor runs the forward passes, output.py applies
-the tokens) and differ only in the executor (executor.py's Protocol: where other backends plug in).
+build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the
+continuous-batching text engine (workers/engine/continuous.py) for every other model id, its forward
+passes run by one of two backends (EngineConfig.backend, resolved by `choose_backend`): llama.cpp's
+kernels (llamacpp_executor.py) for a GGUF model on CPU (no dequantized fp32 copy of the weights;
+faster than torch at a few running jobs, slower at 16-32 and in prefill: the README's "Engine
+backends" has the numbers), or transformers (model_executor.py) for safetensors/AWQ checkpoints,
+GPUs, and any model when llama-cpp-python is not installed. All run the
+same loop (core.py: each step scheduler.py plans, an executor runs the forward passes, output.py
+applies the tokens) and differ only in the executor (executor.py's Protocol).
 The worker:
 
     engine = build_engine(EngineConfig(model=..., on_step=observe_step, on_fatal=exit_soon))
@@ -22,8 +27,11 @@ FatalEngineError (both engines; EngineConfig.fault_file injects one in tests).
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from workers.engine import quiet
-from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
+from workers.engine.config import DEFAULT_MODEL, PLACEHOLDER_MODEL, EngineConfig
 from workers.engine.types import (
     Engine,
     EngineError,
@@ -50,6 +58,7 @@ __all__ = [
     "SamplingParams",
     "StepStats",
     "build_engine",
+    "choose_backend",
 ]
 
 quiet.install()  # before any engine module imports torch (workers/engine/quiet.py)
@@ -64,4 +73,29 @@ def build_engine(config: EngineConfig) -> Engine:
     # Imported here so the placeholder path (and the API tier's tests) never pay for torch.
     from workers.engine.continuous import TransformersEngine
 
+    if choose_backend(config) == "llamacpp":
+        from workers.engine.llamacpp_executor import LlamaCppExecutor
+
+        return TransformersEngine(config, executor=LlamaCppExecutor(config))
     return TransformersEngine(config)
+
+
+def choose_backend(config: EngineConfig) -> str:
+    """ "torch" or "llamacpp" for config (see EngineConfig.backend): auto takes llama.cpp for a GGUF
+    model on CPU when llama-cpp-python is installed; llamacpp on anything else is a configuration error."""
+    gguf = config.model == DEFAULT_MODEL or Path(config.model).suffix == ".gguf"
+    if config.backend == "torch":
+        return "torch"
+    if config.backend == "llamacpp":
+        if not gguf or config.device != "cpu":
+            message = f"backend llamacpp runs GGUF models on cpu; got {config.model!r} on {config.device}"
+            raise FatalEngineError(message)
+        return "llamacpp"
+    if not (gguf and config.device == "cpu"):
+        return "torch"
+    from workers.engine.llamacpp_executor import available
+
+    if available():
+        return "llamacpp"
+    logging.getLogger(__name__).warning("llama-cpp-python is not installed: the GGUF model runs on torch")
+    return "torch"

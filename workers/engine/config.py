@@ -11,6 +11,8 @@ from workers.engine.types import FatalEngineError, StepStats
 DEFAULT_MODEL = "smollm2-135m-instruct"
 RANDOM_MODEL = "random-tiny"
 PLACEHOLDER_MODEL = "placeholder-echo"
+#: EngineConfig.backend's values.
+BACKENDS = ("auto", "torch", "llamacpp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,13 @@ class EngineConfig:
     max_batch_size: int = 16
     #: Most tokens (prompt + generated, over all running sequences) the KV cache holds at once.
     max_batch_tokens: int = 8192
+    #: Which kernels run the model: "torch" (transformers), "llamacpp" (llama.cpp, GGUF models on
+    #: CPU only) or "auto" (llamacpp for a GGUF model on CPU when llama-cpp-python is installed,
+    #: else torch). See workers/engine/__init__.py.
+    backend: str = "auto"
+    #: Under llama.cpp: KV cells of each row's own stream, the most tokens (prompt + completion) one
+    #: sequence holds; all max_batch_size streams are allocated at start.
+    llamacpp_sequence_tokens: int = 2048
     #: torch intra-op threads; None leaves torch's default.
     torch_threads: int | None = None
     #: Least seconds between two on_output calls for one request (publishing is throttled here).
@@ -60,6 +69,10 @@ class EngineConfig:
             raise ValueError(
                 f"max_prefill_tokens_per_step must be >= 1, got {self.max_prefill_tokens_per_step}"
             )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.llamacpp_sequence_tokens < 64:
+            raise ValueError(f"llamacpp_sequence_tokens must be >= 64, got {self.llamacpp_sequence_tokens}")
         if self.output_interval_s < 0:
             raise ValueError(f"output_interval_s must be >= 0, got {self.output_interval_s}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -1,8 +1,9 @@
 """The transformers engine: a request's text turned into a Sequence, run by the shared engine loop.
 
 The loop (core.py) does iteration-level (continuous) batching, each step schedule -> execute ->
-update: the Scheduler plans (scheduler.py), the ModelExecutor runs the forward passes and owns the
-rows (model_executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
+update: the Scheduler plans (scheduler.py), the executor runs the forward passes and owns the rows
+(a ModelBackend, executor.py: transformers' in model_executor.py by default, llama.cpp's in
+llamacpp_executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
 side: validation and tokenization on the caller's thread, so a bad request fails alone, at submit.
 
 Text rules. `messages` go through the chat template (add_generation_prompt=True). A raw `prompt` is
@@ -24,6 +25,7 @@ import time
 from workers.engine.config import EngineConfig
 from workers.engine.core import EngineCore
 from workers.engine.detokenizer import IncrementalText
+from workers.engine.executor import ModelBackend
 from workers.engine.loading import LoadedModel
 from workers.engine.model_executor import ModelExecutor, tokenize
 from workers.engine.parallel import SampleGroup, sample_count
@@ -41,14 +43,18 @@ from workers.engine.validation import check_vocabulary, validate_params
 
 
 class TransformersEngine:
-    """Continuous batching over a transformers causal LM (see the module docstring)."""
+    """Continuous batching over a causal LM with a transformers tokenizer (see the module docstring).
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    The executor defaults to the transformers model (`loaded`, or config.model loaded at start())."""
+
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None, executor: ModelBackend | None = None
+    ) -> None:
         self.model_id = config.model
         self.fingerprint = loaded.fingerprint if loaded else ""
         self.label = loaded.label if loaded else ""
         self._config = config
-        self._executor = ModelExecutor(config, loaded)
+        self._executor: ModelBackend = executor or ModelExecutor(config, loaded)
         self._core = EngineCore(config, self._executor)
         #: A multi-sample request's id -> its samples' ids (cancel() stops them all).
         self._groups: dict[str, list[str]] = {}
@@ -68,8 +74,7 @@ class TransformersEngine:
         loop thread: see EngineCore.start). Raises FatalEngineError when the model cannot load or its
         warm-up output is not finite."""
         self._core.start()
-        loaded = self._executor.loaded
-        self.fingerprint, self.label = loaded.fingerprint, loaded.label
+        self.fingerprint, self.label = self._executor.fingerprint, self._executor.label
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         if sample_count(request.params) != 1:
@@ -121,11 +126,10 @@ class TransformersEngine:
         self, request: GenerationRequest, future: concurrent.futures.Future[GenerationResult]
     ) -> Sequence:
         self._core.check_running()
-        loaded = self._executor.loaded
         validate_params(request)
-        check_vocabulary(request.params, int(loaded.model.config.get_text_config().vocab_size))
-        prompt_ids = self._encode(request, loaded)
-        context = loaded.context_tokens
+        check_vocabulary(request.params, self._executor.vocab_size)
+        prompt_ids = self._encode(request)
+        context = int(self._executor.context_tokens)
         if len(prompt_ids) >= context:
             message = f"prompt is {len(prompt_ids)} tokens; the model's context is {context} tokens"
             raise RequestError(ErrorType.INVALID_REQUEST, message)
@@ -141,8 +145,8 @@ class TransformersEngine:
             text=IncrementalText(self._decode),
         )
 
-    def _encode(self, request: GenerationRequest, loaded: LoadedModel) -> list[int]:
-        tokenizer = loaded.tokenizer
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        tokenizer = self._executor.tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         messages = request.messages
         if messages is None and self._wraps_prompt(request) and has_template:
@@ -164,6 +168,6 @@ class TransformersEngine:
         return request.template == "chat"
 
     def _decode(self, tokens: list[int], skip_special_tokens: bool) -> str:
-        tokenizer = self._executor.loaded.tokenizer
+        tokenizer = self._executor.tokenizer
         with self._tokenizer_lock:
             return str(tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))

@@ -158,6 +158,8 @@ class EngineCore:
         except Exception as exc:  # anything escaping a step means the batch state is unknown
             self._die(exc)
             return
+        finally:
+            self._executor.close()  # on this thread: the executor's native calls all stay on it
         self._fail_everything(RequestError(ErrorType.UNAVAILABLE, "engine shut down"))
 
     def _prepare(self) -> None:

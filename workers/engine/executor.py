@@ -1,16 +1,21 @@
 """The executor interface: runs a step plan's forward passes and owns which row holds which sequence.
 
-`Executor` is the seam where a backend plugs in: the transformers model (model_executor.py), the
-placeholder's echo (placeholder.py), or another set of kernels. The engine core (core.py) calls it on
+`Executor` is the seam where a backend plugs in: the transformers model (model_executor.py),
+llama.cpp's kernels (llamacpp_executor.py), the placeholder's echo (placeholder.py). `ModelBackend`
+adds what the text engine (continuous.py) needs of a real model: its tokenizer, vocabulary and
+grammars, and how it names itself. The engine core (core.py) calls it on
 its loop thread only: prepare() once, then per step prefill() and join() for each admitted sequence,
-decode() for every row, release() for the sequences that ended.
+decode() for every row, release() for the sequences that ended; close() when the loop ends.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from workers.engine.structured import Grammars
 
 
 class Executor(Protocol):
@@ -48,3 +53,30 @@ class Executor(Protocol):
 
     def take_mask_stats(self) -> tuple[float, int]:
         """Seconds spent on structured-output masks and rows masked since the last call."""
+
+    def close(self) -> None:
+        """Free what prepare() allocated outside Python's heap (the loop has ended; called once)."""
+
+
+class ModelBackend(Executor, Protocol):
+    """An Executor over a real model with a Hugging Face tokenizer (all valid after prepare())."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer: chat template, prompt tokens, detokenization."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Columns of the logits (token ids a request may name)."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the weights and template: changes whenever outputs may."""
+
+    @property
+    def label(self) -> str:
+        """What runs, for people: source, format, kernels, device."""
+
+    @property
+    def grammars(self) -> Grammars:
+        """The response-format compiler for this tokenizer."""

@@ -1,32 +1,27 @@
 """ModelExecutor: the Executor (executor.py) of a transformers causal LM over a RunningBatch.
 
 Each prompt is prefilled alone (batch.py), its first token chosen from its logits; every row then
-decodes together. Sampling: each row's logits are first adjusted by its own min_tokens, logit_bias
-and penalties (penalties.py, vLLM's order), then masked by its response format's grammar
-(structured.py), then greedy at temperature 0, else temperature + top-p with a per-request generator
-(sampling.py). With SamplingParams.logprobs each chosen token's raw log-probability is kept
-(logprobs.py: before any adjustment, as vLLM); with prompt_logprobs the prompt is prefilled at every
+decodes together. Each row's token is chosen by choice.py (penalties, grammar mask, sampling,
+logprobs: the step every backend shares); with prompt_logprobs the prompt is prefilled at every
 position to score it. A decode step that runs out of device memory is retried once (a transient
 spike can clear); any failure of a decode step escapes to the core, for which it is fatal.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from workers.engine.batch import RunningBatch
+from workers.engine.choice import TokenChooser
 from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
-from workers.engine.logprobs import prompt_logprobs, step_logprobs
-from workers.engine.penalties import adjust_logits
-from workers.engine.sampling import choose_tokens
+from workers.engine.logprobs import prompt_logprobs
 from workers.engine.sequence import Sequence
-from workers.engine.structured import Grammars, mask_logits
+from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
 
 #: Tokens generated per row in the warm-up step.
@@ -42,8 +37,7 @@ class ModelExecutor:
         self._batch: RunningBatch[Sequence] | None = None
         self._grammars: Grammars | None = None
         self._pending: DynamicCache | None = None  # the last prefill's cache, until join()
-        self._mask_s = 0.0
-        self._masked_rows = 0
+        self._chooser: TokenChooser | None = None
 
     @property
     def loaded(self) -> LoadedModel:
@@ -56,6 +50,22 @@ class ModelExecutor:
         if self._grammars is None:
             raise RuntimeError("the engine is not started")
         return self._grammars
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.loaded.model.config.get_text_config().vocab_size)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.loaded.fingerprint
+
+    @property
+    def label(self) -> str:
+        return self.loaded.label
 
     @property
     def rows(self) -> int:
@@ -77,7 +87,8 @@ class ModelExecutor:
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
         self._batch.share_prefix(template_prefix(loaded.tokenizer))
         # Built here (~0.4 s), not by the first structured request while it holds up the others.
-        self._grammars = Grammars(loaded.tokenizer, int(loaded.model.config.get_text_config().vocab_size))
+        self._grammars = Grammars(loaded.tokenizer, self.vocab_size)
+        self._chooser = TokenChooser(loaded.eos_token_ids)
         self._warm_up(self._batch)
 
     def prefill(self, sequence: Sequence) -> int | None:
@@ -108,33 +119,18 @@ class ModelExecutor:
             batch.leave(sequence)
 
     def take_mask_stats(self) -> tuple[float, int]:
-        stats = self._mask_s, self._masked_rows
-        self._mask_s, self._masked_rows = 0.0, 0
-        return stats
+        return self._require_chooser().take_mask_stats()
+
+    def close(self) -> None:
+        """Nothing to free outside Python's heap."""
 
     def _choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
-        """One token per row of logits [rows, vocab]: each row's adjustments, then its sampling."""
-        params = [sequence.request.params for sequence in sequences]
-        adjusted = adjust_logits(
-            logits,
-            params,
-            [sequence.prompt_ids for sequence in sequences],
-            [sequence.completion for sequence in sequences],
-            self.loaded.eos_token_ids,
-        )
-        matchers = [sequence.matcher for sequence in sequences]
-        if any(matcher is not None for matcher in matchers):
-            began = time.perf_counter()
-            adjusted = mask_logits(adjusted, logits, matchers)
-            self._mask_s += time.perf_counter() - began
-            self._masked_rows += sum(matcher is not None for matcher in matchers)
-        tokens = choose_tokens(adjusted, params, [sequence.generator for sequence in sequences])
-        # Scored on the raw logits: vLLM's default, independent of penalties and temperature.
-        scores = step_logprobs(logits, tokens, [row_params.logprobs for row_params in params])
-        for sequence, score in zip(sequences, scores, strict=True):
-            if score is not None:
-                sequence.scores.append(score)
-        return tokens
+        return self._require_chooser().choose(logits, sequences)
+
+    def _require_chooser(self) -> TokenChooser:
+        if self._chooser is None:
+            raise RuntimeError("the engine is not started")
+        return self._chooser
 
     @staticmethod
     def _forward_with_retry(batch: RunningBatch[Sequence], last_tokens: list[int]) -> torch.Tensor:

@@ -84,6 +84,9 @@ class EchoExecutor:
     def take_mask_stats(self) -> tuple[float, int]:
         return 0.0, 0
 
+    def close(self) -> None:
+        """Nothing to free outside Python's heap."""
+
     def _pace(self) -> None:
         if self._step_s:
             time.sleep(self._step_s)  # a model's forward pass takes time; the echo's would take none

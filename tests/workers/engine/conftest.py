@@ -1,7 +1,8 @@
 """Fixtures for the engine tests: real models, loaded once per session, one CPU thread.
 
 The default model is converted from its GGUF file into <repo>/.genq/models on first use (~25 s,
-then < 1 s); random-tiny needs only the tokenizer from the same file.
+then < 1 s); random-tiny needs only the tokenizer from the same file. `backend_engine` builds
+default-model engines on each backend (transformers, llama.cpp) for the tests of their contract.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
+from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel, load_llamacpp_model
 from workers.engine.loading import LoadedModel, load_model
 
 # Two shared cores: one thread keeps runs comparable and leaves a core to everyone else.
@@ -42,12 +44,22 @@ def random_model(model_cache: Path) -> LoadedModel:
     return load_model(EngineConfig(model=RANDOM_MODEL, model_cache=model_cache, torch_threads=1))
 
 
-def _factory(loaded: LoadedModel, model_id: str, model_cache: Path) -> Iterator[EngineFactory]:
+@pytest.fixture(scope="session")
+def llamacpp_model(model_cache: Path) -> LlamaCppModel:
+    return load_llamacpp_model(EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1))
+
+
+def _factory(
+    loaded: LoadedModel | LlamaCppModel, model_id: str, model_cache: Path
+) -> Iterator[EngineFactory]:
     engines: list[TransformersEngine] = []
 
     def make(**overrides: Any) -> TransformersEngine:
         config = replace(EngineConfig(model=model_id, model_cache=model_cache, torch_threads=1), **overrides)
-        engine = TransformersEngine(config, loaded)
+        if isinstance(loaded, LlamaCppModel):
+            engine = TransformersEngine(config, executor=LlamaCppExecutor(config, loaded))
+        else:
+            engine = TransformersEngine(config, loaded)
         engine.start()
         engines.append(engine)
         return engine
@@ -67,3 +79,16 @@ def default_engine(default_model: LoadedModel, model_cache: Path) -> Iterator[En
 def random_engine(random_model: LoadedModel, model_cache: Path) -> Iterator[EngineFactory]:
     """Builds started engines over the session's random-tiny model; shuts them down after the test."""
     yield from _factory(random_model, RANDOM_MODEL, model_cache)
+
+
+@pytest.fixture
+def llamacpp_engine(llamacpp_model: LlamaCppModel, model_cache: Path) -> Iterator[EngineFactory]:
+    """Builds started llama.cpp engines over the session's default GGUF model."""
+    yield from _factory(llamacpp_model, DEFAULT_MODEL, model_cache)
+
+
+@pytest.fixture(params=["torch", "llamacpp"])
+def backend_engine(request: pytest.FixtureRequest, model_cache: Path) -> Iterator[EngineFactory]:
+    """Builds started default-model engines on one backend per parameter (the test's id names it)."""
+    fixture = "default_model" if request.param == "torch" else "llamacpp_model"
+    yield from _factory(request.getfixturevalue(fixture), DEFAULT_MODEL, model_cache)

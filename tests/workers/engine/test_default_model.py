@@ -1,4 +1,5 @@
-"""Correctness on the real default model (SmolLM2-135M-Instruct, fp32, one thread)."""
+"""Correctness on the real default model (SmolLM2-135M-Instruct, one thread), on each backend: the
+transformers model (fp32, dequantized) and llama.cpp (the Q4_1 GGUF file itself)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,8 @@ def _error(future: concurrent.futures.Future[GenerationResult], timeout: float =
     return caught.value
 
 
-def test_batched_greedy_is_identical_to_solo(
-    default_engine: EngineFactory, default_model: LoadedModel
-) -> None:
-    engine = default_engine(max_batch_size=8)
+def test_batched_greedy_is_identical_to_solo(backend_engine: EngineFactory) -> None:
+    engine = backend_engine(max_batch_size=8)
     together = [engine.submit(_chat(f"b{i}", p)) for i, p in enumerate(PROMPTS)]
     batched = [future.result(120) for future in together]
     solo = [engine.submit(_chat(f"s{i}", p)).result(60) for i, p in enumerate(PROMPTS)]
@@ -60,9 +59,16 @@ def test_batched_greedy_is_identical_to_solo(
     assert all(r.batch_size == 1 for r in solo)
     assert [(r.text, r.completion_tokens) for r in batched] == [(r.text, r.completion_tokens) for r in solo]
     assert len({r.prompt_tokens for r in batched}) == len(PROMPTS)  # really different lengths
-    # ... and solo is what transformers' own generate() says (the engine's cache is not fooling itself).
+
+
+def test_solo_greedy_is_what_transformers_generates(
+    default_engine: EngineFactory, default_model: LoadedModel
+) -> None:
+    """The engine's cache is not fooling itself: solo output is transformers' own generate()."""
+    engine = default_engine(max_batch_size=2)
     tokenizer = default_model.tokenizer
-    for prompt, result in list(zip(PROMPTS, solo, strict=True))[:2]:
+    for prompt in PROMPTS[:2]:
+        result = engine.submit(_chat("solo", prompt)).result(60)
         ids = cast(  # a BatchEncoding: return_dict defaults to True
             BatchEncoding,
             tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True),
@@ -75,8 +81,8 @@ def test_batched_greedy_is_identical_to_solo(
         assert result.text == expected
 
 
-def test_short_job_overtakes_long_ones_and_cancel_frees_them(default_engine: EngineFactory) -> None:
-    engine = default_engine(max_batch_size=4)
+def test_short_job_overtakes_long_ones_and_cancel_frees_them(backend_engine: EngineFactory) -> None:
+    engine = backend_engine(max_batch_size=4)
     started = threading.Event()
     long_jobs = [
         engine.submit(
@@ -102,8 +108,8 @@ def test_short_job_overtakes_long_ones_and_cancel_frees_them(default_engine: Eng
     assert engine.stats().running == 0
 
 
-def test_deadline_stops_a_running_job(default_engine: EngineFactory) -> None:
-    engine = default_engine(max_batch_size=2)
+def test_deadline_stops_a_running_job(backend_engine: EngineFactory) -> None:
+    engine = backend_engine(max_batch_size=2)
     deadline = time.monotonic() + 1.0
     request = _chat("slow", "Count to one thousand.", max_tokens=512, ignore_eos=True)
     request.deadline = deadline
@@ -111,8 +117,8 @@ def test_deadline_stops_a_running_job(default_engine: EngineFactory) -> None:
     assert time.monotonic() - deadline < 2.0
 
 
-def test_stop_strings_and_max_tokens(default_engine: EngineFactory) -> None:
-    engine = default_engine()
+def test_stop_strings_and_max_tokens(backend_engine: EngineFactory) -> None:
+    engine = backend_engine()
     prompt = "Write a short poem about the sea."
     full = engine.submit(_chat("full", prompt, max_tokens=32, ignore_eos=True)).result(60)
     assert full.finish_reason == "length" and full.completion_tokens == 32
@@ -124,27 +130,35 @@ def test_stop_strings_and_max_tokens(default_engine: EngineFactory) -> None:
     assert stop not in cut.text
 
 
-def test_eos_ends_with_stop(default_engine: EngineFactory) -> None:
-    engine = default_engine()
+def test_eos_ends_with_stop(backend_engine: EngineFactory) -> None:
+    engine = backend_engine()
     result = engine.submit(_chat("eos", "What is 2 + 2? Answer with one number.", max_tokens=64)).result(60)
     assert result.finish_reason == "stop"
     assert result.completion_tokens < 64
     assert "<|im_end|>" not in result.text and "4" in result.text
 
 
-def test_prompt_longer_than_context_is_rejected(default_engine: EngineFactory) -> None:
-    engine = default_engine()
+#: Each backend's context: the model's for transformers, EngineConfig.llamacpp_sequence_tokens's
+#: default (each row's own KV stream) for llama.cpp.
+CONTEXT = {"torch": 8192, "llamacpp": 2048}
+
+
+def test_prompt_longer_than_context_is_rejected(
+    backend_engine: EngineFactory, request: pytest.FixtureRequest
+) -> None:
+    context = CONTEXT[request.node.callspec.params["backend_engine"]]
+    engine = backend_engine()
     error = _error(
         engine.submit(GenerationRequest("huge", SamplingParams(max_tokens=4), prompt="hello " * 9000))
     )
     assert error.type == "invalid_request"
-    assert "the model's context is 8192 tokens" in error.message
+    assert f"the model's context is {context} tokens" in error.message
     assert error.message.startswith("prompt is ")
     assert engine.submit(_chat("next", "Hi!", max_tokens=2)).result(60).completion_tokens == 2
 
 
-def test_same_seed_same_text(default_engine: EngineFactory) -> None:
-    engine = default_engine(max_batch_size=4)
+def test_same_seed_same_text(backend_engine: EngineFactory) -> None:
+    engine = backend_engine(max_batch_size=4)
     params = {"temperature": 0.9, "top_p": 0.95, "max_tokens": 20}
     first = engine.submit(_chat("x1", "Invent a name for a cat.", seed=11, **params)).result(60)
     crowd = [engine.submit(_chat(f"c{i}", "Invent a name for a dog.", seed=i, **params)) for i in range(2)]

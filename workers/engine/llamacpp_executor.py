@@ -1,0 +1,374 @@
+"""LlamaCppExecutor: the Executor (executor.py) of a GGUF model run by llama.cpp's kernels.
+
+Through llama-cpp-python's low-level binding (its C API one to one), not its `Llama` class: the
+engine's own loop (core.py) schedules, and llama.cpp only runs forward passes. Each running
+sequence holds a seq_id (its row) in one llama_context; a decode step is ONE llama_decode over a
+batch of one token per row, logits on for each. Prefill runs one prompt alone (chunks of
+_BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
+Releasing a sequence removes its cells (llama_memory_seq_rm) and frees its seq_id.
+
+Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
+(kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
+and its one query row goes through the same attention kernel whatever shares the step (a unified
+cache would interleave the sequences' cells and hand a step's queries to the tiled kernel, which
+can change the float sums); the weights use the plain kernels (no repacked buffers, see
+load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
+`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows (llama.cpp zeroes the
+whole buffer, so all of it is resident).
+
+Logits come back as float32 in llama.cpp's buffer and are viewed as a torch tensor without a copy;
+token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
+sampling, logprobs). Tokenization, the chat template and detokenization stay with the Hugging Face
+tokenizer built from the same GGUF file (loading.tokenizer_folder); no weight becomes a torch tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from shared.logging import fields
+from workers.engine.choice import TokenChooser
+from workers.engine.config import DEFAULT_MODEL, EngineConfig
+from workers.engine.loading import default_gguf_path, gguf_digest, tokenizer_folder
+from workers.engine.logprobs import prompt_logprobs
+from workers.engine.sequence import Sequence
+from workers.engine.structured import Grammars
+from workers.engine.types import FatalEngineError
+
+#: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
+#: physical batch, so its compute buffers stay small.
+_BATCH_TOKENS = 512
+#: ggml's type id of 8-bit blocks (ggml.h), for the KV cache.
+_GGML_TYPE_Q8_0 = 8
+#: Tokens generated per row in the warm-up step.
+_WARMUP_STEPS = 2
+
+logger = logging.getLogger(__name__)
+
+
+def available() -> bool:
+    """Whether llama-cpp-python is installed (the worker extra installs it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def gguf_file(model: str) -> Path | None:
+    """The GGUF file a model id names (the default model's, or a .gguf path), else None."""
+    if model == DEFAULT_MODEL:
+        return default_gguf_path()
+    path = Path(model)
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+@functools.cache
+def _binding() -> Any:
+    """llama_cpp's C API, its log routed to ours at warning and above (it prints every load detail)."""
+    import llama_cpp
+
+    callback = llama_cpp.llama_log_callback(_forward_log)
+    _KEPT.append(callback)  # llama.cpp calls it for the life of the process: never collected
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+_KEPT: list[Any] = []
+#: ggml's log levels that reach our log: WARN (3) and ERROR (4).
+_LOGGED_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
+
+
+def _forward_log(level: int, text: bytes, _: Any) -> None:
+    if level in _LOGGED_LEVELS:
+        message = text.decode(errors="replace").strip()
+        logger.log(_LOGGED_LEVELS[level], "llamacpp_log", extra=fields(text=message))
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppModel:
+    """A GGUF model loaded by llama.cpp (weights mmap'd) and its Hugging Face tokenizer."""
+
+    handle: Any  # llama_model_p
+    tokenizer: Any
+    fingerprint: str
+    label: str
+    vocab_size: int
+    context_train: int
+    eos_token_ids: frozenset[int]
+
+
+def load_llamacpp_model(config: EngineConfig) -> LlamaCppModel:
+    """Load config.model's GGUF file; FatalEngineError when it names none or it cannot load."""
+    gguf = gguf_file(config.model)
+    if gguf is None:
+        raise FatalEngineError(f"the llama.cpp backend needs a GGUF model; {config.model!r} is not one")
+    llama = _binding()
+    params = llama.llama_model_default_params()
+    # No repacked/AMX weight buffers: their kernels run only for multi-token batches, so a batched
+    # row would not compute as a solo one (and the AMX kernel segfaults on the CPUs measured here).
+    params.use_extra_bufts = False
+    handle = llama.llama_model_load_from_file(str(gguf).encode(), params)
+    if not handle:
+        raise FatalEngineError(f"llama.cpp cannot load {gguf}")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(gguf, config.model_cache))
+    vocab = llama.llama_model_get_vocab(handle)
+    eos = {int(llama.llama_vocab_eos(vocab))}  # as the transformers path: the GGUF eos and the tokenizer's
+    if isinstance(tokenizer.eos_token_id, int):
+        eos.add(tokenizer.eos_token_id)
+    digest = hashlib.sha256(f"llamacpp/{llama.__version__}:{gguf_digest(gguf)}".encode())
+    digest.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    return LlamaCppModel(
+        handle=handle,
+        tokenizer=tokenizer,
+        fingerprint=digest.hexdigest()[:16],
+        label=f"{gguf.stem} (GGUF, llama.cpp {llama.__version__}) on cpu",
+        vocab_size=int(llama.llama_vocab_n_tokens(vocab)),
+        context_train=int(llama.llama_model_n_ctx_train(handle)),
+        eos_token_ids=frozenset(token for token in eos if token >= 0),
+    )
+
+
+class LlamaCppExecutor:
+    """A GGUF model on llama.cpp's CPU kernels, one seq_id per row (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, model: LlamaCppModel | None = None) -> None:
+        self._config = config
+        self._model = model
+        self._llama: Any = None
+        self._context: Any = None  # llama_context_p
+        self._memory: Any = None  # llama_memory_t
+        self._batch: Any = None  # llama_batch, _BATCH_TOKENS tokens
+        self._context_tokens = 0
+        self._threads = 0  # fixed by prepare()
+        self._grammars: Grammars | None = None
+        self._chooser: TokenChooser | None = None
+        self._rows: dict[Sequence, int] = {}  # join order == decode order
+        self._free_rows: list[int] = []
+        self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
+
+    # ---- facts -----------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> LlamaCppModel:
+        if self._model is None:
+            raise RuntimeError("the engine has no model loaded")
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def fingerprint(self) -> str:
+        return self.model.fingerprint
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.label}, {self.threads} threads"
+
+    @property
+    def threads(self) -> int:
+        """llama.cpp's threads: EngineConfig.torch_threads (the engine's one thread setting), else
+        torch's default (the physical cores), as read before prepare() sets torch's to one."""
+        return self._threads or self._config.torch_threads or torch.get_num_threads()
+
+    @property
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            raise RuntimeError("the engine is not started")
+        return self._grammars
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.model.eos_token_ids
+
+    @property
+    def context_tokens(self) -> float:
+        return self._context_tokens
+
+    def seq_id(self, sequence: Sequence) -> int:
+        """The llama.cpp seq_id (row) a joined sequence holds."""
+        return self._rows[sequence]
+
+    def cells(self, seq_id: int) -> int:
+        """KV cells a seq_id holds (0 once released): its highest position + 1."""
+        return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+
+    # ---- the Executor protocol -----------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Load the model (unless given), create the context (one KV stream per row), warm up."""
+        model = self._model = self._model or load_llamacpp_model(self._config)
+        llama = self._llama = _binding()
+        self._threads = self.threads
+        # torch only samples here, on [rows, vocab] logits: one thread. Its OpenMP team (torch ships
+        # its own libgomp) would otherwise spin between steps on the cores llama.cpp's team needs:
+        # measured 22 -> 75 tokens/s at one job with 2 threads each on the 2-core machine.
+        torch.set_num_threads(1)
+        self._context = llama.llama_init_from_model(model.handle, self._context_params())
+        if not self._context:
+            raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
+        self._memory = llama.llama_get_memory(self._context)
+        self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
+        self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
+        self._free_rows = list(range(self._config.max_batch_size - 1, -1, -1))  # pop() gives 0 first
+        self._grammars = Grammars(model.tokenizer, model.vocab_size)
+        self._chooser = TokenChooser(model.eos_token_ids)
+        self._warm_up()
+
+    def prefill(self, sequence: Sequence) -> int | None:
+        self._drop_pending()
+        row = self._free_rows.pop()
+        self._pending = (sequence, row)
+        params = sequence.request.params
+        scored = params.prompt_logprobs
+        try:
+            logits = self._run_prompt(row, sequence.prompt_ids, every_position=scored is not None)
+        except BaseException:
+            self._drop_pending()
+            raise
+        if scored is not None:
+            sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
+        if not params.max_tokens:
+            self._drop_pending()
+            return None
+        return self._require_chooser().choose(logits[-1:], [sequence])[0]
+
+    def join(self, sequence: Sequence) -> None:
+        if self._pending is None or self._pending[0] is not sequence:
+            raise RuntimeError("join() without its prefill")
+        self._rows[sequence] = self._pending[1]
+        self._pending = None
+
+    def decode(self) -> list[tuple[Sequence, int]]:
+        self._drop_pending()  # a prefill whose first token ended it never joined
+        members = list(self._rows)
+        batch = self._batch
+        for index, sequence in enumerate(members):
+            position = len(sequence.prompt_ids) + len(sequence.completion) - 1
+            self._set_token(batch, index, sequence.completion[-1], position, self._rows[sequence], True)
+        batch.n_tokens = len(members)
+        self._forward(batch)
+        tokens = self._require_chooser().choose(self._logits(len(members)), members)
+        return list(zip(members, tokens, strict=True))
+
+    def release(self, sequences: list[Sequence]) -> None:
+        for sequence in sequences:
+            row = self._rows.pop(sequence)
+            self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
+            self._free_rows.append(row)
+
+    def take_mask_stats(self) -> tuple[float, int]:
+        return self._require_chooser().take_mask_stats()
+
+    def close(self) -> None:
+        """Free the context and the batch (the KV cache's memory); the model stays loaded."""
+        if self._context:
+            self._llama.llama_batch_free(self._batch)
+            self._llama.llama_free(self._context)
+            self._context = self._memory = self._batch = None
+
+    # ---- llama.cpp calls -------------------------------------------------------------------------
+
+    def _context_params(self) -> Any:
+        params = self._llama.llama_context_default_params()
+        rows = self._config.max_batch_size
+        params.n_seq_max = rows
+        params.n_ctx = rows * self._config.llamacpp_sequence_tokens
+        params.n_batch = params.n_ubatch = _BATCH_TOKENS
+        params.n_threads = params.n_threads_batch = self.threads
+        params.kv_unified = False
+        # 8-bit K and V (llama.cpp's flash attention reads them): half the cells' memory, which
+        # llama.cpp allocates (and zeroes) for every row up front.
+        params.type_k = params.type_v = _GGML_TYPE_Q8_0
+        params.no_perf = True
+        return params
+
+    def _run_prompt(self, row: int, prompt_ids: list[int], every_position: bool) -> torch.Tensor:
+        """Feed a prompt to `row` in chunks; its logits [1, vocab] (the next token's), or [prompt, vocab]
+        (row i predicts token i + 1) when every_position."""
+        kept: list[torch.Tensor] = []
+        batch = self._batch
+        for start in range(0, len(prompt_ids), _BATCH_TOKENS):
+            chunk = prompt_ids[start : start + _BATCH_TOKENS]
+            last = start + len(chunk) == len(prompt_ids)
+            for index, token in enumerate(chunk):
+                wanted = every_position or (last and index == len(chunk) - 1)
+                self._set_token(batch, index, token, start + index, row, wanted)
+            batch.n_tokens = len(chunk)
+            self._forward(batch)
+            if every_position:
+                kept.append(self._logits(len(chunk)).clone())  # the next chunk overwrites the buffer
+        return torch.cat(kept) if every_position else self._logits(1)
+
+    @staticmethod
+    def _set_token(batch: Any, index: int, token: int, position: int, row: int, logits: bool) -> None:
+        batch.token[index] = token
+        batch.pos[index] = position
+        batch.n_seq_id[index] = 1
+        batch.seq_id[index][0] = row
+        batch.logits[index] = logits
+
+    def _forward(self, batch: Any) -> None:
+        status = int(self._llama.llama_decode(self._context, batch))
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} ({batch.n_tokens} tokens)")
+
+    def _logits(self, outputs: int) -> torch.Tensor:
+        """The last llama_decode's logits [outputs, vocab], in batch order: a view of llama.cpp's
+        buffer (no copy), valid until the next llama_decode."""
+        pointer = self._llama.llama_get_logits(self._context)
+        shape = (outputs, self.model.vocab_size)
+        floats = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
+        return torch.from_numpy(np.ctypeslib.as_array(floats, shape))
+
+    def _drop_pending(self) -> None:
+        """Free the row of a prefilled sequence that never joined (it ended at its first token, or failed)."""
+        if self._pending is not None:
+            _, row = self._pending
+            self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
+            self._free_rows.append(row)
+            self._pending = None
+
+    def _warm_up(self) -> None:
+        """Prefill every row and decode _WARMUP_STEPS tokens (the largest shape: llama.cpp sizes its
+        compute buffers now, not at the first job), then empty the cache. Refuses non-finite logits."""
+        prompt = [int(token) for token in self.tokenizer("Hello").input_ids] or [0]
+        rows = self._config.max_batch_size
+        tokens = [int(self._run_prompt(row, prompt, every_position=False).argmax()) for row in range(rows)]
+        finite = True
+        for step in range(_WARMUP_STEPS):
+            for row, token in enumerate(tokens):
+                self._set_token(self._batch, row, token, len(prompt) + step, row, True)
+            self._batch.n_tokens = rows
+            self._forward(self._batch)
+            logits = self._logits(rows)
+            finite = finite and bool(torch.isfinite(logits).all())
+            tokens = logits.argmax(dim=-1).tolist()
+        self._llama.llama_memory_clear(self._memory, True)
+        if not finite:
+            message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
+            raise FatalEngineError(message)
+
+    def _require_chooser(self) -> TokenChooser:
+        if self._chooser is None:
+            raise RuntimeError("the engine is not started")
+        return self._chooser
