@@ -1,6 +1,7 @@
 """The layout's promises, checked on the source (shared/STYLE.md): the tiers never import each
 other, shared/ imports no tier, the engine imports no Celery, and the worker's modules import
-each other without a circle (its runtime lives in the leaf module workers/context.py)."""
+each other without a circle (its runtime lives in the leaf module workers/context.py), and the
+tests mirror the source tree (one test module per source module with logic)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,39 @@ def test_lua_lives_in_lua_files() -> None:
     inline = [_module(p) for package in ("api", "shared", "workers", "cli") for p in sources(package)
               if "redis.call(" in p.read_text()]  # fmt: skip
     assert inline == []
+
+
+def _has_logic(path: Path) -> bool:
+    """A function or method with a body beyond a docstring, `...` or `pass` (a Protocol's
+    signatures and plain declarations are not logic)."""
+    trivial = (ast.Pass, ast.Expr)
+    return any(
+        not all(isinstance(statement, trivial) for statement in node.body)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+
+
+def mirrored_test(path: Path) -> Path:
+    """Where a source module's tests live: module `a.b.c` (a/b/c.py, or a/b/c/__init__.py) is
+    tested by tests/a/b/test_c.py."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ROOT.joinpath("tests", *parts[:-1], f"test_{parts[-1]}.py")
+
+
+#: Modules with logic whose tests live elsewhere, and why. Keep it short: each entry is a debt.
+MIRROR_EXCEPTIONS: dict[str, str] = {}
+
+
+def test_tests_mirror_the_source_tree() -> None:
+    """Each source module with logic has its own test module at the mirrored path (issue 17): a
+    maintainer changing a/b/c.py finds its tests in tests/a/b/test_c.py."""
+    missing = [
+        _module(path)
+        for package in ("api", "workers", "shared", "cli")
+        for path in sources(package)
+        if _has_logic(path) and not mirrored_test(path).exists() and _module(path) not in MIRROR_EXCEPTIONS
+    ]
+    assert missing == [], f"source modules with logic and no tests/<same path>/test_<name>.py: {missing}"

@@ -6,15 +6,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Any, Protocol, cast
+from typing import Any
 
 import pytest
-import torch
-from transformers import BatchEncoding
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
-from workers.engine.loading import LoadedModel
 from workers.engine.types import GenerationResult
 
 pytestmark = pytest.mark.slow
@@ -30,13 +27,6 @@ PROMPTS = [
     "Describe, step by step, how to make a cup of tea with loose leaves, a kettle and a teapot, "
     "for someone who has never done it before.",
 ]
-
-
-class CausalLM(Protocol):
-    """The model as generate() sees it: LoadedModel declares a PreTrainedModel, and its causal-LM
-    classes add generate() through GenerationMixin (greedy, no dict asked for: token ids)."""
-
-    def generate(self, inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor: ...
 
 
 def _chat(request_id: str, prompt: str, **params: Any) -> GenerationRequest:
@@ -59,26 +49,6 @@ def test_batched_greedy_is_identical_to_solo(backend_engine: EngineFactory) -> N
     assert all(r.batch_size == 1 for r in solo)
     assert [(r.text, r.completion_tokens) for r in batched] == [(r.text, r.completion_tokens) for r in solo]
     assert len({r.prompt_tokens for r in batched}) == len(PROMPTS)  # really different lengths
-
-
-def test_solo_greedy_is_what_transformers_generates(
-    default_engine: EngineFactory, default_model: LoadedModel
-) -> None:
-    """The engine's cache is not fooling itself: solo output is transformers' own generate()."""
-    engine = default_engine(max_batch_size=2)
-    tokenizer = default_model.tokenizer
-    for prompt in PROMPTS[:2]:
-        result = engine.submit(_chat("solo", prompt)).result(60)
-        ids = cast(  # a BatchEncoding: return_dict defaults to True
-            BatchEncoding,
-            tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True),
-        )
-        with torch.inference_mode():
-            output = cast(CausalLM, default_model.model).generate(
-                torch.tensor([ids["input_ids"]]), max_new_tokens=24, do_sample=False
-            )
-        expected = tokenizer.decode(output[0, len(ids["input_ids"]) :], skip_special_tokens=True)
-        assert result.text == expected
 
 
 def test_short_job_overtakes_long_ones_and_cancel_frees_them(backend_engine: EngineFactory) -> None:

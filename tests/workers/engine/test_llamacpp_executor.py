@@ -14,12 +14,10 @@ from typing import Any
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
-from workers.engine import EngineConfig, GenerationRequest, RequestError, SamplingParams, choose_backend
-from workers.engine.config import DEFAULT_MODEL
+from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.continuous import TransformersEngine
 from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel
 from workers.engine.loading import LoadedModel
-from workers.engine.types import FatalEngineError
 
 pytestmark = pytest.mark.slow
 
@@ -156,16 +154,6 @@ def test_warm_rss_with_the_llamacpp_backend(llamacpp_engine: EngineFactory) -> N
     rss_kb = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
     print(f"VmRSS with a 16-row llama.cpp engine: {rss_kb / 1024:.0f} MiB")
     assert rss_kb > 0
-
-
-def test_backend_choice() -> None:
-    gguf = EngineConfig(model=DEFAULT_MODEL)
-    assert choose_backend(gguf) == "llamacpp"
-    assert choose_backend(EngineConfig(model=DEFAULT_MODEL, backend="torch")) == "torch"
-    assert choose_backend(EngineConfig(model="some/folder")) == "torch"
-    assert choose_backend(EngineConfig(model=DEFAULT_MODEL, device="cuda")) == "torch"
-    with pytest.raises(FatalEngineError, match="GGUF models on cpu"):
-        choose_backend(EngineConfig(model="some/folder", backend="llamacpp"))
 
 
 def test_the_model_is_the_gguf_file(llamacpp_model: LlamaCppModel) -> None:
