@@ -44,6 +44,9 @@ BENCH_SETTINGS = {
     "MAX_QUEUE_LENGTH": "0",
     "MAX_LONG_POLLS_PER_KEY": "1000000",
     "MAX_STREAMS_PER_KEY": "1000000",
+    # The tenant quotas: a gateway run enqueues ~10^5 jobs under one key, past its live-jobs bound.
+    "MAX_LIVE_JOBS_PER_KEY": "0",
+    "MAX_STORED_BYTES_PER_KEY": "0",
     "WORKER_METRICS_PORT": "0",
     "LOG_LEVEL": "WARNING",
 }
