@@ -18,6 +18,8 @@ anyway. Every action is counted (genq_reaper_actions_total) and logged with the 
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 import time
 import uuid
@@ -36,6 +38,10 @@ log = logging.getLogger("genq.reaper")
 
 #: Most jobs of each kind handled per period (a backlog is worked off over several periods).
 BATCH = 200
+#: Messages read per LRANGE when the reaper lists a queue's delivery tags.
+LIST_CHUNK = 1000
+#: A message's delivery tag, however its JSON is spaced (genq's builder, kombu's restore).
+_TAG = re.compile(r'"delivery_tag":\s*"([^"]+)"')
 #: Outcomes of the scripts that are actions (the others: 'held', 'suspect', 'stale').
 ACTIONS = frozenset(metrics.REAPER_ACTION_NAMES)
 
@@ -54,6 +60,8 @@ class Reaper:
         self._orphan = client.register_script(scripts.source("reap_orphan"))
         self._delivery = client.register_script(scripts.source("reap_delivery"))
         self._stopped = threading.Event()
+        #: Each queue list's delivery tags, and when they were read (see _listed()).
+        self._listed_tags: dict[str, tuple[float, frozenset[str]]] = {}
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> Reaper:
@@ -112,7 +120,34 @@ class Reaper:
 
     def _reap_orphan(self, job_id: str, now: float) -> str:
         message, _ = self._fresh_message(job_id)
-        return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message]))
+        listed = "1" if self._listed(job_id, now) else ""
+        return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message, listed]))
+
+    def _listed(self, job_id: str, now: float) -> bool:
+        """Whether the job's message was in its queue list when the reaper last read that list's tags.
+
+        A list is read once per ORPHAN_CHECK_S, in one pass, so checking N queued jobs costs Redis
+        O(N) a period; the script's own LPOS, a scan per job, made it O(N^2) (bench/orphan_checks.py).
+        Only "found" is trusted: a message found then may have been taken and lost since, and its
+        next check (ORPHAN_CHECK_S later, on a fresh read) finds that; one not found is looked for
+        again by the script itself, in the list as it is now."""
+        stored, queue_key = self._redis.hmget(keys.job(job_id), "message", "queue_key")
+        tag = _tag_of(stored) if stored else None
+        if tag is None or queue_key is None:
+            return False
+        queue = as_text(queue_key)
+        read_at, tags = self._listed_tags.get(queue, (-math.inf, frozenset()))
+        if not 0 <= now - read_at < scripts.ORPHAN_CHECK_S:
+            tags = self._read_tags(queue)
+            self._listed_tags[queue] = (now, tags)
+        return tag in tags
+
+    def _read_tags(self, queue_key: str) -> frozenset[str]:
+        tags: set[str] = set()
+        for start in range(0, int(self._redis.llen(queue_key)), LIST_CHUNK):
+            chunk = self._redis.lrange(queue_key, start, start + LIST_CHUNK - 1)
+            tags.update(tag for message in chunk if (tag := _tag_of(message)) is not None)
+        return frozenset(tags)
 
     def _reap_delivery(self, delivery: str, now: float) -> str:
         message: bytes | str | None = self._redis.hget(delivery, "message")
@@ -129,3 +164,8 @@ class Reaper:
         done[outcome] = done.get(outcome, 0) + 1
         metrics.REAPER_ACTIONS.labels(outcome).inc()
         log.warning("reaper_action", extra=fields(action=outcome, **{subject: job_id}))
+
+
+def _tag_of(message: bytes | str) -> str | None:
+    found = _TAG.search(as_text(message))
+    return found.group(1) if found else None

@@ -7,7 +7,8 @@
 -- it); its unacked entry is dropped so that the broker never hands it out as well, and were the
 -- holder alive after all, the job's claim makes the second copy harmless. A follower whose
 -- leader is gone leads itself.
--- KEYS: job. ARGV: job id, now, a new message for the job.
+-- KEYS: job. ARGV: job id, now, a new message for the job, '1' when the reaper found its message in
+-- its queue list in one pass over the list this period ('' when not: the script looks itself).
 -- Returns 'held', 'suspect' (missing once), 'repushed', 'promoted' or 'stale' (not queued).
 local job, job_id, now = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local rec = redis.call('HMGET', job, 'status', 'follows', 'message', 'queue_key', 'missing_since', 'deadline')
@@ -28,7 +29,8 @@ end
 local tag = cjson.decode(rec[3])['properties']['delivery_tag']
 local taken_at = tonumber(redis.call('ZSCORE', K.unacked_index, tag) or '0')
 local held = taken_at > 0 and now - taken_at < UNACKED_STALE_S
-if held or (taken_at == 0 and redis.call('LPOS', rec[4], rec[3])) then
+local listed = taken_at == 0 and (ARGV[4] == '1' or redis.call('LPOS', rec[4], rec[3]))
+if held or listed then
   redis.call('HDEL', job, 'missing_since')
   redis.call('ZADD', K.orphan_checks, now + ORPHAN_CHECK_S, job_id)
   return 'held'

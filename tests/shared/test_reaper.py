@@ -16,11 +16,21 @@ import redis
 from prometheus_client import REGISTRY
 
 from cli.redis_server import EmbeddedRedis
-from shared import keys
+from shared import keys, scripts
 from shared.config import Settings
 from shared.logging import JsonFormatter
 from shared.reaper import Reaper
-from tests.shared.test_store_scripts import LEASE_S, MAX_ATTEMPTS, TIMEOUT_S, deliver, lapse, record, submit
+from tests.shared.test_store_scripts import (
+    LEASE_S,
+    LIST,
+    MAX_ATTEMPTS,
+    TIMEOUT_S,
+    deliver,
+    lapse,
+    messages_in_list,
+    record,
+    submit,
+)
 from workers.jobs import WorkerJobs
 
 
@@ -84,3 +94,41 @@ def test_from_settings_uses_the_settings_interval(
     settings = make_settings(reaper_interval_s=2.0)
     Reaper.from_settings(redis_client, settings).run_once()
     assert 1000 < redis_client.pttl(keys.REAPER_LOCK) <= 1800
+
+
+def _lpos_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_lpos", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("decoded", [False, True])  # the API's reaper client reads bytes, the worker's text
+def test_orphan_checks_read_each_list_once_a_period_not_once_a_job(
+    redis_client: redis.Redis, settings: Settings, decoded: bool
+) -> None:
+    """Checking N queued jobs scanned the list once per job (O(N^2) a period, bench/orphan_checks.py):
+    the reaper now reads each list's delivery tags in one pass, and the scripts run no LPOS for the
+    messages it found there."""
+    for index in range(50):
+        submit(redis_client, f"j{index}")
+    client = redis.Redis.from_url(settings.require_redis_url(), decode_responses=decoded)
+    redis_client.config_resetstat()
+    assert (
+        Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(time.time() + scripts.ORPHAN_CHECK_S + 1) == {}
+    )
+    assert _lpos_calls(redis_client) == 0
+    assert all(messages_in_list(redis_client, f"j{index}") == 1 for index in range(50))
+
+
+def test_a_message_lost_after_the_list_was_read_is_found_on_the_next_read(redis_client: redis.Redis) -> None:
+    """A list read is trusted only for the period it was read in: a message taken and lost after it
+    is missed once, then found missing on the next period's read and pushed again."""
+    submit(redis_client, "j1")
+    reaper = Reaper(redis_client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)
+    first = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert reaper.run_once(first) == {}  # found in the list: held
+    redis_client.rpop(LIST)  # a worker takes it and dies before kombu records it unacked
+    redis_client.delete(keys.REAPER_LOCK)
+    second = first + scripts.ORPHAN_CHECK_S + 1
+    assert reaper.run_once(second) == {}  # a fresh read: missing once, suspect
+    redis_client.delete(keys.REAPER_LOCK)
+    assert reaper.run_once(second + scripts.ORPHAN_RECHECK_S + 1) == {"repushed": 1}
+    assert messages_in_list(redis_client, "j1") == 1
