@@ -124,22 +124,23 @@ class Reaper:
         return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message, listed]))
 
     def _listed(self, job_id: str, now: float) -> bool:
-        """Whether the job's message was in its queue list when the reaper last read that list's tags.
-
-        A list is read once per ORPHAN_CHECK_S, in one pass, so checking N queued jobs costs Redis
-        O(N) a period; the script's own LPOS, a scan per job, made it O(N^2) (bench/orphan_checks.py).
-        Only "found" is trusted: a message found then may have been taken and lost since, and its
-        next check (ORPHAN_CHECK_S later, on a fresh read) finds that; one not found is looked for
-        again by the script itself, in the list as it is now."""
+        """Whether the job's message was in its queue list at this period's read of it (_in_list)."""
         stored, queue_key = self._redis.hmget(keys.job(job_id), "message", "queue_key")
         tag = _tag_of(stored) if stored else None
-        if tag is None or queue_key is None:
-            return False
-        queue = as_text(queue_key)
-        read_at, tags = self._listed_tags.get(queue, (-math.inf, frozenset()))
+        return tag is not None and queue_key is not None and self._in_list(as_text(queue_key), tag, now)
+
+    def _in_list(self, queue_key: str, tag: str, now: float) -> bool:
+        """Whether a message of delivery tag `tag` was in the list when the reaper last read its tags.
+
+        A list is read once per ORPHAN_CHECK_S, in one pass, so checking N queued messages costs
+        Redis O(N) a period; a scan of the list per message (the scripts' LPOS) made it O(N^2)
+        (bench/orphan_checks.py). Only "found" is trusted: a message found then may have been taken
+        and lost since, and its next check (on a fresh read, ORPHAN_CHECK_S later) finds that; one
+        not found is looked for again by the script itself, in the list as it is now."""
+        read_at, tags = self._listed_tags.get(queue_key, (-math.inf, frozenset()))
         if not 0 <= now - read_at < scripts.ORPHAN_CHECK_S:
-            tags = self._read_tags(queue)
-            self._listed_tags[queue] = (now, tags)
+            tags = self._read_tags(queue_key)
+            self._listed_tags[queue_key] = (now, tags)
         return tag in tags
 
     def _read_tags(self, queue_key: str) -> frozenset[str]:
@@ -154,7 +155,8 @@ class Reaper:
         if message is None:  # ended, or expired with its job: the script drops it from the index
             return as_text(self._delivery(keys=[delivery], args=[repr(now), "", ""]))
         tag, copy = retagged(message)
-        return as_text(self._delivery(keys=[delivery], args=[repr(now), tag, copy]))
+        listed = "1" if self._in_list(keys.queue_key(keys.WEBHOOK_QUEUE, 0), tag, now) else ""
+        return as_text(self._delivery(keys=[delivery], args=[repr(now), tag, copy, listed]))
 
     @staticmethod
     def _act(done: dict[str, int], job_id: str, outcome: str, subject: str = "job_id") -> None:

@@ -7,7 +7,9 @@
 -- The copy carries the same generation, so should the original turn up after all (kombu restores
 -- a message with other bytes than it took, which LPOS cannot find), the delivery's claim lets
 -- only one of the two act, one at a time.
--- KEYS: delivery. ARGV: now, the tag of the message the caller copied, the copy.
+-- KEYS: delivery. ARGV: now, the tag of the message the caller copied, the copy, '1' when the
+-- reaper found that tag in the webhook queue's list in one pass over it this period ('' when not:
+-- the script looks itself).
 -- Returns 'held', 'suspect' (missing once), 'webhook_repushed', 'moved' (a newer message was
 -- published meanwhile: checked again soon) or 'stale' (no longer pending).
 local delivery, now = KEYS[1], tonumber(ARGV[1])
@@ -26,7 +28,7 @@ if tag ~= ARGV[2] then
   redis.call('ZADD', K.webhook_pending, now + ORPHAN_RECHECK_S, delivery)
   return 'moved'
 end
-if redis.call('HEXISTS', K.unacked, tag) == 1 or redis.call('LPOS', K.webhook_queue, rec[2]) then
+if ARGV[4] == '1' or redis.call('HEXISTS', K.unacked, tag) == 1 or redis.call('LPOS', K.webhook_queue, rec[2]) then
   redis.call('HDEL', delivery, 'missing_since')
   redis.call('ZADD', K.webhook_pending, now + ORPHAN_CHECK_S, delivery)
   return 'held'

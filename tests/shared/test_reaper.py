@@ -111,11 +111,12 @@ def test_orphan_checks_read_each_list_once_a_period_not_once_a_job(
         submit(redis_client, f"j{index}")
     client = redis.Redis.from_url(settings.require_redis_url(), decode_responses=decoded)
     redis_client.config_resetstat()
-    assert (
-        Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(time.time() + scripts.ORPHAN_CHECK_S + 1) == {}
-    )
+    due = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(due) == {}
     assert _lpos_calls(redis_client) == 0
     assert all(messages_in_list(redis_client, f"j{index}") == 1 for index in range(50))
+    checked = redis_client.zrangebyscore(keys.ORPHAN_CHECKS, due + scripts.ORPHAN_CHECK_S, "+inf")
+    assert len(checked) == 50  # each was checked (held), and is next due a period later
 
 
 def test_a_message_lost_after_the_list_was_read_is_found_on_the_next_read(redis_client: redis.Redis) -> None:

@@ -81,6 +81,26 @@ def test_a_message_a_worker_will_find_is_left_alone(
     assert len(listed(redis_client)) == (1 if where == "list" else 0)
 
 
+def test_pending_deliveries_in_the_list_are_checked_without_a_scan_each(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    """The reaper reads the webhook list's tags once a period: a scan per delivery (LPOS) cost Redis
+    O(N^2) a period with N deliveries waiting (bench/orphan_checks.py measures the jobs' twin)."""
+    for index in range(20):
+        redis_client.hset(keys.job(f"job-{index}"), "status", "succeeded")
+        redis_client.expire(keys.job(f"job-{index}"), 3600)
+        deliveries.publish(
+            Delivery.of(f"job-{index}", "completed", f"task-{index}"), f"task-{index}", 0, 0.0, {}
+        )
+    redis_client.config_resetstat()
+    first = check_at()
+    assert reap(redis_client, first) == {}
+    assert int(redis_client.info("commandstats").get("cmdstat_lpos", {}).get("calls", 0)) == 0
+    assert len(listed(redis_client)) == 20
+    checked = redis_client.zrangebyscore(keys.WEBHOOK_PENDING, first + scripts.ORPHAN_CHECK_S, "+inf")
+    assert len(checked) == 20  # each was checked (held), and is next due a period later
+
+
 def test_a_lost_message_is_pushed_again_after_two_checks_under_a_fresh_tag(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
