@@ -119,15 +119,15 @@ class Reaper:
         return as_text(outcome)
 
     def _reap_orphan(self, job_id: str, now: float) -> str:
-        message, _ = self._fresh_message(job_id)
-        listed = "1" if self._listed(job_id, now) else ""
-        return as_text(self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message, listed]))
-
-    def _listed(self, job_id: str, now: float) -> bool:
-        """Whether the job's message was in its queue list at this period's read of it (_in_list)."""
-        stored, queue_key = self._redis.hmget(keys.job(job_id), "message", "queue_key")
+        queue, priority, stored, queue_key = self._redis.hmget(
+            keys.job(job_id), "queue", "priority", "message", "queue_key"
+        )  # one read for both: the fresh copy the script may push, and whether the list holds the job's
+        message, _ = job_message(job_id, as_text(queue or ""), int(priority or 0))
         tag = _tag_of(stored) if stored else None
-        return tag is not None and queue_key is not None and self._in_list(as_text(queue_key), tag, now)
+        listed = tag is not None and queue_key is not None and self._in_list(as_text(queue_key), tag, now)
+        return as_text(
+            self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message, "1" if listed else ""])
+        )
 
     def _in_list(self, queue_key: str, tag: str, now: float) -> bool:
         """Whether a message of delivery tag `tag` was in the list when the reaper last read its tags.
