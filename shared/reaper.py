@@ -60,7 +60,7 @@ class Reaper:
         self._orphan = client.register_script(scripts.source("reap_orphan"))
         self._delivery = client.register_script(scripts.source("reap_delivery"))
         self._stopped = threading.Event()
-        #: Each queue list's delivery tags, and when they were read (see _listed()).
+        #: Each queue list's delivery tags, and when they were read (see _in_list()).
         self._listed_tags: dict[str, tuple[float, frozenset[str]]] = {}
 
     @classmethod
