@@ -15,6 +15,7 @@ import pytest
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
+from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel
 from workers.engine.loading import LoadedModel
@@ -79,6 +80,55 @@ def test_a_short_job_joins_long_ones_and_a_canceled_row_is_reused(llamacpp_engin
     engine.cancel("long1")
     with pytest.raises(RequestError, match="cancel"):
         long_jobs[1].result(10)
+
+
+class _RecordingExecutor(LlamaCppExecutor):
+    """The real executor; each llama_decode's seq_ids, in batch order, are kept for the test."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.batches: list[list[int]] = []
+
+    def _forward(self, batch: Any) -> None:
+        self.batches.append([batch.seq_id[index][0] for index in range(batch.n_tokens)])
+        super()._forward(batch)
+
+
+def test_a_step_lists_its_rows_by_seq_id_and_a_new_job_takes_the_lowest_free_one(
+    llamacpp_model: LlamaCppModel, model_cache: Path
+) -> None:
+    """llama.cpp runs a batch as one forward pass per run of consecutive seq_ids (one KV stream per
+    row): a step in join order after churn, or a new job on a high row, cost extra passes."""
+    config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=3)
+    executor = _RecordingExecutor(config, llamacpp_model)
+    engine = TransformersEngine(config, executor=executor)
+    engine.start()
+    try:
+        running = threading.Event()
+        long_jobs = [
+            engine.submit(
+                GenerationRequest(
+                    f"long{i}",
+                    SamplingParams(max_tokens=400, ignore_eos=True),
+                    messages=[{"role": "user", "content": f"Tell me a very long story number {i}."}],
+                    on_output=lambda update: running.set(),
+                )
+            )
+            for i in range(3)
+        ]
+        assert running.wait(60)
+        _wait_for(lambda: executor.rows == 3)
+        engine.cancel("long0")  # frees seq_id 0, the first joined: the next job joins last
+        with pytest.raises(RequestError, match="cancel"):
+            long_jobs[0].result(10)
+        short = engine.submit(_chat("short", PROMPTS[0], max_tokens=8, ignore_eos=True))
+        assert short.result(60).batch_size == 3
+        steps = [seq_ids for seq_ids in executor.batches if len(seq_ids) == 3]
+        assert steps and all(seq_ids == [0, 1, 2] for seq_ids in steps)
+    finally:
+        for request_id in ("long1", "long2"):
+            engine.cancel(request_id)
+        engine.shutdown(timeout=30)
 
 
 def test_a_released_sequence_leaves_no_kv(llamacpp_engine: EngineFactory) -> None:
