@@ -7,12 +7,16 @@ batch of one token per row, logits on for each. Prefill runs one prompt alone (c
 _BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
 Releasing a sequence removes its cells (llama_memory_seq_rm) and frees its seq_id.
 
-A step's batch lists its rows in ascending seq_id order, and a new sequence takes the lowest free
-seq_id: with one KV stream per seq_id, llama.cpp splits a batch into one micro-batch (a whole
-forward pass over every layer) per run of consecutive seq_ids in batch order
-(llama_batch_allocr::split_equal, sequential), so 16 rows listed in join order after some churn
-cost up to 16 passes instead of one (measured: 143 against 281-323 tokens/s at 16 rows, 2 threads,
-rows reversed against in order).
+The running rows are kept one run of consecutive seq_ids, listed in that order in a step's batch:
+with one KV stream per seq_id, llama.cpp splits a batch into one micro-batch (a whole forward pass
+over every layer) per run of consecutive seq_ids in batch order (llama_batch_allocr::split_equal,
+sequential), so 16 rows listed out of order cost up to 16 passes instead of one (measured: 143
+against 281-323 tokens/s at 16 rows, 2 threads, rows reversed against in order). A new sequence takes
+the seq_id after the run (or before it); a row that ends inside the run is filled by moving the
+run's last sequence into it (llama_memory_seq_cp copies its KV stream, ~25 MB with the default
+cells: the next step took 4-4.5 ms longer, at 15 rows and 2 threads, against a second forward pass
+on every later step). The moved cells keep their indices and contents, so the sequence computes
+exactly as before.
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
@@ -34,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import heapq
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,8 +164,9 @@ class LlamaCppExecutor:
         self._grammars: Grammars | None = None
         self._chooser: TokenChooser | None = None
         self._rows: dict[Sequence, int] = {}  # each running sequence's seq_id
-        self._free_rows: list[int] = []  # a heap: the lowest free seq_id first
+        self._free_rows: set[int] = set()
         self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
+        self._moves = 0  # sequences moved to another seq_id by _pack_rows
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -216,6 +220,11 @@ class LlamaCppExecutor:
         """The llama.cpp seq_id (row) a joined sequence holds."""
         return self._rows[sequence]
 
+    @property
+    def moves(self) -> int:
+        """Sequences moved to a lower seq_id so far, to keep the running rows one run."""
+        return self._moves
+
     def cells(self, seq_id: int) -> int:
         """KV cells a seq_id holds (0 once released): its highest position + 1."""
         return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
@@ -237,14 +246,14 @@ class LlamaCppExecutor:
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
-        self._free_rows = list(range(self._config.max_batch_size))  # sorted: already a heap
+        self._free_rows = set(range(self._config.max_batch_size))
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
         self._warm_up()
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
-        row = heapq.heappop(self._free_rows)  # the lowest: rows stay packed (the module docstring)
+        row = self._take_row()
         self._pending = (sequence, row)
         params = sequence.request.params
         scored = params.prompt_logprobs
@@ -268,7 +277,8 @@ class LlamaCppExecutor:
 
     def decode(self) -> list[tuple[Sequence, int]]:
         self._drop_pending()  # a prefill whose first token ended it never joined
-        members = sorted(self._rows, key=self._rows.__getitem__)  # by seq_id: see the module docstring
+        self._pack_rows()
+        members = sorted(self._rows, key=self._rows.__getitem__)  # one run, in order: one forward pass
         batch = self._batch
         for index, sequence in enumerate(members):
             position = len(sequence.prompt_ids) + len(sequence.completion) - 1
@@ -282,7 +292,7 @@ class LlamaCppExecutor:
         for sequence in sequences:
             row = self._rows.pop(sequence)
             self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-            heapq.heappush(self._free_rows, row)
+            self._free_rows.add(row)
 
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
@@ -348,12 +358,41 @@ class LlamaCppExecutor:
         floats = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
         return torch.from_numpy(np.ctypeslib.as_array(floats, shape))
 
+    def _take_row(self) -> int:
+        """A free seq_id for a new sequence: right after the running rows' run, else right before it."""
+        used = set(self._rows.values())
+        if used:
+            after, before = max(used) + 1, min(used) - 1
+            for row in (after, before):
+                if row in self._free_rows:
+                    self._free_rows.remove(row)
+                    return row
+        row = min(self._free_rows)
+        self._free_rows.remove(row)
+        return row
+
+    def _pack_rows(self) -> None:
+        """Make the running rows one run of consecutive seq_ids: while a free seq_id lies inside the
+        run, move the run's last sequence into the lowest such one."""
+        while self._rows:
+            low, high = min(self._rows.values()), max(self._rows.values())
+            if high - low + 1 == len(self._rows):
+                return
+            gap = min(row for row in self._free_rows if low < row < high)
+            last = next(sequence for sequence, row in self._rows.items() if row == high)
+            self._llama.llama_memory_seq_cp(self._memory, high, gap, -1, -1)  # copied at the next decode
+            self._llama.llama_memory_seq_rm(self._memory, high, -1, -1)
+            self._free_rows.remove(gap)
+            self._free_rows.add(high)
+            self._rows[last] = gap
+            self._moves += 1
+
     def _drop_pending(self) -> None:
         """Free the row of a prefilled sequence that never joined (it ended at its first token, or failed)."""
         if self._pending is not None:
             _, row = self._pending
             self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-            heapq.heappush(self._free_rows, row)
+            self._free_rows.add(row)
             self._pending = None
 
     def _warm_up(self) -> None:

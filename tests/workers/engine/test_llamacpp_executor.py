@@ -94,40 +94,45 @@ class _RecordingExecutor(LlamaCppExecutor):
         super()._forward(batch)
 
 
-def test_a_step_lists_its_rows_by_seq_id_and_a_new_job_takes_the_lowest_free_one(
+def _story(request_id: str, number: int, **hooks: Any) -> GenerationRequest:
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    messages = [{"role": "user", "content": f"Tell me a very long story number {number}."}]
+    return GenerationRequest(request_id, params, messages=messages, **hooks)
+
+
+def test_the_running_rows_stay_one_run_of_seq_ids_and_a_moved_row_computes_as_before(
     llamacpp_model: LlamaCppModel, model_cache: Path
 ) -> None:
     """llama.cpp runs a batch as one forward pass per run of consecutive seq_ids (one KV stream per
-    row): a step in join order after churn, or a new job on a high row, cost extra passes."""
+    row). A row that ends inside the run is filled by moving the last row there (its KV copied), and
+    that sequence's text is still its solo text; a new job takes the seq_id after the run."""
     config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=3)
     executor = _RecordingExecutor(config, llamacpp_model)
     engine = TransformersEngine(config, executor=executor)
     engine.start()
     try:
-        running = threading.Event()
-        long_jobs = [
-            engine.submit(
-                GenerationRequest(
-                    f"long{i}",
-                    SamplingParams(max_tokens=400, ignore_eos=True),
-                    messages=[{"role": "user", "content": f"Tell me a very long story number {i}."}],
-                    on_output=lambda update: running.set(),
-                )
-            )
+        solo = engine.submit(_story("solo", 2)).result(60)
+        outputs = [threading.Event() for _ in range(3)]
+        jobs = [
+            engine.submit(_story(f"long{i}", i, on_output=lambda _, event=outputs[i]: event.set()))
             for i in range(3)
         ]
-        assert running.wait(60)
-        _wait_for(lambda: executor.rows == 3)
-        engine.cancel("long0")  # frees seq_id 0, the first joined: the next job joins last
+        assert all(event.wait(60) for event in outputs)
+        assert [executor.seq_id(s) for s in sorted(executor._rows, key=lambda s: s.request_id)] == [0, 1, 2]
+        executor.batches.clear()
+        engine.cancel("long1")  # seq_id 1, inside the run: long2 moves from 2 to 1
         with pytest.raises(RequestError, match="cancel"):
-            long_jobs[0].result(10)
-        short = engine.submit(_chat("short", PROMPTS[0], max_tokens=8, ignore_eos=True))
-        assert short.result(60).batch_size == 3
-        steps = [seq_ids for seq_ids in executor.batches if len(seq_ids) == 3]
-        assert steps and all(seq_ids == [0, 1, 2] for seq_ids in steps)
+            jobs[1].result(10)
+        short = engine.submit(_chat("short", PROMPTS[0], max_tokens=4, ignore_eos=True)).result(60)
+        moved = jobs[2].result(60)
+        assert executor.moves == 1
+        assert moved.text == solo.text and moved.completion_tokens == 48
+        assert short.batch_size == 3
+        steps = [ids for ids in executor.batches if len(set(ids)) == len(ids) > 1]  # decodes, not prompts
+        assert [0, 1] in steps and [0, 1, 2] in steps  # the move, then the new job after the run
+        assert all(ids == list(range(ids[0], ids[0] + len(ids))) for ids in steps)
+        jobs[0].result(60)
     finally:
-        for request_id in ("long1", "long2"):
-            engine.cancel(request_id)
         engine.shutdown(timeout=30)
 
 
