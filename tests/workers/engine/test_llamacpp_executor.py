@@ -17,7 +17,7 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel
+from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel, _binding
 from workers.engine.loading import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -200,15 +200,29 @@ def test_logprobs_batched_equal_solo_and_near_transformers(
         assert entry.logprob == pytest.approx(float(reference[position - 1, entry.token_id]), abs=0.25)
 
 
-def test_warm_rss_with_the_llamacpp_backend(llamacpp_engine: EngineFactory) -> None:
-    """Print the process's resident memory with a 16-row llama.cpp engine after a few jobs (the
-    report's number; this process also holds the transformers model of other tests when run with them)."""
-    engine = llamacpp_engine(max_batch_size=16)
+def _rss_mib() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_a_16_row_engine_adds_its_kv_streams_and_no_copy_of_the_weights(
+    llamacpp_model: LlamaCppModel, llamacpp_engine: EngineFactory
+) -> None:
+    """The memory a worker's engine takes beyond the mapped model: its 8-bit KV streams (zeroed up
+    front, so all resident) and small compute buffers; the weights are never dequantized (fp32
+    would add ~520 MiB for this model's 135M parameters; f16 cells would double the KV)."""
+    llama = _binding()
+    handle = llamacpp_model.handle
+    layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
+    head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
+    cells = 16 * 2048
+    kv_mib = layers * 2 * heads_kv * head_dim * cells * (34 / 32) / 2**20  # q8_0: 34 bytes per 32
+    before = _rss_mib()
+    engine = llamacpp_engine(max_batch_size=16, llamacpp_sequence_tokens=2048)
     for future in [engine.submit(_chat(f"m{i}", PROMPTS[i % 4], max_tokens=8)) for i in range(8)]:
         future.result(60)
-    rss_kb = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
-    print(f"VmRSS with a 16-row llama.cpp engine: {rss_kb / 1024:.0f} MiB")
-    assert rss_kb > 0
+    grown = _rss_mib() - before
+    print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident (KV streams {kv_mib:.0f} MiB)")
+    assert kv_mib * 0.95 < grown < kv_mib + 160
 
 
 def test_the_model_is_the_gguf_file(llamacpp_model: LlamaCppModel) -> None:
