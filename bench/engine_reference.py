@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench import http_reference
-from bench.common import machine, print_table, write_report
+from bench.common import host_busy_cpu_s, machine, print_table, write_report
 from bench.engine import gguf_config, prompts
 from bench.llamacpp_reference import Reference, ReferenceError, locate
 from workers.engine import GenerationRequest, SamplingParams, StepStats
@@ -128,8 +129,9 @@ def batched_bench_argv(
 def run_batched_bench(argv: list[str], sizes: Sizes) -> dict[str, Any]:
     """One llama-batched-bench run: its rows (one per concurrency), and what its log says of the
     context it made (flash attention, KV types, repacking)."""
-    started = time.perf_counter()
+    started, busy, children = time.perf_counter(), host_busy_cpu_s(), _children_cpu_s()
     completed = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
+    own = _children_cpu_s() - children
     rows = parse_batched_bench(completed.stdout + completed.stderr)
     if completed.returncode != 0 or [int(row["batch"]) for row in rows] != list(sizes.concurrency):
         failure = f"{' '.join(argv)} failed ({completed.returncode})"
@@ -139,7 +141,14 @@ def run_batched_bench(argv: list[str], sizes: Sizes) -> dict[str, Any]:
         "rows": rows,
         "context": _context_lines(completed.stderr),
         "elapsed_s": round(time.perf_counter() - started, 2),
+        "cpu_s": round(own, 2),
+        "others_cpu_s": round(host_busy_cpu_s() - busy - own, 2),
     }
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _context_lines(log: str) -> list[str]:
@@ -169,7 +178,7 @@ def run_genq_batch(
 ) -> dict[str, Any]:
     """The C prompts submitted at once, `tokens` tokens each; batched-bench's measures of the run."""
     clock.steps.clear()
-    started = time.perf_counter()
+    started, busy, cpu = time.perf_counter(), host_busy_cpu_s(), time.process_time()
     futures = [
         engine.submit(
             GenerationRequest(
@@ -182,6 +191,8 @@ def run_genq_batch(
     ]
     results = [future.result() for future in futures]
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    others = host_busy_cpu_s() - busy - cpu
     generated = sum(result.completion_tokens for result in results)
     steps = list(clock.steps)
     last_prefill = max(index for index, (_, stats) in enumerate(steps) if stats.prefill_tokens)
@@ -199,6 +210,8 @@ def run_genq_batch(
         "tg_tokens_per_s": round(decoded / decode_s, 2),
         "t_s": round(wall, 3),
         "generated_tokens_per_s": round(generated / wall, 2),
+        "cpu_s": round(cpu, 2),
+        "others_cpu_s": round(others, 2),
     }
 
 
@@ -343,13 +356,17 @@ def print_tables(report: dict[str, Any]) -> None:
         ]
         print_table(f"{TITLES[rate]}, median of {len(report['rounds'])} rounds", columns, rows)
     for number, round_ in enumerate(report["rounds"], 1):
-        columns = ["C", *(f"{side} {label}" for side in sides for label in ("tg", "total"))]
+        labels = ("tg", "total")
+        columns = ["C", *(f"{side} {label}" for side in sides for label in labels), "genq others' cpu s"]
         rows = [
-            [row["batch"], *_round_rates(round_, index, sides)] for index, row in enumerate(round_["genq"])
+            [row["batch"], *_round_rates(round_, index, sides), row["others_cpu_s"]]
+            for index, row in enumerate(round_["genq"])
         ]
-        print_table(
-            f"round {number}, tokens/s (tg: generation; total: generated / total time)", columns, rows
-        )
+        title = f"round {number}, tokens/s (tg: generation; total: generated / total time)"
+        print_table(title, columns, rows)
+        for side in references:  # what the rest of the host took while each llama.cpp run ran
+            run = round_[side]
+            print(f"{side}: other processes took {run['others_cpu_s']} CPU-s in its {run['elapsed_s']} s")
     http_reference.print_tables(report["http"])
 
 

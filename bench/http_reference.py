@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from bench.common import (
     BENCH_SETTINGS,
     bench_stack,
     cpu_seconds,
+    host_busy_cpu_s,
     latency_summary,
     print_table,
     process_tree,
@@ -79,10 +81,16 @@ def chat_requests(model: str, count: int, max_tokens: int) -> list[bytes]:
     return [json_post("/v1/chat/completions", orjson.dumps(body)) for body in bodies]
 
 
-def run_load(port: int, requests: list[bytes], clients: int, idle_pids: list[int]) -> dict[str, Any]:
-    """One closed-loop run: completion tokens per second, latencies, and the idle side's CPU."""
-    idle_before = cpu_seconds(idle_pids)
+def run_load(
+    port: int, requests: list[bytes], clients: int, active_pids: list[int], idle_pids: list[int]
+) -> dict[str, Any]:
+    """One closed-loop run: completion tokens per second, latencies, the CPU of the server under load,
+    of the idle one, and of everything else on the host (neither server nor this load generator)."""
+    busy, mine = host_busy_cpu_s(), time.process_time()
+    active, idle = cpu_seconds(active_pids), cpu_seconds(idle_pids)
     result = run_async(closed_loop("127.0.0.1", port, requests, clients, TIMEOUT_S, keep_bodies=True))
+    active, idle = cpu_seconds(active_pids) - active, cpu_seconds(idle_pids) - idle
+    others = host_busy_cpu_s() - busy - active - idle - (time.process_time() - mine)
     ok = [reply for reply in result.replies if reply.status == 200]
     completion = [orjson.loads(reply.body)["usage"]["completion_tokens"] for reply in ok]
     latencies = result.latencies_ms()
@@ -96,7 +104,9 @@ def run_load(port: int, requests: list[bytes], clients: int, idle_pids: list[int
         "tokens_per_s": round(sum(completion) / result.duration_s, 2) if result.duration_s else 0.0,
         "latency_p50_ms": latency_summary(latencies)["p50_ms"],
         "latency_p99_ms": latency_summary(latencies)["p99_ms"],
-        "idle_server_cpu_s": round(cpu_seconds(idle_pids) - idle_before, 2),
+        "server_cpu_s": round(active, 2),
+        "idle_server_cpu_s": round(idle, 2),
+        "others_cpu_s": round(others, 2),
     }
 
 
@@ -151,7 +161,7 @@ def compare(reference: Reference | None, config: EngineConfig, threads: int, qui
         report["llama_server_argv"] = _argv_of(servers.get("llama_server"))
         trees = {side: [p for pid in pids for p in process_tree(pid)] for side, (_, pids) in servers.items()}
         for port, _ in servers.values():  # warm-up: two requests each
-            run_load(port, chat_requests(config.model, 2, sizes.max_tokens), 2, [])
+            run_load(port, chat_requests(config.model, 2, sizes.max_tokens), 2, [], [])
         for number in range(sizes.rounds):
             order = list(servers) if number % 2 == 0 else list(reversed(servers))
             report["rounds"].append(one_round(servers, trees, order, config.model, sizes))
@@ -177,9 +187,8 @@ def one_round(
         row: dict[str, Any] = {"clients": clients}
         for side in order:
             idle = [pid for other, tree in trees.items() if other != side for pid in tree]
-            row[side] = run_load(
-                servers[side][0], chat_requests(model, count, sizes.max_tokens), clients, idle
-            )
+            requests = chat_requests(model, count, sizes.max_tokens)
+            row[side] = run_load(servers[side][0], requests, clients, trees[side], idle)
             print(f"  HTTP C={clients} {side}: {orjson.dumps(row[side]).decode()}", file=sys.stderr)
         runs.append(row | _ratios(row))
     return runs
@@ -214,7 +223,8 @@ def _medians(rounds: list[list[dict[str, Any]]], sizes: Sizes) -> list[dict[str,
 #: What the medians table shows per side.
 SHOWN = ("tokens_per_s", "latency_p50_ms", "latency_p99_ms")
 #: What each round's table shows per side.
-SHOWN_PER_ROUND = (*SHOWN, "completion_tokens", "idle_server_cpu_s", "failed_or_unfinished")
+SHOWN_PER_ROUND = (*SHOWN, "completion_tokens", "failed_or_unfinished", "server_cpu_s", "idle_server_cpu_s",
+                   "others_cpu_s")  # fmt: skip
 
 
 def print_tables(report: dict[str, Any]) -> None:
