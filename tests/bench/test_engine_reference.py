@@ -3,7 +3,8 @@ the binary bench/llamacpp_reference.py builds (llama-cpp-python 0.3.36, llama.cp
 2-core VM, on the default GGUF (SmolLM2-135M-Instruct Q4_1), unedited:
 
 - fixtures/batched_bench_md.txt: `llama-batched-bench -m GGUF -t 2 -tb 2 -npp 45 -ntg 64
-  -npl 1,4,16,32` (stdout: its default markdown table; the load of another run's build slowed C=1);
+  -npl 1,4,16,32` (stdout: its default markdown table; another agent's benchmark running beside it
+  slowed C=1);
 - fixtures/batched_bench_jsonl.txt: the same with `--output-format jsonl -lv 4`, stdout and stderr
   together (its model-loading log lines around the jsonl rows), as bench.engine --reference reads it.
 """
