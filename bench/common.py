@@ -317,5 +317,13 @@ def rss_mb(pids: Sequence[int]) -> float:
     return total_kb / 1024
 
 
+def host_busy_cpu_s() -> float:
+    """CPU seconds the whole host has spent busy since boot (/proc/stat: all but idle and iowait, with
+    steal); a run's delta minus its own processes' CPU is what everything else took meanwhile."""
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / _TICKS
+
+
 def _ignore_gone() -> suppress:
     return suppress(FileNotFoundError, ProcessLookupError)

@@ -5,6 +5,7 @@
     python -m bench.engine --device cuda --model PATH   # on a GPU (dtype: bf16 where supported)
     python -m bench.engine --structured-only   # only the structured-output row: engine_structured.json
     python -m bench.engine --backends   # llama.cpp, then torch, one GGUF model: engine_llamacpp.json
+    python -m bench.engine --reference  # against llama.cpp's own tools: engine_reference.json
 
 Same prompts (chat-templated), same machine, same process, same torch threads, one run. Every job
 generates exactly --tokens tokens (ignore_eos, and min_new_tokens for generate), so both sides do the
@@ -19,6 +20,10 @@ against the same jobs without one at concurrency 16, with the mask's cost per de
 GGUF model, llama.cpp first (so its resident memory is measured before torch's model is loaded), in
 two rounds, and reports llama.cpp's tokens/s, time to first token and job latency as ratios to
 torch's at each concurrency (per round, and their medians). Writes <out>/engine_llamacpp.json and .png.
+
+--reference runs genq's llama.cpp backend (engine and API) side by side with llama.cpp's own
+llama-batched-bench and llama-server, built once from the sources llama-cpp-python vendors: see
+bench/engine_reference.py. Writes <out>/engine_reference.json and .png.
 """
 
 from __future__ import annotations
@@ -379,6 +384,15 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         help="torch against llama.cpp on the default GGUF model (writes engine_llamacpp.json/png)",
     )  # fmt: skip
     parser.add_argument(
+        "--reference", action="store_true",
+        help="genq's llama.cpp engine and API against llama.cpp's llama-batched-bench and llama-server "
+        "on the default GGUF (builds them once; writes engine_reference.json/png; --threads default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--llamacpp-dir", type=Path, default=None,
+        help="--reference: a llama.cpp build folder holding the reference tools (default: found or built)",
+    )  # fmt: skip
+    parser.add_argument(
         "--structured-only", action="store_true",
         help="only the structured-output row (writes engine_structured.json/png, leaves engine.json)",
     )  # fmt: skip
@@ -395,6 +409,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sizes = QUICK if args.quick else FULL
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.reference:
+        from bench import engine_reference  # it imports this module
+
+        return engine_reference.main(args)
     if args.backends:
         return compare_backends(args)
     biggest = max(sizes.concurrency)
@@ -453,14 +471,7 @@ def compare_backends(args: argparse.Namespace) -> dict[str, Any]:
     """The closed-loop sweep on llama.cpp, then on torch, over one GGUF model (see the module docstring)."""
     concurrency = (1, 4) if args.quick else FULL.concurrency
     tokens = QUICK.tokens if args.quick else FULL.tokens
-    config = EngineConfig(
-        model=args.model or DEFAULT_MODEL,
-        model_cache=args.model_cache,
-        max_batch_size=max(concurrency),
-        max_batch_tokens=32768,
-        torch_threads=torch.get_num_threads(),
-        llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
-    )
+    config = gguf_config(args, concurrency, torch.get_num_threads())
     report: dict[str, Any] = {
         "model": config.model,
         "quick": args.quick,
@@ -483,6 +494,18 @@ def compare_backends(args: argparse.Namespace) -> dict[str, Any]:
     print(json.dumps(report["ratios"]))
     write_report(args.out, "engine_llamacpp", report, plot_backends)
     return report
+
+
+def gguf_config(args: argparse.Namespace, concurrency: Sequence[int], threads: int) -> EngineConfig:
+    """The engine of --backends and --reference: the GGUF model, a row per client, `threads` threads."""
+    return EngineConfig(
+        model=args.model or DEFAULT_MODEL,
+        model_cache=args.model_cache,
+        max_batch_size=max(concurrency),
+        max_batch_tokens=32768,
+        torch_threads=threads,
+        llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
+    )
 
 
 #: --backends: the order of each round's sweeps (llama.cpp first: its RSS is read before torch's
