@@ -7,16 +7,13 @@ batch of one token per row, logits on for each. Prefill runs one prompt alone (c
 _BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
 Releasing a sequence removes its cells (llama_memory_seq_rm) and frees its seq_id.
 
-The running rows are kept one run of consecutive seq_ids, listed in that order in a step's batch:
-with one KV stream per seq_id, llama.cpp splits a batch into one micro-batch (a whole forward pass
-over every layer) per run of consecutive seq_ids in batch order (llama_batch_allocr::split_equal,
-sequential), so 16 rows listed out of order cost up to 16 passes instead of one (measured: 143
-against 281-323 tokens/s at 16 rows, 2 threads, rows reversed against in order). A new sequence takes
-the seq_id after the run (or before it); a row that ends inside the run is filled by moving the
-run's last sequence into it (llama_memory_seq_cp copies its KV stream, ~25 MB with the default
-cells: the next step took 4-4.5 ms longer, at 15 rows and 2 threads, against a second forward pass
-on every later step). The moved cells keep their indices and contents, so the sequence computes
-exactly as before.
+The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
+with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
+consecutive seq_ids in batch order (llama_batch_allocr::split_equal, sequential); 16 rows out of
+order measured 143 against 281-323 tokens/s in order (2 threads). A row ending inside the run is
+filled by moving the last sequence there (llama_memory_seq_cp copies its KV stream, ~25 MB: the
+next step took 4-4.5 ms longer, at 15 rows); its cells keep their indices and contents, so it
+computes exactly as before.
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
@@ -50,6 +47,7 @@ from transformers import AutoTokenizer
 from shared.logging import fields
 from workers.engine.choice import TokenChooser
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
+from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.loading import default_gguf_path, gguf_digest, tokenizer_folder
 from workers.engine.logprobs import prompt_logprobs
 from workers.engine.sequence import Sequence
@@ -164,7 +162,7 @@ class LlamaCppExecutor:
         self._grammars: Grammars | None = None
         self._chooser: TokenChooser | None = None
         self._rows: dict[Sequence, int] = {}  # each running sequence's seq_id
-        self._free_rows: set[int] = set()
+        self._seq_ids = SeqIds(0)
         self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
 
@@ -246,14 +244,14 @@ class LlamaCppExecutor:
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
-        self._free_rows = set(range(self._config.max_batch_size))
+        self._seq_ids = SeqIds(self._config.max_batch_size)
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
         self._warm_up()
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
-        row = self._take_row()
+        row = self._seq_ids.take(self._rows.values())
         self._pending = (sequence, row)
         params = sequence.request.params
         scored = params.prompt_logprobs
@@ -292,7 +290,7 @@ class LlamaCppExecutor:
         for sequence in sequences:
             row = self._rows.pop(sequence)
             self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-            self._free_rows.add(row)
+            self._seq_ids.give_back(row)
 
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
@@ -358,32 +356,12 @@ class LlamaCppExecutor:
         floats = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
         return torch.from_numpy(np.ctypeslib.as_array(floats, shape))
 
-    def _take_row(self) -> int:
-        """A free seq_id for a new sequence: right after the running rows' run, else right before it."""
-        used = set(self._rows.values())
-        if used:
-            after, before = max(used) + 1, min(used) - 1
-            for row in (after, before):
-                if row in self._free_rows:
-                    self._free_rows.remove(row)
-                    return row
-        row = min(self._free_rows)
-        self._free_rows.remove(row)
-        return row
-
     def _pack_rows(self) -> None:
-        """Make the running rows one run of consecutive seq_ids: while a free seq_id lies inside the
-        run, move the run's last sequence into the lowest such one."""
-        while self._rows:
-            low, high = min(self._rows.values()), max(self._rows.values())
-            if high - low + 1 == len(self._rows):
-                return
-            gap = min(row for row in self._free_rows if low < row < high)
+        """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
+        for high, gap in self._seq_ids.packing(self._rows.values()):
             last = next(sequence for sequence, row in self._rows.items() if row == high)
             self._llama.llama_memory_seq_cp(self._memory, high, gap, -1, -1)  # copied at the next decode
             self._llama.llama_memory_seq_rm(self._memory, high, -1, -1)
-            self._free_rows.remove(gap)
-            self._free_rows.add(high)
             self._rows[last] = gap
             self._moves += 1
 
@@ -392,7 +370,7 @@ class LlamaCppExecutor:
         if self._pending is not None:
             _, row = self._pending
             self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-            self._free_rows.add(row)
+            self._seq_ids.give_back(row)
             self._pending = None
 
     def _warm_up(self) -> None:
