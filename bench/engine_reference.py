@@ -279,7 +279,7 @@ def find_reference(args: argparse.Namespace) -> Reference | None:
     """The llama.cpp tools; with --quick only when already built (a smoke test never builds them)."""
     reference = locate(args.llamacpp_dir, build=not args.quick)
     if reference is None:
-        print("skipping llama.cpp's side: its reference tools are not built (--quick never builds them)")
+        print("skipping llama.cpp's side: no runnable reference tools are built (--quick never builds them)")
     return reference
 
 

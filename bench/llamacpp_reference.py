@@ -115,13 +115,20 @@ def locate(
     version = binding_version()
     folder = cache / version
     reference = _cached(folder, version)
+    broken = reference is not None and _why_not_runnable(reference)
+    if broken:
+        # A build carried over from another machine (or with a library gone) is as good as none.
+        say(f"found llama.cpp {version} reference tools in {folder / 'build'} but they cannot run "
+            f"({broken}): {'rebuilding them' if build else f'{BUILD_COMMAND} rebuilds them'}")  # fmt: skip
+        reference = None
     if reference is None and not build:
-        say(f"llama.cpp reference tools not found in {folder / 'build'} ({BUILD_COMMAND} builds them)")
+        if not broken:
+            say(f"llama.cpp reference tools not found in {folder / 'build'} ({BUILD_COMMAND} builds them)")
         return None
     if reference is None:
         with _locked(folder):  # another run may be building them: wait for it, then look again
             reference = _cached(folder, version)
-            if reference is None:
+            if reference is None or _why_not_runnable(reference):
                 return build_reference(version, folder, say)
     say(f"found llama.cpp {version} reference tools in {reference.build_dir}")
     return reference
@@ -143,6 +150,19 @@ def _cached(folder: Path, version: str) -> Reference | None:
     if tools is None or record.get("version") != version:  # no record: an interrupted build
         return None
     return Reference(*tools, build_dir, "found", version, record.get("commit"))
+
+
+def _why_not_runnable(reference: Reference) -> str:
+    """Why the tools fail to start (`--version` of each), or "" when both run."""
+    for tool in (reference.batched_bench, reference.server):
+        try:
+            done = subprocess.run([str(tool), "--version"], capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{tool.name} --version: {exc}"
+        if done.returncode != 0:
+            last = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()[-1:]
+            return f"{tool.name} --version exited {done.returncode}{': ' + last[0] if last else ''}"
+    return ""
 
 
 def _read_record(build_dir: Path) -> dict[str, str]:

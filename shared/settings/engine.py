@@ -41,6 +41,12 @@ class EngineSettings(BaseModel):
     row's own stream; max_batch_size streams are allocated at start (16 x 2048 cells take 360 MiB
     for the default model)."""
 
+    llamacpp_prefix_cache: bool = True
+    """Under llama.cpp: a finished job's row keeps its KV cells, and a later prompt that starts with
+    the same tokens (the chat template's system prompt, a conversation's earlier turns) skips their
+    prefill, as llama-server's prompt cache does; its logprobs equal a whole prefill's (tested on
+    the default model). False prefills every prompt whole."""
+
     placeholder_step_s: float = Field(0.01, ge=0)
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
     use it to hold jobs running for a known while."""

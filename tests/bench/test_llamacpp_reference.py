@@ -19,12 +19,12 @@ from bench.llamacpp_reference import (
 )
 
 
-def make_tools(folder: Path) -> None:
+def make_tools(folder: Path, script: str = "#!/bin/sh\n") -> None:
     """Two executable files named as the tools, where a CMake build puts them."""
     (folder / "bin").mkdir(parents=True)
     for tool in TOOLS:
         path = folder / "bin" / tool
-        path.write_text("#!/bin/sh\n")
+        path.write_text(script)
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
@@ -59,6 +59,26 @@ def test_a_cached_build_is_found_by_the_installed_version(
     assert reference.batched_bench == build / "bin" / "llama-batched-bench"
     assert reference.server == build / "bin" / "llama-server"
     assert said == [f"found llama.cpp {version} reference tools in {build}"]
+
+
+def test_a_cached_build_that_cannot_run_is_skipped_by_the_smoke_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a build copied from another machine looks like: there, but its libraries are missing.
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    version = importlib.metadata.version("llama-cpp-python")
+    build = tmp_path / version / "build"
+    missing = "libllama.so: cannot open shared object file: No such file or directory"
+    make_tools(build, f"#!/bin/sh\necho '{missing}' >&2\nexit 127\n")
+    (build / "reference.json").write_text(f'{{"version": "{version}"}}')
+    said: list[str] = []
+    assert locate(build=False, say=said.append, cache=tmp_path) is None
+    assert said == [
+        f"found llama.cpp {version} reference tools in {build} but they cannot run "
+        f"(llama-batched-bench --version exited 127: {missing}): "
+        "python -m bench.llamacpp_reference rebuilds them"
+    ]
+    assert (build / "bin" / "llama-server").exists()  # the smoke mode leaves the folder alone
 
 
 def test_a_given_folder_wins_and_must_hold_both_tools(

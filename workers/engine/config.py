@@ -36,6 +36,10 @@ class EngineConfig:
     #: Under llama.cpp: KV cells of each row's own stream, the most tokens (prompt + completion) one
     #: sequence holds; all max_batch_size streams are allocated at start.
     llamacpp_sequence_tokens: int = 2048
+    #: Under llama.cpp: a released row keeps its KV cells, and a later prompt starting with the same
+    #: tokens reuses them instead of prefilling them again (llamacpp_executor.py). Off: every prompt
+    #: is prefilled whole.
+    llamacpp_prefix_cache: bool = True
     #: torch intra-op threads; None leaves torch's default.
     torch_threads: int | None = None
     #: Least seconds between two on_output calls for one request (publishing is throttled here).

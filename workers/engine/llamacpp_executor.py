@@ -5,7 +5,10 @@ engine's own loop (core.py) schedules, and llama.cpp only runs forward passes. E
 sequence holds a seq_id (its row) in one llama_context; a decode step is ONE llama_decode over a
 batch of one token per row, logits on for each. Prefill runs one prompt alone (chunks of
 _BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
-Releasing a sequence removes its cells (llama_memory_seq_rm) and frees its seq_id.
+Releasing a sequence frees its seq_id and keeps its cells: a later prompt that starts with the same
+tokens (the chat template's system prompt, a conversation's earlier turns) takes that seq_id, drops
+the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
+(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same).
 
 The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
 with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
@@ -165,6 +168,7 @@ class LlamaCppExecutor:
         self._seq_ids = SeqIds(0)
         self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
+        self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -223,6 +227,11 @@ class LlamaCppExecutor:
         """Sequences moved to a lower seq_id so far, to keep the running rows one run."""
         return self._moves
 
+    @property
+    def reused_prompt_tokens(self) -> int:
+        """Prompt tokens not prefilled so far because their seq_id's cells already held them."""
+        return self._reused
+
     def cells(self, seq_id: int) -> int:
         """KV cells a seq_id holds (0 once released): its highest position + 1."""
         return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
@@ -251,15 +260,19 @@ class LlamaCppExecutor:
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
-        row = self._seq_ids.take(self._rows.values())
-        self._pending = (sequence, row)
         params = sequence.request.params
         scored = params.prompt_logprobs
+        # Scoring the prompt needs the logits at every position: nothing of it may be skipped.
+        reusable = sequence.prompt_ids if self._config.llamacpp_prefix_cache and scored is None else ()
+        taken = self._seq_ids.take(self._rows.values(), reusable)
+        self._pending = (sequence, taken.row)
         try:
-            logits = self._run_prompt(row, sequence.prompt_ids, every_position=scored is not None)
+            self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
+            logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
         except BaseException:
-            self._drop_pending()
+            self._drop_pending(keep=False)
             raise
+        self._reused += taken.kept
         if scored is not None:
             sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
         if not params.max_tokens:
@@ -288,9 +301,8 @@ class LlamaCppExecutor:
 
     def release(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:
-            row = self._rows.pop(sequence)
-            self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-            self._seq_ids.give_back(row)
+            self._free_row(sequence, self._rows[sequence], keep=True)
+            del self._rows[sequence]  # after: `rows` reaching 0 means the cells are settled
 
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
@@ -318,12 +330,15 @@ class LlamaCppExecutor:
         params.no_perf = True
         return params
 
-    def _run_prompt(self, row: int, prompt_ids: list[int], every_position: bool) -> torch.Tensor:
-        """Feed a prompt to `row` in chunks; its logits [1, vocab] (the next token's), or [prompt, vocab]
-        (row i predicts token i + 1) when every_position."""
+    def _run_prompt(
+        self, row: int, prompt_ids: list[int], every_position: bool, first: int = 0
+    ) -> torch.Tensor:
+        """Feed a prompt from position `first` on (the row's cells hold the ones before) to `row` in
+        chunks; its logits [1, vocab] (the next token's), or [prompt - first, vocab] (row i predicts
+        token first + i + 1) when every_position."""
         kept: list[torch.Tensor] = []
         batch = self._batch
-        for start in range(0, len(prompt_ids), _BATCH_TOKENS):
+        for start in range(first, len(prompt_ids), _BATCH_TOKENS):
             chunk = prompt_ids[start : start + _BATCH_TOKENS]
             last = start + len(chunk) == len(prompt_ids)
             for index, token in enumerate(chunk):
@@ -365,13 +380,23 @@ class LlamaCppExecutor:
             self._rows[last] = gap
             self._moves += 1
 
-    def _drop_pending(self) -> None:
-        """Free the row of a prefilled sequence that never joined (it ended at its first token, or failed)."""
+    def _drop_pending(self, keep: bool = True) -> None:
+        """Free the row of a prefilled sequence that never joined (it ended at its first token, or
+        failed: then its cells are dropped, as they may not hold what the prefill meant to write)."""
         if self._pending is not None:
-            _, row = self._pending
+            sequence, row = self._pending
+            self._pending = None
+            self._free_row(sequence, row, keep)
+
+    def _free_row(self, sequence: Sequence, row: int, keep: bool) -> None:
+        """Give `row` back; with `keep` (and the prefix cache on), its cells stay for a later prompt
+        that starts as this sequence's prompt and completion did."""
+        if keep and self._config.llamacpp_prefix_cache:
+            held = (sequence.prompt_ids + sequence.completion)[: self.cells(row)]
+            self._seq_ids.give_back(row, held)
+        else:
             self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
             self._seq_ids.give_back(row)
-            self._pending = None
 
     def _warm_up(self) -> None:
         """Prefill every row and decode _WARMUP_STEPS tokens (the largest shape: llama.cpp sizes its
@@ -389,6 +414,7 @@ class LlamaCppExecutor:
             finite = finite and bool(torch.isfinite(logits).all())
             tokens = logits.argmax(dim=-1).tolist()
         self._llama.llama_memory_clear(self._memory, True)
+        self._seq_ids.forget()
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)

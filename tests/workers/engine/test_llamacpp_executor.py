@@ -136,14 +136,40 @@ def test_the_running_rows_stay_one_run_of_seq_ids_and_a_moved_row_computes_as_be
         engine.shutdown(timeout=30)
 
 
-def test_a_released_sequence_leaves_no_kv(llamacpp_engine: EngineFactory) -> None:
+def test_a_later_prompt_reuses_the_cells_of_a_released_row_and_computes_as_a_full_prefill(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """The prefix cache: a released row keeps its KV cells (the prompt and all of the completion but
+    its last token); a conversation's next turn, whose prompt starts with all of them, takes that
+    row and prefills only the new tokens, and its logprobs and text equal those of an engine that
+    prefilled it whole."""
     engine = llamacpp_engine(max_batch_size=4)
     executor = _executor(engine)
-    futures = [engine.submit(_chat(f"r{i}", p, max_tokens=6, ignore_eos=True)) for i, p in enumerate(PROMPTS)]
-    for future in futures:
-        assert future.result(60).completion_tokens == 6
+    first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
     _wait_for(lambda: executor.rows == 0)  # a result is set a moment before its row is released
-    assert [executor.cells(seq_id) for seq_id in range(4)] == [0, 0, 0, 0]
+    assert [executor.cells(seq_id) for seq_id in range(4)] == [first.prompt_tokens + 5, 0, 0, 0]
+    turn = [{"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And at night?"}]  # fmt: skip
+    params = SamplingParams(max_tokens=12, logprobs=2)
+    reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
+    assert executor.reused_prompt_tokens >= first.prompt_tokens  # at least the first prompt's cells
+    whole = llamacpp_engine(max_batch_size=4, llamacpp_prefix_cache=False)
+    fresh = whole.submit(GenerationRequest("turn", params, messages=turn)).result(60)
+    assert (reused.text, reused.logprobs) == (fresh.text, fresh.logprobs)
+    assert _executor(whole).reused_prompt_tokens == 0
+    _wait_for(lambda: _executor(whole).rows == 0)
+    assert _executor(whole).cells(0) == 0  # off: a released row keeps nothing
+
+
+def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> None:
+    engine = llamacpp_engine(max_batch_size=2)
+    executor = _executor(engine)
+    engine.submit(_chat("warm", PROMPTS[1], max_tokens=2)).result(60)
+    scored = engine.submit(_chat("scored", PROMPTS[1], max_tokens=2, prompt_logprobs=1)).result(60)
+    assert executor.reused_prompt_tokens == 0  # every position's logits are needed: none skipped
+    assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == scored.prompt_tokens
+    engine.submit(_chat("again", PROMPTS[1], max_tokens=2)).result(60)
+    assert executor.reused_prompt_tokens == scored.prompt_tokens - 1  # all but the last token
 
 
 def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> None:
