@@ -8,6 +8,8 @@ request when its last one returns) at C = 1 and 16, to
   - genq's /v1/chat/completions: Redis + one `genq api` + one `genq worker` on the default model
     (the llama.cpp backend), GENQ_TORCH_THREADS=threads, 16 rows (max_batch_size) of 2048 cells:
     its defaults, but the response cache off (it would answer the repeated prompts from memory);
+  - the same with GENQ_LLAMACPP_PREFIX_CACHE=false (every prompt prefilled whole): the baseline that
+    shows what genq's prefix cache gives, in the same run;
   - `llama-server -m GGUF -t threads -np 16 -c 32768` (16 slots of 2048 cells): its defaults, which
     keep each slot's prompt cache (a prompt sharing a prefix with the slot's last one skips that
     part of its prefill).
@@ -49,7 +51,7 @@ from bench.loadgen import closed_loop, json_post
 from workers.engine.config import EngineConfig
 from workers.engine.llamacpp_executor import gguf_file
 
-SIDES = ("genq", "llama_server")
+SIDES = ("genq", "genq_whole_prefill", "llama_server")
 PROMPTS = 16
 MAX_TOKENS = 64
 #: Slots (llama-server -np) and rows (genq's max_batch_size), and each one's KV cells.
@@ -110,9 +112,12 @@ def run_load(
     }
 
 
-def start_genq(stack: ExitStack, scratch: Path, config: EngineConfig, threads: int) -> tuple[int, list[int]]:
+def start_genq(
+    stack: ExitStack, scratch: Path, config: EngineConfig, threads: int, prefix_cache: bool = True
+) -> tuple[int, list[int]]:
     """Redis, one worker on config.model (the llama.cpp backend) and one API; the API's port and the pids."""
-    redis = start_redis(stack, scratch / "redis")
+    name = "" if prefix_cache else "-whole-prefill"
+    redis = start_redis(stack, scratch / f"redis{name}")
     assert redis.process is not None
     settings = {
         **BENCH_SETTINGS,
@@ -124,11 +129,12 @@ def start_genq(stack: ExitStack, scratch: Path, config: EngineConfig, threads: i
         "ENGINE_BACKEND": "llamacpp",
         "MAX_BATCH_SIZE": str(SLOTS),
         "LLAMACPP_SEQUENCE_TOKENS": str(SLOT_TOKENS),
+        "LLAMACPP_PREFIX_CACHE": str(prefix_cache).lower(),
         "CACHE_ENABLED": "false",
         "MAX_WAIT_S": "300",
     }
-    worker = start_worker(stack, "worker", settings, scratch)
-    api, port = start_api(stack, "api", settings, scratch)
+    worker = start_worker(stack, f"worker{name}", settings, scratch)
+    api, port = start_api(stack, f"api{name}", settings, scratch)
     return port, [redis.process.pid, worker.process.pid, api.process.pid]
 
 
@@ -155,7 +161,10 @@ def compare(reference: Reference | None, config: EngineConfig, threads: int, qui
         "rounds": [],
     }
     with bench_stack("http_reference") as (stack, scratch):
-        servers = {"genq": start_genq(stack, scratch, config, threads)}
+        servers = {
+            "genq": start_genq(stack, scratch, config, threads),
+            "genq_whole_prefill": start_genq(stack, scratch, config, threads, prefix_cache=False),
+        }
         if reference is not None:
             servers["llama_server"] = start_llama_server(stack, scratch, reference, gguf, threads)
         report["llama_server_argv"] = _argv_of(servers.get("llama_server"))
@@ -197,11 +206,12 @@ def one_round(
 def _ratios(row: dict[str, Any]) -> dict[str, float | None]:
     if "llama_server" not in row:
         return {}
-    genq, llama = row["genq"], row["llama_server"]
+    genq, whole, llama = row["genq"], row["genq_whole_prefill"], row["llama_server"]
     return {
         "tokens_per_s_ratio": round(genq["tokens_per_s"] / llama["tokens_per_s"], 3),
         "latency_p50_ratio": round(genq["latency_p50_ms"] / llama["latency_p50_ms"], 3),
         "latency_p99_ratio": round(genq["latency_p99_ms"] / llama["latency_p99_ms"], 3),
+        "whole_prefill_tokens_per_s_ratio": round(whole["tokens_per_s"] / llama["tokens_per_s"], 3),
     }
 
 
@@ -214,8 +224,10 @@ def _medians(rounds: list[list[dict[str, Any]]], sizes: Sizes) -> list[dict[str,
             if side in rows[0]:
                 row[side] = {key: round(statistics.median(r[side][key] for r in rows), 2) for key in SHOWN}
         if "llama_server" in row:
-            genq, llama = row["genq"], row["llama_server"]
-            row["tokens_per_s_ratio"] = round(genq["tokens_per_s"] / llama["tokens_per_s"], 3)
+            llama = row["llama_server"]["tokens_per_s"]
+            row["tokens_per_s_ratio"] = round(row["genq"]["tokens_per_s"] / llama, 3)
+            whole = row["genq_whole_prefill"]["tokens_per_s"]
+            row["whole_prefill_tokens_per_s_ratio"] = round(whole / llama, 3)
         out.append(row)
     return out
 
@@ -229,9 +241,11 @@ SHOWN_PER_ROUND = (*SHOWN, "completion_tokens", "failed_or_unfinished", "server_
 
 def print_tables(report: dict[str, Any]) -> None:
     sides = [side for side in SIDES if side in report["medians"][0]]
-    columns = ["C", *(f"{side} {key}" for side in sides for key in SHOWN), "genq / llama tok/s"]
+    columns = ["C", *(f"{side} {key}" for side in sides for key in SHOWN), "genq / llama tok/s",
+               "whole-prefill genq / llama tok/s"]  # fmt: skip
+    ratios = ("tokens_per_s_ratio", "whole_prefill_tokens_per_s_ratio")
     rows = [
-        [row["clients"], *(row[side][key] for side in sides for key in SHOWN), row.get("tokens_per_s_ratio")]
+        [row["clients"], *(row[side][key] for side in sides for key in SHOWN), *(row.get(r) for r in ratios)]
         for row in report["medians"]
     ]
     title = f"HTTP /v1/chat/completions, max_tokens {report['max_tokens']}"
@@ -248,10 +262,11 @@ def plot_axis(report: dict[str, Any], axis: Any) -> None:
     """genq's and llama-server's tokens/s per C on one matplotlib axis."""
     medians = report["medians"]
     sides = [side for side in SIDES if side in medians[0]]
-    for offset, (side, color) in enumerate(zip(sides, ("#4c72b0", "#dd8452"), strict=False)):
-        positions = [index + (offset - (len(sides) - 1) / 2) * 0.4 for index in range(len(medians))]
+    width = 0.8 / len(sides)
+    for offset, (side, color) in enumerate(zip(sides, ("#4c72b0", "#8fa9d6", "#dd8452"), strict=False)):
+        positions = [index + (offset - (len(sides) - 1) / 2) * width for index in range(len(medians))]
         axis.bar(
-            positions, [row[side]["tokens_per_s"] for row in medians], width=0.4, color=color, label=side
+            positions, [row[side]["tokens_per_s"] for row in medians], width=width, color=color, label=side
         )
     axis.set_xticks(range(len(medians)), [str(row["clients"]) for row in medians])
     title = f"HTTP chat completions, median of {len(report['rounds'])}"

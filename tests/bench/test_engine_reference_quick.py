@@ -30,8 +30,9 @@ def test_bench_engine_reference_quick(tmp_path: Path) -> None:
         for row in round_["genq"]:
             assert row["generated_tokens"] == row["batch"] * report["tokens_per_sequence"]
             assert row["tg_tokens_per_s"] > 0 and row["generated_tokens_per_s"] > 0
-    for row in report["http"]["rounds"][0]:
-        assert row["genq"]["failed_or_unfinished"] == 0 and row["genq"]["completion_tokens"] > 0
+    for row in report["http"]["rounds"][0]:  # genq with its prefix cache, and without it
+        for side in ("genq", "genq_whole_prefill"):
+            assert row[side]["failed_or_unfinished"] == 0 and row[side]["completion_tokens"] > 0
     sides = {"llamacpp_defaults", "llamacpp_genq_settings"}
     if built:
         assert sides <= set(report["rounds"][0]) and "llama_server" in report["http"]["medians"][0]
