@@ -505,6 +505,9 @@ def gguf_config(args: argparse.Namespace, concurrency: Sequence[int], threads: i
         max_batch_tokens=32768,
         torch_threads=threads,
         llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
+        # Every round runs the same prompts, and llama-batched-bench (and torch) prefill each one:
+        # kept prefixes would skip most of genq's prefills. The HTTP half measures the prefix cache.
+        llamacpp_prefix_cache=False,
     )
 
 

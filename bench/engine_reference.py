@@ -257,6 +257,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "engine_config": {
             "max_batch_size": config.max_batch_size,
             "llamacpp_sequence_tokens": config.llamacpp_sequence_tokens,
+            "llamacpp_prefix_cache": config.llamacpp_prefix_cache,
             "threads": config.torch_threads,
         },
         "rounds": [],
