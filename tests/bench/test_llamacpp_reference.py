@@ -42,13 +42,21 @@ def test_without_tools_the_smoke_mode_says_so_and_builds_nothing(
     assert list(tmp_path.iterdir()) == []  # no download, no folder
 
 
+def cached_build(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, script: str = "#!/bin/sh\n"
+) -> tuple[str, Path]:
+    """Tools where `locate` looks for the installed version's cached build; its version and folder."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    version = importlib.metadata.version("llama-cpp-python")
+    build = cache / version / "build"
+    make_tools(build, script)
+    return version, build
+
+
 def test_a_cached_build_is_found_by_the_installed_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    version = importlib.metadata.version("llama-cpp-python")
-    build = tmp_path / version / "build"
-    make_tools(build)
+    version, build = cached_build(tmp_path, monkeypatch)
     # Tools without the record a finished build writes are an interrupted build: not used.
     assert locate(build=False, say=lambda _: None, cache=tmp_path) is None
     (build / "reference.json").write_text(f'{{"version": "{version}", "commit": "{"a" * 40}"}}')
@@ -65,11 +73,8 @@ def test_a_cached_build_that_cannot_run_is_skipped_by_the_smoke_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What a build copied from another machine looks like: there, but its libraries are missing.
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    version = importlib.metadata.version("llama-cpp-python")
-    build = tmp_path / version / "build"
     missing = "libllama.so: cannot open shared object file: No such file or directory"
-    make_tools(build, f"#!/bin/sh\necho '{missing}' >&2\nexit 127\n")
+    version, build = cached_build(tmp_path, monkeypatch, f"#!/bin/sh\necho '{missing}' >&2\nexit 127\n")
     (build / "reference.json").write_text(f'{{"version": "{version}"}}')
     said: list[str] = []
     assert locate(build=False, say=said.append, cache=tmp_path) is None
