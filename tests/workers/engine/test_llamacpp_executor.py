@@ -72,7 +72,8 @@ def test_a_short_job_joins_long_ones_and_a_canceled_row_is_reused(llamacpp_engin
     engine.cancel("long0")
     with pytest.raises(RequestError, match="cancel"):
         long_jobs[0].result(10)
-    # The next job takes the freed row (its KV was removed), beside a long job, and matches solo.
+    # The next job takes the freed row (its cells past the shared chat-template prefix dropped),
+    # beside a long job, and matches solo.
     again = engine.submit(_chat("again", PROMPTS[1], max_tokens=12, ignore_eos=True)).result(60)
     assert again.batch_size == 2 and again.text == solo.text
     _wait_for(lambda: executor.rows == 1)
