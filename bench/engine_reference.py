@@ -48,7 +48,8 @@ from bench.llamacpp_reference import Reference, ReferenceError, locate
 from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor, gguf_file, load_llamacpp_model
+from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import gguf_file, load_llamacpp_model
 from workers.engine.model_executor import tokenize
 
 #: The two llama-batched-bench runs: llama.cpp's defaults, and the context genq gives llama.cpp.

@@ -49,7 +49,7 @@ from bench.engine import prompts
 from bench.llamacpp_reference import Reference
 from bench.loadgen import closed_loop, json_post
 from workers.engine.config import EngineConfig
-from workers.engine.llamacpp_executor import gguf_file
+from workers.engine.llamacpp_model import gguf_file
 
 SIDES = ("genq", "genq_whole_prefill", "llama_server")
 PROMPTS = 16

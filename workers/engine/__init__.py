@@ -93,7 +93,7 @@ def choose_backend(config: EngineConfig) -> str:
         return "llamacpp"
     if not (gguf and config.device == "cpu"):
         return "torch"
-    from workers.engine.llamacpp_executor import available
+    from workers.engine.llamacpp_model import available
 
     if available():
         return "llamacpp"

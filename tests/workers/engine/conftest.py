@@ -17,7 +17,8 @@ import torch
 
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel, load_llamacpp_model
+from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel, load_llamacpp_model
 from workers.engine.loading import LoadedModel, load_model
 
 # Two shared cores: one thread keeps runs comparable and leaves a core to everyone else.

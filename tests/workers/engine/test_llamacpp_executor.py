@@ -17,7 +17,8 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor, LlamaCppModel, _binding
+from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel, binding
 from workers.engine.loading import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -237,7 +238,7 @@ def test_a_16_row_engine_adds_its_kv_streams_and_no_copy_of_the_weights(
     """The memory a worker's engine takes beyond the mapped model: its 8-bit KV streams (zeroed up
     front, so all resident) and small compute buffers; the weights are never dequantized (fp32
     would add ~520 MiB for this model's 135M parameters; f16 cells would double the KV)."""
-    llama = _binding()
+    llama = binding()
     handle = llamacpp_model.handle
     layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
     head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
@@ -250,8 +251,3 @@ def test_a_16_row_engine_adds_its_kv_streams_and_no_copy_of_the_weights(
     grown = _rss_mib() - before
     print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident (KV streams {kv_mib:.0f} MiB)")
     assert kv_mib * 0.95 < grown < kv_mib + 160
-
-
-def test_the_model_is_the_gguf_file(llamacpp_model: LlamaCppModel) -> None:
-    assert "GGUF, llama.cpp" in llamacpp_model.label
-    assert llamacpp_model.vocab_size == 49152 and llamacpp_model.eos_token_ids == frozenset({2})
