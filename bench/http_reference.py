@@ -223,12 +223,7 @@ def _medians(rounds: list[list[dict[str, Any]]], sizes: Sizes) -> list[dict[str,
         for side in SIDES:
             if side in rows[0]:
                 row[side] = {key: round(statistics.median(r[side][key] for r in rows), 2) for key in SHOWN}
-        if "llama_server" in row:
-            llama = row["llama_server"]["tokens_per_s"]
-            row["tokens_per_s_ratio"] = round(row["genq"]["tokens_per_s"] / llama, 3)
-            whole = row["genq_whole_prefill"]["tokens_per_s"]
-            row["whole_prefill_tokens_per_s_ratio"] = round(whole / llama, 3)
-        out.append(row)
+        out.append(row | _ratios(row))
     return out
 
 

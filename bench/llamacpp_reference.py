@@ -115,7 +115,7 @@ def locate(
     version = binding_version()
     folder = cache / version
     reference = _cached(folder, version)
-    broken = reference is not None and _why_not_runnable(reference)
+    broken = _why_not_runnable(reference) if reference is not None else ""
     if broken:
         # A build carried over from another machine (or with a library gone) is as good as none.
         say(f"found llama.cpp {version} reference tools in {folder / 'build'} but they cannot run "

@@ -142,7 +142,7 @@ class LlamaCppExecutor:
         return self._reused
 
     def cells(self, seq_id: int) -> int:
-        """KV cells a seq_id holds (0 once released): its highest position + 1."""
+        """KV cells a seq_id holds (0 when empty): its highest position + 1."""
         return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
 
     # ---- the Executor protocol -----------------------------------------------------------------
@@ -323,7 +323,6 @@ class LlamaCppExecutor:
             finite = finite and bool(torch.isfinite(logits).all())
             tokens = logits.argmax(dim=-1).tolist()
         self._llama.llama_memory_clear(self._memory, True)
-        self._seq_ids.forget()
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)

@@ -46,10 +46,6 @@ class SeqIds:
         if held:
             self._held[row] = list(held)
 
-    def forget(self) -> None:
-        """Every free seq_id's cells were emptied (the cache was cleared)."""
-        self._held.clear()
-
     @property
     def held_tokens(self) -> int:
         """KV cells the free seq_ids keep for later prompts."""
