@@ -50,7 +50,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.llamacpp_executor import LlamaCppExecutor
 from workers.engine.llamacpp_model import gguf_file, load_llamacpp_model
-from workers.engine.model_executor import tokenize
+from workers.engine.prompts import tokenize
 
 #: The two llama-batched-bench runs: llama.cpp's defaults, and the context genq gives llama.cpp.
 REFERENCE_RUNS = ("llamacpp_defaults", "llamacpp_genq_settings")

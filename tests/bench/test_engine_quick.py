@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,32 @@ def test_bench_engine_backends_quick(tmp_path: Path) -> None:
     ]
     assert all(ratio["tokens_per_s"] > 0 for ratio in report["ratios"])
     assert (tmp_path / "engine_llamacpp.png").stat().st_size > 0
+
+
+def test_bench_worker_memory_quick(tmp_path: Path) -> None:
+    """The worker's memory, stage by stage, in a fresh interpreter on its own settings: the default
+    GGUF runs on llama.cpp, with none of transformers' model code imported."""
+    subprocess.run(
+        [sys.executable, "-m", "bench.worker_memory", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, check=True, timeout=240, capture_output=True,
+        env={**os.environ, "GENQ_MODEL_CACHE": str(MODEL_CACHE)},
+    )  # fmt: skip
+    report = json.loads((tmp_path / "worker_memory.json").read_text())
+    assert report["quick"] is True and report["backend"] == "llamacpp"
+    assert report["max_batch_size"] == 2 and report["generated_tokens"] == 2 * 4
+    stages = report["stages"]
+    assert list(stages) == [
+        "interpreter",
+        "worker imported",
+        "engine built",
+        "engine started",
+        "after 2 jobs",
+    ]
+    peaks = [stage["VmHWM"] for stage in stages.values()]
+    assert peaks == sorted(peaks) and report["peak_mib"] == peaks[-1]  # a peak never falls
+    assert [stage["seconds"] for stage in stages.values()] == sorted(
+        stage["seconds"] for stage in stages.values()
+    )
+    assert any(m["mapping"].endswith(".gguf") for m in report["large_mappings"])  # the mapped weights
+    assert report["model_code_imported"] == []
+    assert (tmp_path / "worker_memory.png").stat().st_size > 0

@@ -33,7 +33,8 @@ CONCURRENCY = 4
 @pytest.fixture(scope="module")
 def checkpoint() -> Path:
     """The folder the worker serves the default model from (converted once, shared with it)."""
-    from workers.engine.loading import convert_gguf, default_gguf_path
+    from workers.engine.gguf import default_gguf_path
+    from workers.engine.loading import convert_gguf
 
     return convert_gguf(default_gguf_path(), MODEL_CACHE)
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from workers.engine.config import EngineConfig
 from workers.engine.core import EngineCore
 from workers.engine.detokenizer import IncrementalText
 from workers.engine.executor import ModelBackend
-from workers.engine.loading import LoadedModel
-from workers.engine.model_executor import ModelExecutor, tokenize
 from workers.engine.parallel import SampleGroup, sample_count
+from workers.engine.prompts import tokenize
 from workers.engine.sampling import make_generator
 from workers.engine.sequence import Sequence
 from workers.engine.types import (
@@ -40,6 +40,9 @@ from workers.engine.types import (
     RequestError,
 )
 from workers.engine.validation import check_vocabulary, validate_params
+
+if TYPE_CHECKING:
+    from workers.engine.loading import LoadedModel
 
 
 class TransformersEngine:
@@ -54,7 +57,7 @@ class TransformersEngine:
         self.fingerprint = loaded.fingerprint if loaded else ""
         self.label = loaded.label if loaded else ""
         self._config = config
-        self._executor: ModelBackend = executor or ModelExecutor(config, loaded)
+        self._executor: ModelBackend = executor or _transformers_executor(config, loaded)
         self._core = EngineCore(config, self._executor)
         #: A multi-sample request's id -> its samples' ids (cancel() stops them all).
         self._groups: dict[str, list[str]] = {}
@@ -171,3 +174,11 @@ class TransformersEngine:
         tokenizer = self._executor.tokenizer
         with self._tokenizer_lock:
             return str(tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
+
+
+def _transformers_executor(config: EngineConfig, loaded: LoadedModel | None) -> ModelBackend:
+    # Imported here: transformers' model code costs ~140 MB resident and seconds of start-up that a
+    # worker on another executor (llama.cpp's) never needs.
+    from workers.engine.model_executor import ModelExecutor
+
+    return ModelExecutor(config, loaded)

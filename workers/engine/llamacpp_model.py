@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from shared.logging import fields
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
-from workers.engine.loading import default_gguf_path, gguf_digest, tokenizer_folder
+from workers.engine.gguf import default_gguf_path, gguf_digest, tokenizer_folder
 from workers.engine.types import FatalEngineError
 
 logger = logging.getLogger(__name__)

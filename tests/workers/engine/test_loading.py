@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.loading import LoadedModel, _build_once, load_model
+from workers.engine.gguf import build_once
+from workers.engine.loading import LoadedModel, load_model
 from workers.engine.types import FatalEngineError
 
 
@@ -22,11 +23,11 @@ def test_a_crashed_build_leaves_nothing_that_loads(tmp_path: Path) -> None:
         raise KeyboardInterrupt  # the process dying mid-conversion
 
     with pytest.raises(KeyboardInterrupt):
-        _build_once(target, crash)
+        build_once(target, crash)
     assert not target.exists()
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
-    built = _build_once(target, lambda folder: (folder / "config.json").write_text("{}"))
+    built = build_once(target, lambda folder: (folder / "config.json").write_text("{}"))
     assert built == target and (target / "config.json").read_text() == "{}"
 
 
@@ -37,7 +38,7 @@ def test_concurrent_builders_build_once(tmp_path: Path) -> None:
         builds.append(folder)
         (folder / "weights").write_bytes(b"x" * 1000)
 
-    threads = [threading.Thread(target=_build_once, args=(target, slow_build)) for _ in range(4)]
+    threads = [threading.Thread(target=build_once, args=(target, slow_build)) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:

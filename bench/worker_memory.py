@@ -1,0 +1,164 @@
+"""A worker's resident memory, stage by stage, on its own settings (`GENQ_*`, as `genq worker` reads
+them): its imports, the engine built, started (model loaded, KV cache allocated, warmed up), then
+after C concurrent jobs of N tokens. Peak (VmHWM) and current (VmRSS) resident MiB at each stage,
+split into anonymous and file-backed (the mapped GGUF weights and shared libraries), the largest
+mappings at the end (the KV cache is one anonymous mapping under llama.cpp), and which model code
+was imported (transformers' models, accelerate: a llama.cpp worker needs none of it).
+
+    python -m bench.worker_memory                       # default settings, 16 jobs of 64 tokens
+    GENQ_LLAMACPP_SEQUENCE_TOKENS=1024 python -m bench.worker_memory
+
+The measured process is a fresh interpreter that imports what a worker imports (workers.worker) and
+nothing of the benchmarks', so its numbers are a worker's. Writes <out>/worker_memory.json and .png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Mappings larger than this are listed by name in the report.
+_LARGE_MAPPING_MIB = 8
+#: Modules a worker on llama.cpp has no use for; the report says which were imported.
+MODEL_CODE = ("transformers.modeling_utils", "transformers.activations", "accelerate")
+#: --quick: a small context so the smoke run allocates little.
+_QUICK_ENV = {"GENQ_MAX_BATCH_SIZE": "2", "GENQ_LLAMACPP_SEQUENCE_TOKENS": "256"}
+
+
+def status_mib() -> dict[str, int]:
+    """VmHWM (peak), VmRSS, RssAnon and RssFile of this process, MiB."""
+    wanted = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+    values = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in wanted:
+            values[key] = int(rest.split()[0]) // 1024
+    return values
+
+
+def large_mappings() -> list[dict[str, Any]]:
+    """This process's mappings resident above _LARGE_MAPPING_MIB, largest first."""
+    found, name = [], ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            fields = line.split()
+            name = fields[5] if len(fields) > 5 else "[anonymous]"
+        elif line.startswith("Rss:") and int(line.split()[1]) >= _LARGE_MAPPING_MIB * 1024:
+            found.append({"mapping": name, "rss_mib": int(line.split()[1]) // 1024})
+    return sorted(found, key=lambda item: -item["rss_mib"])
+
+
+def measure(concurrency: int, tokens: int) -> dict[str, Any]:
+    """Run in the measured interpreter: a worker's engine, stage by stage (see the module docstring).
+    Each stage also says when it was reached, in seconds from the start of this function."""
+    began = time.monotonic()
+
+    def stage() -> dict[str, float]:
+        return {**status_mib(), "seconds": round(time.monotonic() - began, 2)}
+
+    stages = {"interpreter": stage()}
+    import workers.worker
+    from shared.config import Settings
+
+    stages["worker imported"] = stage()
+    from workers.engine import GenerationRequest, SamplingParams, build_engine, choose_backend
+
+    config = workers.worker.engine_config(Settings())
+    engine = build_engine(config)
+    stages["engine built"] = stage()
+    engine.start()
+    stages["engine started"] = stage()
+    generated: list[int] = []
+
+    def job(index: int) -> None:
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+        prompt = f"Tell me about topic number {index}, in detail."
+        generated.append(
+            engine.submit(GenerationRequest(f"m{index}", params, prompt=prompt)).result().completion_tokens
+        )
+
+    clients = [threading.Thread(target=job, args=(index,)) for index in range(concurrency)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    stages[f"after {concurrency} jobs"] = stage()
+    report = {
+        "model": config.model,
+        "backend": choose_backend(config),
+        "max_batch_size": config.max_batch_size,
+        "llamacpp_sequence_tokens": config.llamacpp_sequence_tokens,
+        "generated_tokens": sum(generated),
+        "stages": stages,
+        "peak_mib": stages[f"after {concurrency} jobs"]["VmHWM"],
+        "large_mappings": large_mappings(),
+        "model_code_imported": [name for name in MODEL_CODE if name in sys.modules],
+    }
+    engine.shutdown()
+    return report
+
+
+def run(concurrency: int, tokens: int, quick: bool) -> dict[str, Any]:
+    """measure() in a fresh interpreter with the caller's GENQ_* settings (plus --quick's)."""
+    env = {**os.environ, **(_QUICK_ENV if quick else {})}
+    code = f"import json, bench.worker_memory as m; print(json.dumps(m.measure({concurrency}, {tokens})))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the measured worker failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    stages = report["stages"]
+    names = list(stages)
+    figure, axis = plt.subplots(figsize=(8, 4))
+    anonymous = [stages[name]["RssAnon"] for name in names]
+    axis.bar(names, anonymous, label="anonymous (heap, KV cache)")
+    axis.bar(
+        names,
+        [stages[name]["RssFile"] for name in names],
+        bottom=anonymous,
+        label="file-backed (weights, libraries)",
+    )
+    axis.plot(names, [stages[name]["VmHWM"] for name in names], "k.--", label="peak (VmHWM)")
+    axis.set_ylabel("MiB resident")
+    axis.set_title(f"worker memory: {report['backend']} backend, {report['max_batch_size']} rows")
+    axis.legend(fontsize=8)
+    figure.autofmt_xdate()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bench.common import machine, parse_args, print_table, write_report
+
+    def more(parser: Any) -> None:
+        parser.add_argument("--concurrency", type=int, default=16, help="jobs run at once (default 16)")
+        parser.add_argument("--tokens", type=int, default=64, help="tokens each job generates (default 64)")
+
+    args = parse_args(__doc__, "worker_memory", argv, more)
+    concurrency, tokens = (2, 4) if args.quick else (args.concurrency, args.tokens)
+    report = {"quick": args.quick, "machine": machine(), **run(concurrency, tokens, args.quick)}
+    keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "seconds")
+    rows = [[name, *(values[key] for key in keys)] for name, values in report["stages"].items()]
+    columns = ["stage", "peak MiB", "rss", "anon", "file", "at s"]
+    print_table(f"worker memory ({report['backend']} backend)", columns, rows)
+    print(
+        "largest mappings:", ", ".join(f"{m['mapping']} {m['rss_mib']}" for m in report["large_mappings"][:5])
+    )
+    write_report(args.out, "worker_memory", report, plot)
+
+
+if __name__ == "__main__":
+    main()
