@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -49,6 +49,9 @@ class Accepted:
     job: JobView
     #: False when an Idempotency-Key replay returned an existing job.
     created: bool
+    #: True when this submission wrote the job as queued (in its queue, or following a job in
+    #: flight): its record is the one `job` shows, so a wait need not read it back.
+    queued: bool = False
 
 
 def request_digest(create: JobCreate) -> str:
@@ -98,6 +101,29 @@ class JobQueue:
         return model, max_tokens
 
     async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:
+        return await self._submit(create, owner, idempotency_key, new_id())
+
+    async def submit_and_wait(
+        self, create: JobCreate, owner: str, idempotency_key: str | None, timeout_s: float
+    ) -> Accepted:
+        """submit(), then wait() for the job: `job` is the job as the wait left it.
+
+        The new job's watch is set before its submit script is sent. The PUBLISH that ends the
+        job can only follow that script, so it cannot be missed, and a job the script queued is
+        not read back (its record is the one this API wrote a round trip ago): the wait starts on
+        the event. A cache hit or an idempotent replay is read as any wait reads.
+        """
+        job_id = new_id()
+        with self._events.watch(job_id) as changed:
+            accepted = await self._submit(create, owner, idempotency_key, job_id)
+            if accepted.queued:
+                job = await self._wait(job_id, owner, timeout_s, changed, read_first=False)
+                return replace(accepted, job=job)
+        return replace(accepted, job=await self.wait(accepted.job["id"], owner, timeout_s))
+
+    async def _submit(
+        self, create: JobCreate, owner: str, idempotency_key: str | None, job_id: str
+    ) -> Accepted:
         model, max_tokens = self._check(create)
         if create.webhook is not None:
             await check_url(str(create.webhook), self._settings.webhook_policy)
@@ -107,7 +133,6 @@ class JobQueue:
         scope = owner if self._settings.cache_scoped_per_key else ""
         model, lookup = await self._route(create, model, job_input, scope)
         now = time.time()
-        job_id = new_id()
         job = NewJob(
             job_id=job_id,
             owner=owner,
@@ -137,7 +162,8 @@ class JobQueue:
             self._cache.settle(lookup, submitted)
         if submitted.created:
             # A follower stays queued until its leader ends; a cache hit is already succeeded.
-            return Accepted(public_job(submitted.hit_record or job.record), created=True)
+            hit = submitted.hit_record
+            return Accepted(public_job(hit or job.record), created=True, queued=hit is None)
         if submitted.request_digest != digest:
             raise Conflict(
                 "this Idempotency-Key was used with a different request body", param="Idempotency-Key"
@@ -209,26 +235,31 @@ class JobQueue:
 
     async def wait(self, job_id: str, owner: str, timeout_s: float) -> JobView:
         """The job once it is terminal, or as it is when timeout_s has passed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
         _require_job_id(job_id)
         with self._events.watch(job_id) as changed:
-            while True:
-                # Cleared before the read, never after: a job that ends while the read is in
-                # flight sets the event during the await, and clearing it then lost the wake-up
-                # (the answer waited for the recheck, 2.5-5 s; bench/machinery.py saw p99 3.9 s).
-                changed.clear()
-                record = await self._store.get(job_id, owner)
-                if record is None:
-                    raise _no_job(job_id)
-                remaining = deadline - loop.time()
-                if is_terminal(record) or remaining <= 0:
-                    return public_job(record)
-                with contextlib.suppress(TimeoutError):
-                    # Jittered, so pollers that arrived together do not re-read together.
-                    await asyncio.wait_for(
-                        changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0))
-                    )
+            return await self._wait(job_id, owner, timeout_s, changed)
+
+    async def _wait(
+        self, job_id: str, owner: str, timeout_s: float, changed: asyncio.Event, *, read_first: bool = True
+    ) -> JobView:
+        """wait() on a job watched through `changed`; without read_first, the first read comes
+        on the event (or the recheck), not at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout_s, self._settings.max_wait_s)
+        if not read_first:
+            await _changed_or_recheck(changed, deadline - loop.time())
+        while True:
+            # Cleared before the read, never after: a job that ends while the read is in
+            # flight sets the event during the await, and clearing it then lost the wake-up
+            # (the answer waited for the recheck, 2.5-5 s; bench/machinery.py saw p99 3.9 s).
+            changed.clear()
+            record = await self._store.get(job_id, owner)
+            if record is None:
+                raise _no_job(job_id)
+            remaining = deadline - loop.time()
+            if is_terminal(record) or remaining <= 0:
+                return public_job(record)
+            await _changed_or_recheck(changed, remaining)
 
     async def stream_entries(self, job_id: str, after_id: str) -> list[OutputEntry]:
         """The job's output deltas after entry `after_id`, without waiting. Callers check the owner
@@ -286,6 +317,13 @@ class JobQueue:
                 last_score = score
             max_score = f"({int(page[-1][1])}"
         return found, _cursor(last_score)
+
+
+async def _changed_or_recheck(changed: asyncio.Event, remaining: float) -> None:
+    """Until `changed` is set, `remaining` seconds pass, or a recheck is due."""
+    with contextlib.suppress(TimeoutError):
+        # Jittered, so pollers that arrived together do not re-read together.
+        await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0)))
 
 
 def _cursor(score: float | None) -> str | None:

@@ -75,11 +75,10 @@ async def accept_job(
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
     if not wait_s:
         accepted = await queue.submit(body, owner, idempotency_key)
-        job = accepted.job
     else:
         with queue.hold(owner, "long_polls"):  # refused before anything is submitted
-            accepted = await queue.submit(body, owner, idempotency_key)
-            job = await queue.wait(accepted.job["id"], owner, wait_s)
+            accepted = await queue.submit_and_wait(body, owner, idempotency_key, wait_s)
+    job = accepted.job
     finished = job["status"].is_terminal()
     status = 202 if accepted.created and not finished else 200
     return job_response(job, status, {"Location": job["urls"]["get"]})

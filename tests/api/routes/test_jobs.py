@@ -11,9 +11,12 @@ import httpx
 import pytest
 import redis
 
-from api.jobs.store import JobStore
+from api.jobs.store import JobStore, NewJob, Submitted
+from shared import keys
 from shared.config import Settings
 from shared.schemas import JobList, JobPublic, JobSummary
+from tests.api.conftest import ScriptedWorker
+from tests.api.jobs.test_events import subscribed
 from tests.conftest import WorkerProcess, api_client
 from workers.jobs import ClaimOutcome, WorkerJobs
 
@@ -144,6 +147,72 @@ async def test_prefer_wait_answers_202_when_time_runs_out(api: httpx.AsyncClient
     response = await api.post("/v1/jobs", json={"prompt": "x"}, headers={"Prefer": "wait=1"})
     assert response.status_code == 202
     assert response.json()["status"] == "queued"
+
+
+async def _end_once_queued(client: redis.Redis, scripted: ScriptedWorker, queue: str, after_s: float) -> str:
+    """Acts as the worker: the first job found queued on `queue` runs for after_s, then succeeds."""
+    while True:
+        queued = cast(list[str], client.zrange(keys.queued(queue), 0, -1))
+        if queued:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(after_s)
+    scripted.claim(queued[0])
+    scripted.succeed(queued[0], "x", 1)
+    return queued[0]
+
+
+async def _listening(client: redis.Redis) -> None:
+    """Until the API's events subscription is up and has woken its waiters, as it does on each
+    (re)subscription: a wake-up that would otherwise come during the test's wait."""
+    await subscribed(client)
+    await asyncio.sleep(0.2)
+
+
+def _hgetall_calls(client: redis.Redis) -> int:
+    stats = cast(dict[str, dict[str, int]], client.info("commandstats"))
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+async def test_prefer_wait_reads_the_job_it_queued_only_when_it_ends(
+    api: httpx.AsyncClient, redis_client: redis.Redis, settings: Settings, scripted: ScriptedWorker
+) -> None:
+    """A job `Prefer: wait` has just queued is not read back (api/jobs/queue.py submit_and_wait):
+    the API reads it once, on its end, where it took two reads (the first found it queued)."""
+    await _listening(redis_client)
+    queue = keys.queue_for_model(settings.model)
+    worker = asyncio.create_task(_end_once_queued(redis_client, scripted, queue, after_s=0.2))
+    redis_client.config_resetstat()
+    response = await api.post("/v1/jobs", json={"prompt": "x", "cache": False}, headers={"Prefer": "wait=20"})
+    job_id = await worker
+    assert response.status_code == 200
+    assert response.json()["id"] == job_id and response.json()["status"] == "succeeded"
+    assert _hgetall_calls(redis_client) == 2  # claim.lua's, for its worker, and the API's one
+
+
+async def test_prefer_wait_answers_at_once_for_a_job_that_ends_before_the_wait_starts(
+    api: httpx.AsyncClient,
+    redis_client: redis.Redis,
+    scripted: ScriptedWorker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job's PUBLISH comes before the wait first awaits anything: the watch, set before the
+    submit, has it, so the answer comes at once, not at the recheck (2.5-5 s; RECHECK_S)."""
+    real_submit = JobStore.submit
+
+    async def submit_then_end(store: JobStore, job: NewJob, *args: Any, **kwargs: Any) -> Submitted:
+        submitted = await real_submit(store, job, *args, **kwargs)
+        scripted.claim(job.job_id)
+        scripted.succeed(job.job_id, "x", 1)
+        await asyncio.sleep(0.3)  # the events hub receives the job's PUBLISH meanwhile
+        return submitted
+
+    await _listening(redis_client)
+    monkeypatch.setattr(JobStore, "submit", submit_then_end)
+    started = time.monotonic()
+    response = await api.post("/v1/jobs", json={"prompt": "x", "cache": False}, headers={"Prefer": "wait=20"})
+    assert response.status_code == 200 and response.json()["status"] == "succeeded"
+    assert time.monotonic() - started < 2.0
 
 
 async def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body(
