@@ -5,12 +5,14 @@ per job) with the job's OutputUpdate; that only records the latest one per compl
 background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
 completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
 since the last entry, in the job output's format) when the job asked for them. Before a job's
-final state is written, `flush()` publishes what is pending, so a stream reader that sees the job
-terminal can drain the stream and miss nothing.
+final state is written, `flush()` waits for the background thread's publish of that job, if one
+is under way, and publishes what is still pending, so a stream reader that sees the job terminal
+can drain the stream and miss nothing.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -52,7 +54,13 @@ class OutputPublisher:
         self._latest: dict[Completion, OutputUpdate] = {}
         #: Characters and log-probability entries published so far, per completion.
         self._published: dict[Completion, tuple[int, int]] = {}
-        self._wake = threading.Condition()
+        lock = threading.Lock()
+        #: Wakes the background thread: an offer, or stop().
+        self._wake = threading.Condition(lock)
+        #: Wakes flush(): the background thread is done with a job it had taken out of _latest.
+        self._settled = threading.Condition(lock)
+        #: Updates the background thread took out of _latest and has not published yet, per job.
+        self._in_flight: collections.Counter[str] = collections.Counter()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="genq-output", daemon=True)
         self._thread.start()
@@ -64,8 +72,11 @@ class OutputPublisher:
             self._wake.notify()
 
     def flush(self, job_id: str) -> None:
-        """Publish what is pending for a job now (from its task thread, before it ends)."""
+        """Publish what is pending for a job now (from its task thread, before it ends): on return,
+        every update offered before the call is in the stream, or its publish failed and was logged."""
         with self._wake:
+            # The background thread may hold this job's latest update, taken but not yet sent.
+            self._settled.wait_for(lambda: job_id not in self._in_flight)
             pending = sorted((key, update) for key, update in self._latest.items() if key[0] == job_id)
             for key, _ in pending:
                 del self._latest[key]
@@ -91,8 +102,20 @@ class OutputPublisher:
                 if self._stopped:
                     return
                 batch, self._latest = self._latest, {}
+                self._in_flight.update(job_id for job_id, _ in batch)
             for key, update in batch.items():
-                self._publish(key, update)
+                try:
+                    self._publish(key, update)
+                except Exception:  # a bug must neither end this thread nor hold a flush() forever
+                    log.exception("output_publish_failed", extra=fields(job_id=key[0]))
+                self._settle(key[0])
+
+    def _settle(self, job_id: str) -> None:
+        with self._wake:
+            self._in_flight[job_id] -= 1
+            if self._in_flight[job_id] <= 0:
+                del self._in_flight[job_id]
+                self._settled.notify_all()
 
     def _publish(self, key: Completion, update: OutputUpdate) -> None:
         chars, entries = self._published.get(key, (0, 0))

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 import redis
@@ -50,7 +50,7 @@ from workers.engine import (
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher, token_entry
-from workers.webhooks import OutputWebhooks
+from workers.webhooks import OutputWebhooks, wants_output
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -94,7 +94,9 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._output_webhooks = OutputWebhooks(self.redis, settings)
-        self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._output_webhooks.on_output)
+        #: The running jobs whose webhook filter holds `output`, decided from the claimed input.
+        self._hooked: set[str] = set()
+        self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._on_output)
         self._deletion_cost = scalein.from_env(
             settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
         )
@@ -235,12 +237,15 @@ class WorkerRuntime:
     def _generate(self, job_id: str, record: dict[str, str]) -> dict[str, str | bytes] | None:
         """The record fields that end the job, or None when it ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
-        request = self._request(job_id, record)
+        job_input = orjson.loads(record["input"])
+        request = self._request(job_id, job_input)
         label: dict[str, str | bytes] = {"model_label": self.engine.label}
         started: dict[str, object] = {"job_id": job_id, "model": self.engine.model_id}
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
-            started["input"] = orjson.loads(record["input"])
+            started["input"] = job_input
         log.info("job_started", extra=fields(**started))
+        if wants_output(job_input):
+            self._hooked.add(job_id)
         try:
             result = self.engine.submit(request).result()
             self.output.flush(job_id)
@@ -254,6 +259,8 @@ class WorkerRuntime:
             self.on_engine_fatal(exc)
         finally:
             self.output.forget(job_id)
+            # A success's flush() has sent every delta, so every notice; an end without one needs none.
+            self._hooked.discard(job_id)
         self._observe(result)
         metrics.JOB_LATENCY.labels(record["queue"]).observe(
             max(0.0, time.time() - float(record["created_at"]))
@@ -270,8 +277,7 @@ class WorkerRuntime:
         metrics.INFERENCE_DURATION.labels(model).observe(result.inference_ms / 1000)
         metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(result.time_to_first_token_ms / 1000)
 
-    def _request(self, job_id: str, record: dict[str, str]) -> GenerationRequest:
-        job_input = orjson.loads(record["input"])
+    def _request(self, job_id: str, job_input: dict[str, Any]) -> GenerationRequest:
         params = SamplingParams(
             max_tokens=job_input["max_tokens"],
             temperature=job_input["temperature"],
@@ -301,6 +307,12 @@ class WorkerRuntime:
             deadline=time.monotonic() + self.settings.job_timeout_s,
             on_output=lambda update: self.output.offer(job_id, update),
         )
+
+    def _on_output(self, job_id: str) -> None:
+        """After each delta published to a job's stream: note it for an `output` delivery when the
+        job asked for one (the input is never read back from Redis for that)."""
+        if job_id in self._hooked:
+            self._output_webhooks.on_output(job_id)
 
     # --- background ------------------------------------------------------------------------------
     @staticmethod

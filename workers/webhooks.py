@@ -4,17 +4,15 @@ workers/deliveries.py."""
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
 import redis
 import redis.exceptions
 from celery import Task, shared_task, signals
@@ -188,11 +186,19 @@ def _warn_at_start(sender: Any = None, **_: Any) -> None:
 signals.worker_ready.connect(_warn_at_start, weak=False)
 
 
+def wants_output(job_input: Mapping[str, Any]) -> bool:
+    """Whether a job (its input, as stored) has a webhook whose filter holds `output`."""
+    return bool(job_input.get("webhook")) and WebhookEvent.OUTPUT in (
+        job_input.get("webhook_events_filter") or []
+    )
+
+
 class OutputWebhooks:
     """Turns "new text for job X" into at most one `output` delivery per second per job.
 
-    `on_output(job_id)` only puts the id on an in-memory queue (it never blocks on Redis and
-    never raises); a daemon thread reads each job's filter once (cached), and sends a delivery
+    Its caller decides which jobs want `output` (wants_output, from the input the worker claimed);
+    every job passed to `on_output` gets deliveries. `on_output(job_id)` only puts the id on an
+    in-memory queue (it never blocks on Redis and never raises); a daemon thread sends a delivery
     message at most every OUTPUT_INTERVAL_S per job: a call inside the interval is not dropped but
     sent when the interval ends, so the receiver always sees the latest state within a second.
     """
@@ -201,7 +207,6 @@ class OutputWebhooks:
         self._redis = client
         self._settings = settings
         self._inbox: queue.Queue[str] = queue.Queue(maxsize=10_000)
-        self._wants: collections.OrderedDict[str, bool] = collections.OrderedDict()
         self._due: dict[str, float] = {}
         self._last_sent: dict[str, float] = {}
         self._thread: threading.Thread | None = None
@@ -244,7 +249,7 @@ class OutputWebhooks:
         return min(1.0, max(0.0, min(self._due.values()) - time.monotonic()))
 
     def _note(self, job_id: str) -> None:
-        if job_id in self._due or not self._wants_output(job_id):
+        if job_id in self._due:
             return
         self._due[job_id] = max(time.monotonic(), self._last_sent.get(job_id, -math.inf) + OUTPUT_INTERVAL_S)
 
@@ -259,18 +264,3 @@ class OutputWebhooks:
         # Only sends within the last interval still hold a job back; forget the others.
         for job_id in [j for j, sent in self._last_sent.items() if now - sent > OUTPUT_INTERVAL_S]:
             del self._last_sent[job_id]
-
-    def _wants_output(self, job_id: str) -> bool:
-        """Whether the job has a webhook whose filter holds `output` (read once per job)."""
-        if job_id in self._wants:
-            self._wants.move_to_end(job_id)
-            return self._wants[job_id]
-        raw = self._redis.hget(keys.job(job_id), "input")
-        job_input = orjson.loads(raw) if raw else {}
-        wants = bool(job_input.get("webhook")) and WebhookEvent.OUTPUT in (
-            job_input.get("webhook_events_filter") or []
-        )
-        self._wants[job_id] = wants
-        if len(self._wants) > 4096:
-            self._wants.popitem(last=False)
-        return wants

@@ -1,12 +1,14 @@
 """workers/publish.py: a running job's output reaches its Redis Stream as deltas that add up to
 the text, with the stream's expiry; each completion (OpenAI's n) has its own deltas; log-probability
-entries are sent once each; flush() publishes what is pending before the job's end is written;
-a Redis that went away costs a log line, never the job (real Redis)."""
+entries are sent once each; flush() publishes what is pending before the job's end is written,
+and waits for a publish the background thread has under way; a Redis that went away costs a log
+line, never the job (real Redis)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from workers.engine.types import OutputUpdate, TokenLogprob
-from workers.publish import OutputPublisher, token_entry
+from workers.publish import OutputListener, OutputPublisher, token_entry
 
 TTL_S = 600
 
@@ -29,6 +31,23 @@ def published(redis_client: redis.Redis) -> Iterator[tuple[OutputPublisher, list
     publisher = OutputPublisher(redis_client, TTL_S, listener=heard.append)
     yield publisher, heard
     publisher.stop()
+
+
+class HeldPublisher(OutputPublisher):
+    """A publisher whose background thread stops between taking an update out of the pending
+    ones and sending it to Redis, until `release` is set: the window a flush() must not slip
+    through."""
+
+    def __init__(self, client: redis.Redis, listener: OutputListener | None = None) -> None:
+        self.taken = threading.Event()
+        self.release = threading.Event()
+        super().__init__(client, TTL_S, listener)
+
+    def _publish(self, key: tuple[str, int], update: OutputUpdate) -> None:
+        if threading.current_thread().name == "genq-output":
+            self.taken.set()
+            self.release.wait(10)
+        super()._publish(key, update)
 
 
 def _entries(client: redis.Redis, job_id: str) -> list[dict[str, str]]:
@@ -60,6 +79,40 @@ def test_the_background_thread_publishes_the_latest_update(
     while not _entries(redis_client, "j1") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "".join(e["delta"] for e in _entries(redis_client, "j1")) == "a b"
+
+
+def test_flush_waits_for_the_background_threads_publish_of_the_job(redis_client: redis.Redis) -> None:
+    """A flush() that finds nothing pending because the background thread has just taken the
+    job's last update returns only once that update is in the stream: the job's end, written
+    next, never comes before its last delta."""
+    publisher = HeldPublisher(redis_client)
+    try:
+        publisher.offer("j1", OutputUpdate("last words", 4))
+        assert publisher.taken.wait(5)  # taken out of the pending ones, not yet in Redis
+        threading.Timer(0.3, publisher.release.set).start()
+        publisher.flush("j1")
+        in_stream = [e["delta"] for e in _entries(redis_client, "j1")]
+    finally:
+        publisher.release.set()
+        publisher.stop()
+    assert in_stream == ["last words"]
+
+
+def test_a_failed_background_publish_does_not_hold_flush(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gone = EmbeddedRedis(tmp_path, appendonly=False)  # never started
+    publisher = HeldPublisher(redis.Redis.from_url(gone.url, socket_connect_timeout=0.2))
+    try:
+        publisher.offer("j1", OutputUpdate("text", 1))
+        assert publisher.taken.wait(5)
+        with caplog.at_level(logging.WARNING, logger="genq.worker"):
+            publisher.release.set()
+            publisher.flush("j1")  # returns once the background thread's attempt failed
+            messages = [r.getMessage() for r in caplog.records]
+    finally:
+        publisher.stop()
+    assert "output_publish_failed" in messages
 
 
 def test_each_completion_has_its_own_deltas_and_logprobs_go_once(

@@ -1,13 +1,16 @@
 """The worker runtime (workers/runtime.py) driven directly, without Celery: a real Redis, jobs
 accepted by the real API, the placeholder engine (a real engine lifecycle, zero-cost tokens).
 What a task thread does with one message: claim, generate, finish; skip what it does not hold;
-hand a drained job back without counting an attempt."""
+hand a drained job back without counting an attempt; tell the `output` notifier about the jobs
+whose webhook asked for it, and only those, without reading their input back."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import pytest
@@ -18,6 +21,7 @@ from shared.config import Settings
 from tests.conftest import api_client, wait_until_running
 from workers.engine import build_engine
 from workers.runtime import WorkerRuntime
+from workers.webhooks import OutputWebhooks
 from workers.worker import engine_config
 
 pytestmark = pytest.mark.anyio
@@ -86,3 +90,70 @@ async def test_a_drained_job_goes_back_to_the_queue_without_an_attempt(
     record = cast(dict[str, str], redis_client.hgetall(keys.job(job_id)))
     assert (record["status"], record["attempts"], record["worker"]) == ("queued", "0", "")
     assert redis_client.zscore(keys.queued(record["queue"]), job_id) is not None  # findable again
+
+
+class HeardOutputs(OutputWebhooks):
+    """The real `output` notifier, remembering every job it was told about."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        super().__init__(client, settings)
+        self.heard: list[str] = []
+
+    def on_output(self, job_id: str) -> None:
+        self.heard.append(job_id)
+        super().on_output(job_id)
+
+
+@contextmanager
+def monitored(client: redis.Redis) -> Iterator[list[str]]:
+    """Every command the server runs inside the block, as MONITOR shows it."""
+    seen: list[str] = []
+    watching, end = threading.Event(), f"end-of-watch-{uuid.uuid4().hex}"
+
+    def watch() -> None:
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            watching.set()
+            for command in monitor.listen():
+                seen.append(command["command"])
+                if command["command"] == f"ECHO {end}":
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert watching.wait(5)
+    yield seen
+    client.echo(end)
+    watcher.join(5)
+    assert not watcher.is_alive()
+
+
+async def test_only_jobs_whose_webhook_wants_output_reach_the_notifier(
+    runtime: WorkerRuntime, redis_client: redis.Redis
+) -> None:
+    """The claimed input decides: a job with no `output` in its webhook filter (or no webhook)
+    is never passed to the notifier, and nothing re-reads its input from Redis."""
+    notifier = runtime._output_webhooks = HeardOutputs(runtime.redis, runtime.settings)
+    hook = "http://127.0.0.1:9/hook"  # never called: no webhooks worker here
+    api_settings = runtime.settings.model_copy(update={"webhook_allow_private": True})
+    plain = await accepted(api_settings, max_tokens=3)
+    completed_only = await accepted(api_settings, max_tokens=3, webhook=hook)  # filter: completed
+    hooked = await accepted(api_settings, max_tokens=3, webhook=hook, webhook_events_filter=["output"])
+    output_delivery = keys.WEBHOOK_DELIVERY.format(job_id=hooked, delivery="output:")
+    with monitored(redis_client) as commands:
+        for job_id in (plain, completed_only, hooked):
+            await asyncio.to_thread(runtime.run, job_id)
+        # The notifier takes its notices in order: once the hooked job's delivery is out, any
+        # read that a notice of a job before it caused has been sent too.
+        await until_pending(redis_client, output_delivery)
+    for job_id in (plain, completed_only):
+        assert redis_client.xlen(keys.job_stream(job_id)) >= 1  # it did publish output
+        assert f"HGET {keys.job(job_id)} input" not in commands
+    assert set(notifier.heard) == {hooked}
+
+
+async def until_pending(client: redis.Redis, prefix: str, timeout_s: float = 10.0) -> None:
+    """Until a webhook delivery whose key starts with `prefix` is pending."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not any(str(key).startswith(prefix) for key in client.zrange(keys.WEBHOOK_PENDING, 0, -1)):
+        assert asyncio.get_running_loop().time() < deadline, f"no delivery {prefix}*"
+        await asyncio.sleep(0.02)

@@ -27,7 +27,7 @@ from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from shared.signing import headers, parse_secrets
 from tests.conftest import WorkerProcess, api_client, suite_settings
-from workers.webhooks import OutputWebhooks
+from workers.webhooks import OutputWebhooks, wants_output
 
 pytestmark = pytest.mark.anyio
 
@@ -261,23 +261,22 @@ async def test_the_filter_selects_the_events(
 async def test_output_events_reach_the_receiver_while_the_job_runs(
     settings: Settings, workers: None, receivers: Callable[..., Receiver]
 ) -> None:
+    """The model worker's runtime notes each delta it streams for a job whose filter holds
+    `output` (end to end: nothing here calls the notifier while the job runs)."""
     receiver = receivers()
-    notifier = OutputWebhooks(
-        redis.Redis.from_url(settings.require_redis_url(), decode_responses=True), settings
-    )
     async with api_client(settings) as api:
         job_id = await submit(api, receiver.url, ["output", "completed"], max_tokens=100)  # about 2 s
-        while (status := (await api.get(f"/v1/jobs/{job_id}")).json()["status"]) != "succeeded":
-            if status == "running":  # the worker's engine hook runs only while the job runs
-                notifier.on_output(job_id)  # what that hook does as text arrives
-            await asyncio.sleep(0.05)
+        await api.get(f"/v1/jobs/{job_id}", params={"wait": 15})
         await until(lambda: receiver.of_type("job.completed"), what="completed")
         # Deliveries run concurrently, so an output notice already on its way when the job ended
         # may land just after `completed` (only completed-after-start is promised). One noted
         # once the job is over is never sent: `completed` carries the final state.
         await asyncio.sleep(1.5)  # past the notifier's once-a-second limit, and past any in flight
         delivered = len(receiver.received)
-        notifier.on_output(job_id)
+        notifier = OutputWebhooks(
+            redis.Redis.from_url(settings.require_redis_url(), decode_responses=True), settings
+        )
+        notifier.on_output(job_id)  # what the runtime would do with a late delta
         await asyncio.sleep(1.5)
     notifier.close()
     assert len(receiver.received) == delivered, [r.type for r in receiver.received]
@@ -296,24 +295,18 @@ def test_output_notices_are_throttled_to_one_per_second_per_job(
     settings = hook_settings(redis_server.url[:-1] + "3", tmp_path)  # a database no worker consumes
     client = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
     client.flushdb()
-    wanted = {"webhook": "http://127.0.0.1:9/", "webhook_events_filter": ["output"]}
-    client.hset("genq:job:wants", "input", json.dumps(wanted))
-    client.hset("genq:job:not", "input", json.dumps(wanted | {"webhook_events_filter": ["completed"]}))
     notifier = OutputWebhooks(client, settings)
     pushes: list[float] = []
     started = time.monotonic()
     while time.monotonic() - started < 3.5:
         if time.monotonic() - started < 2.5:
-            notifier.on_output("wants")
-            notifier.on_output("not")
+            notifier.on_output("job")
         while client.llen("webhooks") > len(pushes):
             pushes.append(time.monotonic() - started)
         time.sleep(0.02)
     notifier.close()
     messages = [json.loads(m) for m in client.lrange("webhooks", 0, -1)]
-    assert {json.dumps(json.loads(base64.b64decode(m["body"]))[0]) for m in messages} == {
-        '["wants", "output"]'
-    }
+    assert {json.dumps(json.loads(base64.b64decode(m["body"]))[0]) for m in messages} == {'["job", "output"]'}
     assert 3 <= len(pushes) <= 4, pushes  # at 0, 1, 2 s, and the last call's trailing notice at 3 s
     assert pushes[0] < 0.3
     assert all(later - earlier >= 0.9 for earlier, later in itertools.pairwise(pushes)), pushes
@@ -563,3 +556,12 @@ async def test_a_retry_survives_a_killed_worker_and_runs_once(
         (2, 200, "delivered"),
     ]
     assert receiver.statuses == [500, 200]
+
+
+def test_wants_output_reads_the_webhook_and_its_filter() -> None:
+    hook = "http://127.0.0.1:9/"
+    assert wants_output({"webhook": hook, "webhook_events_filter": ["start", "output"]})
+    assert not wants_output({"webhook": hook, "webhook_events_filter": ["completed"]})
+    assert not wants_output({"webhook": hook, "webhook_events_filter": None})
+    assert not wants_output({"webhook": None, "webhook_events_filter": ["output"]})
+    assert not wants_output({"prompt": "no webhook fields at all"})
