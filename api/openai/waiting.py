@@ -17,17 +17,23 @@ WAIT_ROUND_S = 10.0
 MIN_ROUND_S = 1.0
 
 
+def round_s(max_wait_s: float) -> float:
+    """How long one JobQueue.wait round of a completion lasts."""
+    return min(WAIT_ROUND_S, max_wait_s) if max_wait_s > 0 else WAIT_ROUND_S
+
+
 async def wait_for_job(
-    queue: JobQueue, job_id: str, owner: str, request: Request, max_wait_s: float
+    queue: JobQueue, job: JobView, owner: str, request: Request, max_wait_s: float
 ) -> JobView:
-    """The job once terminal. Waits in rounds past max_wait_s: a job is bounded by job_timeout_s
-    queued and again running, so this ends. A client that left between rounds cancels the job."""
-    round_s = min(WAIT_ROUND_S, max_wait_s) if max_wait_s > 0 else WAIT_ROUND_S
-    while True:
-        started = time.monotonic()
-        job = await queue.wait(job_id, owner, round_s)
-        if job["status"].is_terminal():
-            return job
+    """The job once terminal, from `job` as a first round left it (JobQueue.submit_and_wait's, which
+    reads no job back that it just queued). Waits in rounds past max_wait_s: a job is bounded by
+    job_timeout_s queued and again running, so this ends. A client that left between rounds
+    cancels the job."""
+    while not job["status"].is_terminal():
         if await request.is_disconnected():
-            return await queue.cancel(job_id, owner)
-        await asyncio.sleep(max(0.0, MIN_ROUND_S - (time.monotonic() - started)))
+            return await queue.cancel(job["id"], owner)
+        started = time.monotonic()
+        job = await queue.wait(job["id"], owner, round_s(max_wait_s))
+        if not job["status"].is_terminal():
+            await asyncio.sleep(max(0.0, MIN_ROUND_S - (time.monotonic() - started)))
+    return job

@@ -31,7 +31,7 @@ from api.openai.errors import OPENAI_ERRORS, OpenAIRoute, openai_error
 from api.openai.kind import Kind
 from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create, shows_logprobs
 from api.openai.responses import completion, failure_of, samples
-from api.openai.waiting import wait_for_job
+from api.openai.waiting import round_s, wait_for_job
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError
@@ -96,22 +96,25 @@ async def _complete(
     settings: Settings,
 ) -> Response:
     # The held slot is taken before the job is submitted: a caller over its limit changes nothing.
-    slot = queue.hold(owner, "streams" if body.stream else "long_polls")
+    if not body.stream:
+        with queue.hold(owner, "long_polls"):
+            first = await queue.submit_and_wait(job_create(body), owner, None, round_s(settings.max_wait_s))
+            job = await wait_for_job(queue, first.job, owner, request, settings.max_wait_s)
+        return json_response(completion(kind, job, echoes(body)), headers=_job_header(job))
+    slot = queue.hold(owner, "streams")
     try:
-        accepted = await queue.submit(job_create(body), owner, idempotency_key=None)
+        job = (await queue.submit(job_create(body), owner, idempotency_key=None)).job
     except BaseException:
         slot.release()
         raise
-    job = accepted.job
-    headers = {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        ranked = isinstance(body, CompletionRequest) and (body.best_of or 1) > (body.n or 1)
-        shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1, ranked)
-        return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, headers)
-    with slot:
-        job = await wait_for_job(queue, job["id"], owner, request, settings.max_wait_s)
-    return json_response(completion(kind, job, echoes(body)), headers=headers)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    ranked = isinstance(body, CompletionRequest) and (body.best_of or 1) > (body.n or 1)
+    shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1, ranked)
+    return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, _job_header(job))
+
+
+def _job_header(job: JobView) -> dict[str, str]:
+    return {"X-Genq-Job-Id": job["id"]}  # the job behind the completion: GET /v1/jobs/{id}
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,8 @@ async def test_a_job_that_ends_after_max_wait_s_is_still_answered(
 
     running = asyncio.create_task(run_job_late())
     started = time.monotonic()
-    job = await wait_for_job(queue, job_id, OWNER, client_request(connected=True), max_wait_s=0.2)
+    first = await queue.get(job_id, OWNER)
+    job = await wait_for_job(queue, first, OWNER, client_request(connected=True), max_wait_s=0.2)
     await running
     assert job["status"] is JobStatus.SUCCEEDED and job["output"] is not None
     assert job["output"]["text"] == "done"
@@ -62,7 +63,8 @@ async def test_a_client_that_left_cancels_its_job(queue: JobQueue) -> None:
     """Nobody will read the answer: the job stops holding a worker (or its queue place)."""
     job_id = await submitted(queue)
     started = time.monotonic()
-    job = await wait_for_job(queue, job_id, OWNER, client_request(connected=False), max_wait_s=0.2)
+    first = await queue.get(job_id, OWNER)
+    job = await wait_for_job(queue, first, OWNER, client_request(connected=False), max_wait_s=0.2)
     assert job["status"] is JobStatus.CANCELED
     assert (await queue.get(job_id, OWNER))["status"] is JobStatus.CANCELED
     assert time.monotonic() - started < 2  # after one round

@@ -190,6 +190,22 @@ async def test_prefer_wait_reads_the_job_it_queued_only_when_it_ends(
     assert _hgetall_calls(redis_client) == 2  # claim.lua's, for its worker, and the API's one
 
 
+async def test_a_chat_completion_reads_its_job_only_when_it_ends(
+    api: httpx.AsyncClient, redis_client: redis.Redis, settings: Settings, scripted: ScriptedWorker
+) -> None:
+    """The OpenAI face waits as `Prefer: wait` does (api/openai/waiting.py): one read of the job."""
+    await _listening(redis_client)
+    queue = keys.queue_for_model(settings.model)
+    worker = asyncio.create_task(_end_once_queued(redis_client, scripted, queue, after_s=0.2))
+    redis_client.config_resetstat()
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    response = await api.post("/v1/chat/completions", json=body)
+    job_id = await worker
+    assert response.status_code == 200 and response.headers["X-Genq-Job-Id"] == job_id
+    assert response.json()["choices"][0]["message"]["content"] == "x"
+    assert _hgetall_calls(redis_client) == 2  # claim.lua's, for its worker, and the API's one
+
+
 async def test_prefer_wait_answers_at_once_for_a_job_that_ends_before_the_wait_starts(
     api: httpx.AsyncClient,
     redis_client: redis.Redis,
