@@ -42,7 +42,7 @@ from shared import keys
 from shared.batches import BatchStore
 from shared.config import Settings
 from shared.files import FileRecords
-from shared.logging import configure_logging
+from shared.logging import configure_logging, fields
 from shared.reaper import Reaper
 
 
@@ -160,18 +160,28 @@ async def open_services(app: FastAPI, settings: Settings) -> Services:
     app.state.settings = settings
     app.state.redis = client
     app.state.rate_limiter = RateLimiter(client, commands, settings)
-    cache, hub = job_api(app, settings, client, commands, events)
+    cache, hub, store = job_api(app, settings, client, commands, events)
     feeder = batch_api(app, settings, client)
+    await preload_scripts(store)
     events.start()
     hub.start()
     return Services(client, commands, events, hub, cache, feeder)
 
 
+async def preload_scripts(store: JobStore) -> None:
+    """Load the job scripts before the first request needs them. Redis being down at start-up
+    does not stop it: the scripts are then loaded on first use (NOSCRIPT), as after a restart."""
+    try:
+        await store.load_scripts()
+    except redis.exceptions.RedisError as exc:
+        logging.getLogger("genq.api").warning("scripts_not_preloaded", extra=fields(error=str(exc)))
+
+
 def job_api(
     app: FastAPI, settings: Settings, client: aioredis.Redis, commands: Commands, events: JobEvents
-) -> tuple[ResponseCache, StreamHub]:
+) -> tuple[ResponseCache, StreamHub, JobStore]:
     """The job queue on app.state, with what it reads that the app also serves: queue stats,
-    the response cache, the stream hub."""
+    the response cache, the stream hub; and its store."""
     store = JobStore(client, commands, settings.job_ttl_s, settings.idempotency_ttl_s, bounds_of(settings))
     # The webhook queue too: its length is the delivery backlog operators watch.
     queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
@@ -179,7 +189,7 @@ def job_api(
     cache = app.state.cache = ResponseCache(settings, client)
     hub = app.state.stream_hub = StreamHub(redis_client(settings, max_connections=1))
     app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
-    return cache, hub
+    return cache, hub, store
 
 
 def lifespan_of(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:

@@ -46,6 +46,13 @@ class WorkerJobs:
         self._finish = client.register_script(scripts.source("finish"))
         self._hand_back = client.register_script(scripts.source("hand_back"))
 
+    def load_scripts(self) -> None:
+        """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
+        reply, load and retry per script (+2 round trips each). After a Redis restart forgets
+        them, redis-py's Script loads them again on NOSCRIPT, as before."""
+        for script in (self._start, self._renew, self._finish, self._hand_back):
+            self._redis.script_load(script.script)
+
     def claim(self, job_id: str, worker_id: str) -> Claim:
         outcome, status, *flat = self._start(
             keys=[keys.job(job_id)],

@@ -112,11 +112,13 @@ class WorkerRuntime:
         return keys.WORKERS if self.engine is not None else keys.WEBHOOK_WORKERS
 
     def start(self) -> None:
-        """Load and warm up the engine, then start heart-beating, listening for cancels, reaping."""
+        """Load and warm up the engine and the job scripts, then start heart-beating, listening for
+        cancels, reaping."""
         if self.engine is not None:
             self.engine.start()
             if self.engine.fingerprint:  # the API computes cache keys with it (docs/cache.md)
                 self.jobs.publish_model(self.engine.model_id, self.engine.fingerprint)
+            self.jobs.load_scripts()  # before any job is taken: the first claim pays no NOSCRIPT
         self._beat()
         threading.Thread(target=self._heartbeat_loop, name="genq-heartbeat", daemon=True).start()
         threading.Thread(target=self._cancel_loop, name="genq-cancels", daemon=True).start()

@@ -138,6 +138,13 @@ class JobStore:
         self._submit = client.register_script(scripts.source("submit"))
         self._cancel = client.register_script(scripts.source("cancel"))
 
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
+        reply, load and retry (+2 round trips). After a Redis restart forgets them, run_script's
+        NOSCRIPT fallback loads them again, as before."""
+        for script in (self._submit, self._cancel):
+            await self._redis.script_load(script.script)
+
     async def submit(
         self,
         job: NewJob,

@@ -9,7 +9,7 @@ if rec[1] == 'queued' or rec[1] == 'running' then
   redis.call('HSET', job, 'status', 'canceled', 'completed_at', now,
              'error', '{"type":"canceled","message":"canceled by the client"}')
   if rec[1] == 'running' then redis.call('PUBLISH', K.cancels, job_id) end
-  ended(job, job_id)
+  ended(job, job_id, {status = rec[1], owner = rec[2]})
   promote_followers(job, job_id, now)
 end
 return redis.call('HGETALL', job)

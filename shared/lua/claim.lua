@@ -10,7 +10,9 @@
 -- claim left it (field, value, ...): the worker needs it to run the job, and reading it here
 -- saves a round trip per job.
 local job, now, job_id = KEYS[1], ARGV[2], ARGV[5]
-local rec = redis.call('HMGET', job, 'status', 'worker', 'lease', 'deadline', 'attempts', 'message', 'follows')
+local rec = redis.call('HMGET', job, 'status', 'worker', 'lease', 'deadline', 'attempts', 'message', 'follows',
+                       'queue', 'webhook_message:start')
+local queue = rec[8]
 local status = rec[1]
 if not status then return {'missing', ''} end
 if status == 'running' then
@@ -18,7 +20,7 @@ if status == 'running' then
   if tonumber(rec[5] or '0') >= tonumber(ARGV[6]) then
     forget_delivery(job)
     fail(job, job_id, ARGV[7], now)
-    ended(job, job_id)
+    ended(job, job_id, {status = 'running', queue = queue})
     resolve_followers(job, job_id)
     release_inflight(job, job_id)
     return {'exhausted', 'failed'}
@@ -33,14 +35,15 @@ end
 local tag = ''
 if rec[6] then tag = cjson.decode(rec[6])['properties']['delivery_tag'] end
 local lease = tonumber(now) + tonumber(ARGV[3])
+-- attempts counts this start: the HINCRBY by 1 folded into the HSET (no script changes it meanwhile).
+local attempts = string.format('%d', tonumber(rec[5] or '0') + 1)
 redis.call('HSET', job, 'status', 'running', 'worker', ARGV[1], 'started_at', now, 'lease', lease,
-           'delivery_tag', tag)
+           'delivery_tag', tag, 'attempts', attempts)
 redis.call('HDEL', job, 'message', 'missing_since')
-redis.call('SADD', running_set(job), job_id)
+redis.call('SADD', running_key(job_queue(job, queue)), job_id)
 redis.call('ZADD', K.leases, lease, job_id)
-leave_queue(job, job_id)
-push_webhook(job, job_id, 'start')
-redis.call('HINCRBY', job, 'attempts', 1)
+leave_queue(job, job_id, queue)
+push_webhook(job, job_id, 'start', rec[9])
 local reply = {'claimed', status}
 for _, item in ipairs(redis.call('HGETALL', job)) do reply[#reply + 1] = item end
 return reply

@@ -7,9 +7,10 @@ local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 -- Push a job's pre-built webhook message for `event` onto the webhook queue, once, and index the
 -- delivery as pending: the reaper pushes its message again should the broker lose it
 -- (shared/lua/reap_delivery.lua). The delivery's state lives as long as the job record.
-local function push_webhook(job_key_, job_id, event)
+-- `message`, optional: the field's value when the caller has read it already (false: absent).
+local function push_webhook(job_key_, job_id, event, message)
   local field = 'webhook_message:' .. event
-  local message = redis.call('HGET', job_key_, field)
+  if message == nil then message = redis.call('HGET', job_key_, field) end
   if message then
     redis.call('LPUSH', K.webhook_queue, message)
     redis.call('HDEL', job_key_, field)
@@ -21,8 +22,11 @@ local function push_webhook(job_key_, job_id, event)
   end
 end
 
-local function running_set(job_key_)
-  return running_key(redis.call('HGET', job_key_, 'queue') or '')
+-- The record's queue field ('' when absent). `queue`, optional: its value when the caller has read
+-- it already (false: absent), which saves reading it again.
+local function job_queue(job_key_, queue)
+  if queue == nil then queue = redis.call('HGET', job_key_, 'queue') end
+  return queue or ''
 end
 
 -- Forget the broker's copy of the message a job was claimed with (kombu's unacked entry), so a
@@ -37,38 +41,61 @@ local function forget_delivery(job_key_)
 end
 
 -- The job is no longer waiting for a worker: out of its queue's index and the reaper's.
-local function leave_queue(job_key_, job_id)
-  redis.call('ZREM', queued_key(redis.call('HGET', job_key_, 'queue') or ''), job_id)
+-- `queue`: as job_queue's.
+local function leave_queue(job_key_, job_id, queue)
+  redis.call('ZREM', queued_key(job_queue(job_key_, queue)), job_id)
   redis.call('ZREM', K.deadlines, job_id)
   redis.call('ZREM', K.orphan_checks, job_id)
 end
 
+-- The job's indexes while it runs: out of the running set and the lease index. `queue`: as
+-- job_queue's.
+local function leave_running_indexes(job_key_, job_id, queue)
+  redis.call('SREM', running_key(job_queue(job_key_, queue)), job_id)
+  redis.call('ZREM', K.leases, job_id)
+end
+
 -- The job no longer runs: out of the running set and the lease index.
 local function leave_running(job_key_, job_id)
-  redis.call('SREM', running_set(job_key_), job_id)
-  redis.call('ZREM', K.leases, job_id)
+  leave_running_indexes(job_key_, job_id)
   redis.call('HDEL', job_key_, 'lease')
 end
 
 -- Bookkeeping of every move to a terminal status (the caller has set the status and fields).
-local function ended(job_key_, job_id)
-  leave_queue(job_key_, job_id)
-  leave_running(job_key_, job_id)
-  redis.call('HDEL', job_key_, 'message', 'queue_key', 'missing_since')
-  local owner = redis.call('HGET', job_key_, 'owner')
+-- `known`, optional: what the caller read of the record before its own writes, which saves
+-- reading it again: {status = the status it ended from, queue = , owner = , hook = the
+-- webhook_message:completed field} (a field absent from the record as false). A job that ended
+-- from running left its queue's and the reaper's queued indexes when it was claimed (claim.lua;
+-- only enqueue adds to them, and only for a queued job), so only a job ended from another
+-- status (queued, or unknown) leaves them here. `drop`, optional: one more record field the
+-- caller deletes with the rest, in the same HDEL.
+local function ended(job_key_, job_id, known, drop)
+  known = known or {}
+  local queue = job_queue(job_key_, known.queue)
+  if known.status ~= 'running' then leave_queue(job_key_, job_id, queue) end
+  leave_running_indexes(job_key_, job_id, queue)
+  if drop then
+    redis.call('HDEL', job_key_, 'lease', 'message', 'queue_key', 'missing_since', drop)
+  else
+    redis.call('HDEL', job_key_, 'lease', 'message', 'queue_key', 'missing_since')
+  end
+  local owner = known.owner
+  if owner == nil then owner = redis.call('HGET', job_key_, 'owner') end
   if owner then redis.call('SREM', owner_live_key(owner), job_id) end
   redis.call('PUBLISH', K.job_events, job_id)
-  push_webhook(job_key_, job_id, 'completed')
+  push_webhook(job_key_, job_id, 'completed', known.hook)
 end
 
 -- Put a job (back) in the queue: its message onto the broker's list, its deadline and its next
 -- orphan check into the reaper's indexes. The message stays in the record until a claim, so
 -- the reaper can tell whether the broker still holds it.
-local function enqueue(job_key_, job_id, message, queue_list, deadline, now)
+-- `queue`, optional: the record's queue field when the caller has it (submit.lua wrote it).
+local function enqueue(job_key_, job_id, message, queue_list, deadline, now, queue)
   redis.call('HSET', job_key_, 'status', 'queued', 'message', message, 'queue_key', queue_list,
              'deadline', deadline)
   redis.call('LPUSH', queue_list, message)
-  redis.call('ZADD', queued_key(redis.call('HGET', job_key_, 'queue')), now, job_id)
+  if queue == nil then queue = redis.call('HGET', job_key_, 'queue') end
+  redis.call('ZADD', queued_key(queue), now, job_id)
   redis.call('ZADD', K.deadlines, deadline, job_id)
   redis.call('ZADD', K.orphan_checks, tonumber(now) + ORPHAN_CHECK_S, job_id)
 end
@@ -83,19 +110,23 @@ end
 -- its result or failure is copied into each one still queued; when the leader is canceled or
 -- expires in the queue, the oldest follower is promoted (its own message goes onto its queue)
 -- and the rest follow it.
-local function release_inflight(leader_key, leader_id)
-  local cache_key = redis.call('HGET', leader_key, 'cache_key')
+-- `cache_key`, optional: the leader's cache_key field when the caller has read it (false: absent).
+local function release_inflight(leader_key, leader_id, cache_key)
+  if cache_key == nil then cache_key = redis.call('HGET', leader_key, 'cache_key') end
   if cache_key and redis.call('GET', inflight_key(cache_key)) == leader_id then
     redis.call('DEL', inflight_key(cache_key))
   end
 end
 
+-- The leader's outcome is read only when it has a follower still queued (resolving followers
+-- writes their records, never the leader's).
 local function resolve_followers(leader_key, leader_id)
   local list = followers_key(leader_id)
-  local r = redis.call('HMGET', leader_key, 'status', 'output', 'error', 'model_label', 'completed_at')
+  local r = nil
   for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do
     local key = job_key(id)
     if redis.call('HGET', key, 'status') == 'queued' then
+      r = r or redis.call('HMGET', leader_key, 'status', 'output', 'error', 'model_label', 'completed_at')
       redis.call('HSET', key, 'status', r[1], 'model_label', r[4] or '', 'started_at', r[5],
                  'completed_at', r[5])
       if r[1] == 'succeeded' then

@@ -3,16 +3,25 @@
 -- same step. Returns 0 when the worker no longer holds the job (canceled, or handed to another
 -- worker after its lease lapsed): nothing is written, so a job ends exactly once.
 local job, job_id = KEYS[1], ARGV[2]
-local rec = redis.call('HMGET', job, 'status', 'worker')
+-- Everything read of the record up front, once (the fields written below are the worker's
+-- outcome, never these).
+local rec = redis.call('HMGET', job, 'status', 'worker', 'queue', 'owner', 'cache_key',
+                       'webhook_message:completed')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', job, unpack(ARGV, 4))
-redis.call('HDEL', job, 'delivery_tag')
-ended(job, job_id)
-local done = redis.call('HMGET', job, 'status', 'output', 'model_label')
-if KEYS[2] ~= '' and done[1] == 'succeeded' then
-  redis.call('HSET', KEYS[2], 'output', done[2], 'model_label', done[3] or '')
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
+ended(job, job_id, {status = 'running', queue = rec[3], owner = rec[4], hook = rec[6]}, 'delivery_tag')
+if KEYS[2] ~= '' then
+  local done = redis.call('HMGET', job, 'status', 'output', 'model_label')
+  if done[1] == 'succeeded' then
+    redis.call('HSET', KEYS[2], 'output', done[2], 'model_label', done[3] or '')
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
 end
-release_inflight(job, job_id)
-resolve_followers(job, job_id)
+-- Only a cacheable job (one with a cache_key) holds its key's in-flight entry or has followers:
+-- submit.lua makes a job a leader only when it is given the in-flight key of the job's cache_key,
+-- and lead() only for a follower that has one.
+if rec[5] then
+  release_inflight(job, job_id, rec[5])
+  resolve_followers(job, job_id)
+end
 return 1

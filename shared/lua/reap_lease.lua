@@ -13,7 +13,7 @@ if tonumber(rec[2] or '0') >= tonumber(now) then return 'held' end
 forget_delivery(job)
 if tonumber(rec[3] or '0') >= tonumber(ARGV[3]) then
   fail(job, job_id, ARGV[7], now)
-  ended(job, job_id)
+  ended(job, job_id, {status = 'running'})
   release_inflight(job, job_id)
   resolve_followers(job, job_id)
   return 'failed'

@@ -13,10 +13,12 @@
 local now = ARGV[8]
 
 local function stored_bytes(owner)
-  local total = 0
+  local names = {}
   for day = tonumber(ARGV[15]) - tonumber(ARGV[16]), tonumber(ARGV[15]) do
-    total = total + tonumber(redis.call('GET', owner_bytes_key(owner, day)) or '0')
+    names[#names + 1] = owner_bytes_key(owner, day)
   end
+  local total = 0
+  for _, bytes in ipairs(redis.call('MGET', unpack(names))) do total = total + tonumber(bytes or '0') end
   return total
 end
 
@@ -64,8 +66,14 @@ if KEYS[4] ~= '' then
   if existing then return {0, existing} end
 end
 local fields = cjson.decode(ARGV[11])
-local owner = nil
-for i = 1, #fields, 2 do if fields[i] == 'owner' then owner = fields[i + 1] end end
+-- Taken from the fields about to be written rather than read back from the record after.
+local owner, deadline, queue = nil, nil, nil
+for i = 1, #fields, 2 do
+  local name = fields[i]
+  if name == 'owner' then owner = fields[i + 1]
+  elseif name == 'deadline' then deadline = fields[i + 1]
+  elseif name == 'queue' then queue = fields[i + 1] end
+end
 local bound, limit = over_bound(owner)
 if bound then return {4, bound, limit} end
 redis.call('HSET', KEYS[1], unpack(fields))
@@ -80,7 +88,6 @@ if output ~= '' then
   table.insert(record, 1, 2)
   return record
 end
-local deadline = redis.call('HGET', KEYS[1], 'deadline')
 if KEYS[5] ~= '' then
   local leader = live_leader()
   if leader then
@@ -94,6 +101,6 @@ if KEYS[5] ~= '' then
   end
   redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3])
 end
-enqueue(KEYS[1], ARGV[1], ARGV[4], KEYS[3], deadline, now)
+enqueue(KEYS[1], ARGV[1], ARGV[4], KEYS[3], deadline, now, queue)
 accept(owner, true)
 return {1}

@@ -19,6 +19,8 @@ import redis
 from api.app import create_app
 from api.edge.hotpath import HotPaths
 from api.edge.server import OneWriteHttpProtocol
+from cli.redis_server import free_port
+from shared import scripts
 from shared.config import Settings
 from tests.conftest import api_client
 
@@ -52,6 +54,24 @@ async def test_the_lifespan_closes_everything_it_opened(
     assert background() == set()
     assert connections(redis_client) == before
     assert gc.get_freeze_count() == 0
+
+
+async def test_the_lifespan_loads_the_job_scripts(settings: Settings, redis_client: redis.Redis) -> None:
+    """The first submission after a start (or a SCRIPT FLUSH) pays no NOSCRIPT reply, load and retry."""
+    shas = [redis_client.register_script(scripts.source(name)).sha for name in ("submit", "cancel")]
+    redis_client.script_flush()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        assert redis_client.script_exists(*shas) == [True, True]
+
+
+async def test_an_api_started_while_redis_is_down_still_starts(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """The scripts are then loaded on first use instead (NOSCRIPT), as after a Redis restart."""
+    app = create_app(make_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    async with app.router.lifespan_context(app):
+        assert app.state.queue is not None
 
 
 async def test_an_api_without_a_redis_url_stops_at_start_up(make_settings: Callable[..., Settings]) -> None:

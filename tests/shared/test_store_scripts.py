@@ -370,3 +370,37 @@ def test_reaper_runs_in_one_process_per_period(client: redis.Redis, jobs: Worker
     first, second = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 5.0), Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 5.0)
     assert first.run_once() == {"requeued": 1}
     assert second.run_once() == {}  # the lock is held for this period
+
+
+# --- cost ------------------------------------------------------------------------------------------
+
+#: What redis-py and this test send themselves, not the scripts' inner commands.
+_OUTER_COMMANDS = {"evalsha", "eval", "script|load", "config|resetstat", "info", "ping", "hello",
+                   "client|setinfo"}  # fmt: skip
+
+
+def inner_commands(client: redis.Redis, run: Callable[[], Any]) -> int:
+    """How many commands `run`'s scripts issue inside Redis (INFO commandstats, reset right before)."""
+    client.config_resetstat()
+    run()
+    stats = cast(dict[str, dict[str, int]], client.info("commandstats"))
+    inner = [s["calls"] for name, s in stats.items() if name.removeprefix("cmdstat_") not in _OUTER_COMMANDS]
+    return sum(inner)
+
+
+def test_a_plain_job_costs_few_commands_inside_the_scripts(client: redis.Redis, jobs: WorkerJobs) -> None:
+    """Pins the inner commands of a plain job's submit, claim and finish (no cache, no webhook,
+    no owner bounds), so a script that starts reading or writing more shows here."""
+    submit(client, "warm")  # loads the scripts: no NOSCRIPT round inside the counts
+    deliver(client, "warm")
+    jobs.claim("warm", "w1")
+    jobs.finish("warm", "w1", {"status": "succeeded", "output": "{}"})
+    counts = {"submit": inner_commands(client, lambda: submit(client, "j1"))}
+    # With owner bounds set, the bounds check adds its reads (SCARD, one MGET over the days).
+    counts["bounded submit"] = inner_commands(client, lambda: submit(client, "j2", bounds=(100, 10**9)))
+    deliver(client, "j1")
+    counts["claim"] = inner_commands(client, lambda: jobs.claim("j1", "w1"))
+    outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+    counts["finish"] = inner_commands(client, lambda: jobs.finish("j1", "w1", outcome))
+    assert counts == {"submit": 14, "bounded submit": 16, "claim": 9, "finish": 7}
+    assert record(client, "j1")["status"] == "succeeded" and indexed(client, "j1") == set()

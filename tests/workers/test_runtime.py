@@ -16,7 +16,7 @@ from typing import cast
 import pytest
 import redis
 
-from shared import keys
+from shared import keys, scripts
 from shared.config import Settings
 from tests.conftest import api_client, wait_until_running
 from workers.engine import build_engine
@@ -44,6 +44,32 @@ async def accepted(settings: Settings, **body: object) -> str:
         response = await api.post("/v1/jobs", json={"prompt": "one two three", "cache": False, **body})
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
+
+
+def loaded(client: redis.Redis, names: list[str]) -> list[bool]:
+    """Whether Redis holds each job script, as EVALSHA would find it."""
+    return list(client.script_exists(*[client.register_script(scripts.source(name)).sha for name in names]))
+
+
+async def test_start_up_loads_the_job_scripts(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    """The first job after a start (or a SCRIPT FLUSH) pays no NOSCRIPT reply, load and retry."""
+    names = ["claim", "renew", "finish", "hand_back"]
+    redis_client.script_flush()
+    settings = make_settings(placeholder_step_s=0.01)
+    worker = WorkerRuntime(settings)
+    worker.attach_engine(build_engine(engine_config(settings, on_fatal=worker.on_engine_fatal)))
+    worker.start()
+    try:
+        assert loaded(redis_client, names) == [True] * len(names)
+        job_id = await accepted(settings, max_tokens=3)
+        redis_client.config_resetstat()
+        await asyncio.to_thread(worker.run, job_id)
+    finally:
+        worker.stop()
+    assert redis_client.hget(keys.job(job_id), "status") == "succeeded"
+    assert "errorstat_NOSCRIPT" not in redis_client.info("errorstats")
 
 
 async def test_a_job_is_claimed_run_and_finished_once(

@@ -42,7 +42,7 @@ async def client(settings: Settings) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def queue(settings: Settings, client: aioredis.Redis) -> AsyncIterator[JobQueue]:
     app = FastAPI()
-    cache, _ = job_api(app, settings, client, DirectCommands(client), JobEvents(client))
+    cache, _, _ = job_api(app, settings, client, DirectCommands(client), JobEvents(client))
     yield app.state.queue
     await cache.close()
 
