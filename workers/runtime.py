@@ -50,7 +50,7 @@ from workers.engine import (
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher, token_entry
-from workers.webhooks import OutputWebhooks, wants_output
+from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -94,9 +94,7 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._output_webhooks = OutputWebhooks(self.redis, settings)
-        #: The running jobs whose webhook filter holds `output`, decided from the claimed input.
-        self._hooked: set[str] = set()
-        self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._on_output)
+        self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._output_webhooks.on_output)
         self._deletion_cost = scalein.from_env(
             settings.pod_deletion_cost, settings.pod_namespace, settings.pod_name
         )
@@ -246,8 +244,7 @@ class WorkerRuntime:
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
             started["input"] = job_input
         log.info("job_started", extra=fields(**started))
-        if wants_output(job_input):
-            self._hooked.add(job_id)
+        self._output_webhooks.follow(job_id, job_input)
         try:
             result = self.engine.submit(request).result()
             self.output.flush(job_id)
@@ -262,7 +259,7 @@ class WorkerRuntime:
         finally:
             self.output.forget(job_id)
             # A success's flush() has sent every delta, so every notice; an end without one needs none.
-            self._hooked.discard(job_id)
+            self._output_webhooks.forget(job_id)
         self._observe(result)
         metrics.JOB_LATENCY.labels(record["queue"]).observe(
             max(0.0, time.time() - float(record["created_at"]))
@@ -309,12 +306,6 @@ class WorkerRuntime:
             deadline=time.monotonic() + self.settings.job_timeout_s,
             on_output=lambda update: self.output.offer(job_id, update),
         )
-
-    def _on_output(self, job_id: str) -> None:
-        """After each delta published to a job's stream: note it for an `output` delivery when the
-        job asked for one (the input is never read back from Redis for that)."""
-        if job_id in self._hooked:
-            self._output_webhooks.on_output(job_id)
 
     # --- background ------------------------------------------------------------------------------
     @staticmethod

@@ -196,11 +196,13 @@ def wants_output(job_input: Mapping[str, Any]) -> bool:
 class OutputWebhooks:
     """Turns "new text for job X" into at most one `output` delivery per second per job.
 
-    Its caller decides which jobs want `output` (wants_output, from the input the worker claimed);
-    every job passed to `on_output` gets deliveries. `on_output(job_id)` only puts the id on an
-    in-memory queue (it never blocks on Redis and never raises); a daemon thread sends a delivery
-    message at most every OUTPUT_INTERVAL_S per job: a call inside the interval is not dropped but
-    sent when the interval ends, so the receiver always sees the latest state within a second.
+    The worker follows each job it runs, with the input it claimed (`follow`; the input is never
+    read back from Redis for this), until it ends (`forget`); `on_output` for a job whose webhook
+    filter does not hold `output` (wants_output), or that is not followed, does nothing. Else it
+    only puts the id on an in-memory queue (it never blocks on Redis and never raises); a daemon
+    thread sends a delivery message at most every OUTPUT_INTERVAL_S per job: a call inside the
+    interval is not dropped but sent when the interval ends, so the receiver always sees the latest
+    state within a second.
     """
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
@@ -212,8 +214,19 @@ class OutputWebhooks:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopped = threading.Event()
+        #: The followed jobs that want `output` deliveries.
+        self._hooked: set[str] = set()
+
+    def follow(self, job_id: str, job_input: Mapping[str, Any]) -> None:
+        if wants_output(job_input):
+            self._hooked.add(job_id)
+
+    def forget(self, job_id: str) -> None:
+        self._hooked.discard(job_id)
 
     def on_output(self, job_id: str) -> None:
+        if job_id not in self._hooked:
+            return
         try:
             self._ensure_thread()
             self._inbox.put_nowait(job_id)

@@ -118,18 +118,6 @@ async def test_a_drained_job_goes_back_to_the_queue_without_an_attempt(
     assert redis_client.zscore(keys.queued(record["queue"]), job_id) is not None  # findable again
 
 
-class HeardOutputs(OutputWebhooks):
-    """The real `output` notifier, remembering every job it was told about."""
-
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
-        super().__init__(client, settings)
-        self.heard: list[str] = []
-
-    def on_output(self, job_id: str) -> None:
-        self.heard.append(job_id)
-        super().on_output(job_id)
-
-
 @contextmanager
 def monitored(client: redis.Redis) -> Iterator[list[str]]:
     """Every command the server runs inside the block, as MONITOR shows it."""
@@ -154,11 +142,18 @@ def monitored(client: redis.Redis) -> Iterator[list[str]]:
 
 
 async def test_only_jobs_whose_webhook_wants_output_reach_the_notifier(
-    runtime: WorkerRuntime, redis_client: redis.Redis
+    runtime: WorkerRuntime, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claimed input decides: a job with no `output` in its webhook filter (or no webhook)
-    is never passed to the notifier, and nothing re-reads its input from Redis."""
-    notifier = runtime._output_webhooks = HeardOutputs(runtime.redis, runtime.settings)
+    never reaches the notifier's sending thread, and nothing re-reads its input from Redis."""
+    heard: list[str] = []  # the jobs the real notifier's thread took a notice of
+    real_note = OutputWebhooks._note
+
+    def note(notifier: OutputWebhooks, job_id: str) -> None:
+        heard.append(job_id)
+        real_note(notifier, job_id)
+
+    monkeypatch.setattr(OutputWebhooks, "_note", note)
     hook = "http://127.0.0.1:9/hook"  # never called: no webhooks worker here
     api_settings = runtime.settings.model_copy(update={"webhook_allow_private": True})
     plain = await accepted(api_settings, max_tokens=3)
@@ -174,7 +169,7 @@ async def test_only_jobs_whose_webhook_wants_output_reach_the_notifier(
     for job_id in (plain, completed_only):
         assert redis_client.xlen(keys.job_stream(job_id)) >= 1  # it did publish output
         assert f"HGET {keys.job(job_id)} input" not in commands
-    assert set(notifier.heard) == {hooked}
+    assert set(heard) == {hooked}
 
 
 async def until_pending(client: redis.Redis, prefix: str, timeout_s: float = 10.0) -> None:

@@ -276,6 +276,7 @@ async def test_output_events_reach_the_receiver_while_the_job_runs(
         notifier = OutputWebhooks(
             redis.Redis.from_url(settings.require_redis_url(), decode_responses=True), settings
         )
+        notifier.follow(job_id, {"webhook": receiver.url, "webhook_events_filter": ["output"]})
         notifier.on_output(job_id)  # what the runtime would do with a late delta
         await asyncio.sleep(1.5)
     notifier.close()
@@ -289,6 +290,10 @@ async def test_output_events_reach_the_receiver_while_the_job_runs(
     assert len(receiver.of_type("job.completed")) == 1
 
 
+#: The input of a job whose webhook asks for `output` (what OutputWebhooks.follow reads of it).
+OUTPUT_HOOKED = {"webhook": "https://receiver.example/hook", "webhook_events_filter": ["output"]}
+
+
 def test_output_notices_are_throttled_to_one_per_second_per_job(
     redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
@@ -296,6 +301,7 @@ def test_output_notices_are_throttled_to_one_per_second_per_job(
     client = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
     client.flushdb()
     notifier = OutputWebhooks(client, settings)
+    notifier.follow("job", OUTPUT_HOOKED)
     pushes: list[float] = []
     started = time.monotonic()
     while time.monotonic() - started < 3.5:
@@ -315,6 +321,7 @@ def test_output_notices_are_throttled_to_one_per_second_per_job(
 def test_on_output_never_blocks_or_raises_when_redis_is_down(make_settings: Callable[..., Settings]) -> None:
     unreachable = redis.Redis(port=socket_free_port(), socket_connect_timeout=5)
     notifier = OutputWebhooks(unreachable, make_settings())
+    notifier.follow("job", OUTPUT_HOOKED)
     started = time.monotonic()
     for _ in range(100):
         notifier.on_output("job")
