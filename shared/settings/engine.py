@@ -29,7 +29,8 @@ class EngineSettings(BaseModel):
 
     torch_threads: int | None = Field(None, ge=1)
     """Engine threads in a worker: torch's intra-op threads, and llama.cpp's n_threads and
-    n_threads_batch under that backend; default torch's own choice (the physical cores)."""
+    n_threads_batch under that backend; default the physical cores (torch's own choice, and what
+    the llama.cpp backend counts itself: it never imports torch)."""
 
     engine_backend: Literal["auto", "torch", "llamacpp"] = "auto"
     """Kernels that run the model: `llamacpp` (llama.cpp via llama-cpp-python; GGUF models on cpu

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
-import torch
+import numpy as np
 
 from workers.engine.logprobs import step_logprobs
 from workers.engine.penalties import adjust_logits
@@ -30,7 +30,7 @@ class TokenChooser:
         self._mask_s = 0.0
         self._masked_rows = 0
 
-    def choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
+    def choose(self, logits: np.ndarray, sequences: list[Sequence]) -> list[int]:
         """One token per row of logits [rows, vocab]: each row's adjustments, then its sampling.
         `logits` is read, never written (logprobs score it raw)."""
         params = [sequence.request.params for sequence in sequences]

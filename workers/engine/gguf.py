@@ -1,9 +1,10 @@
 """GGUF files on disk: the default model's file, a file's identity, its tokenizer's folder, and the
 build-once-then-rename step every cached artefact uses (loading.py's conversions too).
 
-Light on purpose: it imports neither torch's model code nor transformers' (only AutoTokenizer,
-lazily, to extract a tokenizer once), so the llama.cpp backend's worker never loads
-transformers.modeling_utils (~140 MB resident, and seconds of start-up; test_llamacpp_model.py).
+Light on purpose: it imports neither torch nor transformers. A tokenizer is extracted once by
+transformers' AutoTokenizer in a child interpreter, so the llama.cpp backend's worker never loads
+transformers (its tokenizer classes import torch: ~200 MB resident for life) nor its model code
+(~140 MB more, and seconds of start-up; test_llamacpp_model.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +56,30 @@ def tokenizer_folder(gguf: Path, cache: Path) -> Path:
     config class, and with it transformers' activations, accelerate and torch.distributed (~90 MB
     resident and ~1.5 s in a llama.cpp worker that runs no transformers model)."""
     target = cache / f"tokenizer-{gguf.stem}-{gguf_digest(gguf)[:12]}"
-    return build_once(target, lambda tmp: gguf_tokenizer(gguf).save_pretrained(tmp))
+    return build_once(target, lambda tmp: _extract_tokenizer(gguf, tmp))
+
+
+#: The child interpreter's program: gguf_tokenizer(argv[1]).save_pretrained(argv[2]).
+_EXTRACT = (
+    "import sys; from pathlib import Path; from workers.engine.gguf import gguf_tokenizer; "
+    "gguf_tokenizer(Path(sys.argv[1])).save_pretrained(sys.argv[2])"
+)
+
+
+def _extract_tokenizer(gguf: Path, folder: Path) -> None:
+    """Save the GGUF's tokenizer into `folder`, from a child interpreter (the module docstring: the
+    process that asks never imports transformers, nor torch through it)."""
+    project = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, (project, os.environ.get("PYTHONPATH"))))
+    done = subprocess.run(
+        [sys.executable, "-c", _EXTRACT, str(gguf), str(folder)],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise FatalEngineError(f"cannot extract the tokenizer of {gguf}: {done.stderr.strip()[-2000:]}")
 
 
 def build_once(target: Path, build: Callable[[Path], Any]) -> Path:

@@ -27,19 +27,22 @@ llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8
 `EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows (llama.cpp zeroes the
 whole buffer, so all of it is resident).
 
-Logits come back as float32 in llama.cpp's buffer and are viewed as a torch tensor without a copy;
+Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
-sampling, logprobs). Tokenization, the chat template and detokenization stay with the Hugging Face
-tokenizer built from the same GGUF file (llamacpp_model.py loads both); no weight becomes a torch tensor.
+sampling, logprobs), in numpy: a worker on this executor never imports torch. Tokenization, the
+chat template and detokenization stay with the Hugging Face tokenizer built from the same GGUF file
+(llamacpp_model.py loads both).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from workers.engine.choice import TokenChooser
 from workers.engine.config import EngineConfig
@@ -106,8 +109,8 @@ class LlamaCppExecutor:
     @property
     def threads(self) -> int:
         """llama.cpp's threads: EngineConfig.torch_threads (the engine's one thread setting), else
-        torch's default (the physical cores), as read before prepare() sets torch's to one."""
-        return self._threads or self._config.torch_threads or torch.get_num_threads()
+        the physical cores this process may run on (torch's default, and llama.cpp's own)."""
+        return self._threads or self._config.torch_threads or physical_cores()
 
     @property
     def grammars(self) -> Grammars:
@@ -152,10 +155,12 @@ class LlamaCppExecutor:
         model = self._model = self._model or load_llamacpp_model(self._config)
         llama = self._llama = binding()
         self._threads = self.threads
-        # torch only samples here, on [rows, vocab] logits: one thread. Its OpenMP team (torch ships
-        # its own libgomp) would otherwise spin between steps on the cores llama.cpp's team needs:
-        # measured 22 -> 75 tokens/s at one job with 2 threads each on the 2-core machine.
-        torch.set_num_threads(1)
+        _quiet_torch()
+        self._grammars = Grammars(model.tokenizer, model.vocab_size)
+        self._chooser = TokenChooser(model.eos_token_ids)
+        # Before the KV cache is allocated (and zeroed: all of it resident), so the peak holds
+        # only what stays: the tokenizer's and llguidance's JSON parsing leave freed pages behind.
+        return_freed_memory()
         self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
@@ -163,8 +168,6 @@ class LlamaCppExecutor:
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
-        self._grammars = Grammars(model.tokenizer, model.vocab_size)
-        self._chooser = TokenChooser(model.eos_token_ids)
         self._warm_up()
 
     def prefill(self, sequence: Sequence) -> int | None:
@@ -241,11 +244,11 @@ class LlamaCppExecutor:
 
     def _run_prompt(
         self, row: int, prompt_ids: list[int], every_position: bool, first: int = 0
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """Feed a prompt from position `first` on (the row's cells hold the ones before) to `row` in
         chunks; its logits [1, vocab] (the next token's), or [prompt - first, vocab] (row i predicts
         token first + i + 1) when every_position."""
-        kept: list[torch.Tensor] = []
+        kept: list[np.ndarray] = []
         batch = self._batch
         for start in range(first, len(prompt_ids), _BATCH_TOKENS):
             chunk = prompt_ids[start : start + _BATCH_TOKENS]
@@ -256,8 +259,8 @@ class LlamaCppExecutor:
             batch.n_tokens = len(chunk)
             self._forward(batch)
             if every_position:
-                kept.append(self._logits(len(chunk)).clone())  # the next chunk overwrites the buffer
-        return torch.cat(kept) if every_position else self._logits(1)
+                kept.append(self._logits(len(chunk)).copy())  # the next chunk overwrites the buffer
+        return np.concatenate(kept) if every_position else self._logits(1)
 
     @staticmethod
     def _set_token(batch: Any, index: int, token: int, position: int, row: int, logits: bool) -> None:
@@ -272,13 +275,13 @@ class LlamaCppExecutor:
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} ({batch.n_tokens} tokens)")
 
-    def _logits(self, outputs: int) -> torch.Tensor:
+    def _logits(self, outputs: int) -> np.ndarray:
         """The last llama_decode's logits [outputs, vocab], in batch order: a view of llama.cpp's
         buffer (no copy), valid until the next llama_decode."""
         pointer = self._llama.llama_get_logits(self._context)
         shape = (outputs, self.model.vocab_size)
         floats = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
-        return torch.from_numpy(np.ctypeslib.as_array(floats, shape))
+        return np.ctypeslib.as_array(floats, shape)
 
     def _pack_rows(self) -> None:
         """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
@@ -320,8 +323,8 @@ class LlamaCppExecutor:
             self._batch.n_tokens = rows
             self._forward(self._batch)
             logits = self._logits(rows)
-            finite = finite and bool(torch.isfinite(logits).all())
-            tokens = logits.argmax(dim=-1).tolist()
+            finite = finite and bool(np.isfinite(logits).all())
+            tokens = logits.argmax(axis=-1).tolist()
         self._llama.llama_memory_clear(self._memory, True)
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
@@ -331,3 +334,34 @@ class LlamaCppExecutor:
         if self._chooser is None:
             raise RuntimeError("the engine is not started")
         return self._chooser
+
+
+def physical_cores() -> int:
+    """The physical cores among the CPUs this process may run on (one per set of SMT siblings)."""
+    cpus = os.sched_getaffinity(0)
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
+        except OSError:  # no sysfs topology (a container may hide it): count what may run
+            return len(cpus)
+    return max(1, len(cores))
+
+
+def return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim, every arena): memory
+    freed by native code stays resident otherwise, as the tokenizer's and llguidance's parsing of
+    the same 3.5 MB JSON leaves it (measured: the default worker's peak 8-10 MiB lower). A no-op
+    where libc has no malloc_trim (musl, macOS)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _quiet_torch() -> None:
+    """When torch was imported anyway (a test process, the torch executor beside this one), keep its
+    OpenMP team to one thread: torch's libgomp team would otherwise spin between its calls on the
+    cores llama.cpp's team needs (measured 22 -> 75 tokens/s at one job, 2 threads each, 2 cores)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)

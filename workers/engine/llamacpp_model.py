@@ -1,5 +1,6 @@
 """A GGUF model loaded by llama.cpp's kernels, through llama-cpp-python's low-level binding (its C
-API one to one), with the Hugging Face tokenizer built from the same file: what LlamaCppExecutor
+API one to one), with the Hugging Face tokenizer built from the same file (extracted once by
+gguf.py, read by tokenizer.py's FolderTokenizer: no transformers, no torch): what LlamaCppExecutor
 (llamacpp_executor.py) runs. Also where llama.cpp's log goes (ours, warnings and errors only)."""
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from shared.logging import fields
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.gguf import default_gguf_path, gguf_digest, tokenizer_folder
+from workers.engine.tokenizer import FolderTokenizer
 from workers.engine.types import FatalEngineError
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class LlamaCppModel:
     """A GGUF model loaded by llama.cpp (weights mmap'd) and its Hugging Face tokenizer."""
 
     handle: Any  # llama_model_p
-    tokenizer: Any
+    tokenizer: FolderTokenizer
     fingerprint: str
     label: str
     vocab_size: int
@@ -86,13 +86,13 @@ def load_llamacpp_model(config: EngineConfig) -> LlamaCppModel:
     handle = llama.llama_model_load_from_file(str(gguf).encode(), params)
     if not handle:
         raise FatalEngineError(f"llama.cpp cannot load {gguf}")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(gguf, config.model_cache))
+    tokenizer = FolderTokenizer(tokenizer_folder(gguf, config.model_cache))
     vocab = llama.llama_model_get_vocab(handle)
     eos = {int(llama.llama_vocab_eos(vocab))}  # as the transformers path: the GGUF eos and the tokenizer's
-    if isinstance(tokenizer.eos_token_id, int):
+    if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     digest = hashlib.sha256(f"llamacpp/{llama.__version__}:{gguf_digest(gguf)}".encode())
-    digest.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    digest.update(str(tokenizer.chat_template or "").encode())
     return LlamaCppModel(
         handle=handle,
         tokenizer=tokenizer,

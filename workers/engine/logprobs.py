@@ -2,7 +2,7 @@
 
 They are the log-softmax of the model's raw logits, before logit_bias, penalties and temperature:
 vLLM's default (`logprobs_mode="raw_logprobs"`), so a score does not depend on how the token was
-sampled. The numbers are computed on the loop thread as tensors (one log-softmax and one top-k over
+sampled. The numbers are computed on the loop thread as arrays (one log-softmax and one top-k over
 the rows that ask); the token strings are decoded once, when the sequence ends.
 """
 
@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from workers.engine.types import TokenLogprob
 
@@ -32,7 +32,7 @@ class RawLogprob:
 
 
 def step_logprobs(
-    logits: torch.Tensor, tokens: Sequence[int], tops: Sequence[int | None]
+    logits: np.ndarray, tokens: Sequence[int], tops: Sequence[int | None]
 ) -> list[RawLogprob | None]:
     """For each row of logits [rows, vocab] whose tops entry is not None: its token's log-probability
     and its tops[row] most likely tokens. Rows with None get None."""
@@ -40,36 +40,57 @@ def step_logprobs(
     found: list[RawLogprob | None] = [None] * len(tops)
     if not rows:
         return found
-    index = torch.tensor(rows, device=logits.device)
-    chosen = torch.tensor([tokens[row] for row in rows], device=logits.device)
-    scores = _score(logits.index_select(0, index), chosen, [tops[row] or 0 for row in rows])
+    chosen = np.asarray([tokens[row] for row in rows], dtype=np.int64)
+    scores = _score(logits[rows], chosen, [tops[row] or 0 for row in rows])
     for row, raw in zip(rows, scores, strict=True):
         found[row] = raw
     return found
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], top: int) -> list[RawLogprob]:
+def prompt_logprobs(logits: np.ndarray, prompt_ids: Sequence[int], top: int) -> list[RawLogprob]:
     """Each prompt token's log-probability given the tokens before it, from the prefill's logits
     [prompt, vocab] (row i predicts token i + 1); the first token has none."""
     found = [RawLogprob(None)]
-    targets = torch.tensor(list(prompt_ids[1:]), device=logits.device)
+    targets = np.asarray(list(prompt_ids[1:]), dtype=np.int64)
     for start in range(0, len(targets), _PROMPT_CHUNK):
         end = start + _PROMPT_CHUNK
         found.extend(_score(logits[start:end], targets[start:end], [top] * len(targets[start:end])))
     return found
 
 
-def _score(logits: torch.Tensor, chosen: torch.Tensor, tops: list[int]) -> list[RawLogprob]:
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    values = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log_softmax over the last axis of logits [rows, vocab], fp32 out. The sum of exponentials
+    accumulates in fp64: numpy sums a strided axis one element after another, and 49,152 fp32
+    additions in a row drift by ~1e-4 (a transposed logits tensor from the torch path is strided)."""
+    rows = np.ascontiguousarray(logits, dtype=np.float32)
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    total = np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float64)
+    result: np.ndarray = shifted - np.log(total).astype(np.float32)
+    return result
+
+
+def _score(logits: np.ndarray, chosen: np.ndarray, tops: list[int]) -> list[RawLogprob]:
+    logprobs = log_softmax(logits)
+    values = np.take_along_axis(logprobs, chosen[:, None], axis=1)[:, 0].tolist()
     most = max(tops, default=0)
     if not most:
         return [RawLogprob(value) for value in values]
-    top_values, top_ids = (t.tolist() for t in logprobs.topk(most, dim=-1))
+    top_ids = _top_ids(logprobs, most)
+    top_values = np.take_along_axis(logprobs, top_ids, axis=1).tolist()
     return [
         RawLogprob(value, tuple(zip(ids[:top], row_values[:top], strict=True)))
-        for value, ids, row_values, top in zip(values, top_ids, top_values, tops, strict=True)
+        for value, ids, row_values, top in zip(values, top_ids.tolist(), top_values, tops, strict=True)
     ]
+
+
+def _top_ids(logprobs: np.ndarray, most: int) -> np.ndarray:
+    """The `most` largest entries' ids per row, largest first (ties: the lower id first)."""
+    most = min(most, logprobs.shape[1])
+    candidates = np.argpartition(-logprobs, most - 1, axis=1)[:, :most]
+    candidates.sort(axis=1)  # ascending ids, so the stable sort below puts a tie's lower id first
+    order = np.argsort(-np.take_along_axis(logprobs, candidates, axis=1), axis=1, kind="stable")
+    ranked: np.ndarray = np.take_along_axis(candidates, order, axis=1)
+    return ranked
 
 
 Decode = Callable[[list[int], bool], str]

@@ -2,15 +2,17 @@
 
 Each prompt is prefilled alone (batch.py), its first token chosen from its logits; every row then
 decodes together. Each row's token is chosen by choice.py (penalties, grammar mask, sampling,
-logprobs: the step every backend shares); with prompt_logprobs the prompt is prefilled at every
-position to score it. A decode step that runs out of device memory is retried once (a transient
-spike can clear); any failure of a decode step escapes to the core, for which it is fatal.
+logprobs: the step every backend shares, in numpy on the host: host_logits); with prompt_logprobs
+the prompt is prefilled at every position to score it. A decode step that runs out of device
+memory is retried once (a transient spike can clear); any failure of a decode step escapes to the
+core, for which it is fatal.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -98,7 +100,7 @@ class ModelExecutor:
         cache, logits = self._require_batch().prefill(sequence.prompt_ids, every_position=scored is not None)
         self._pending = cache
         if scored is not None:
-            sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
+            sequence.prompt_scores = prompt_logprobs(host_logits(logits[:-1]), sequence.prompt_ids, scored)
         return self._choose(logits[-1:], [sequence])[0] if params.max_tokens else None
 
     def join(self, sequence: Sequence) -> None:
@@ -126,7 +128,7 @@ class ModelExecutor:
         """Nothing to free outside Python's heap."""
 
     def _choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
-        return self._require_chooser().choose(logits, sequences)
+        return self._require_chooser().choose(host_logits(logits), sequences)
 
     def _require_chooser(self) -> TokenChooser:
         if self._chooser is None:
@@ -165,3 +167,10 @@ def template_prefix(tokenizer: Any) -> list[int]:
     while size < min(len(first), len(second)) and first[size] == second[size]:
         size += 1
     return first[:size]
+
+
+def host_logits(logits: torch.Tensor) -> np.ndarray:
+    """Logits as the fp32, row-contiguous numpy array token choice reads (choice.py): no copy for
+    contiguous fp32 on the CPU (the transposed linear layer's output is not: one copy then); from
+    a GPU, one transfer of [rows, vocab] per step (6 MB at 32 rows of SmolLM2's vocabulary)."""
+    return logits.detach().float().contiguous().cpu().numpy()

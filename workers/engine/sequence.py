@@ -8,10 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from workers.engine.detokenizer import IncrementalText
 from workers.engine.logprobs import RawLogprob
+from workers.engine.sampling import Generator
 from workers.engine.types import (
     FatalEngineError,
     FinishReason,
@@ -54,7 +53,7 @@ class Sequence:
     #: Tokens this sequence may hold at most (prompt + max_tokens, capped by the context): its share
     #: of EngineConfig.max_batch_tokens while it runs.
     reservation: int
-    generator: torch.Generator | None
+    generator: Generator | None
     submitted_at: float
     #: The completion's text, decoded a few tokens at a time (for stop strings and streaming).
     text: IncrementalText

@@ -4,6 +4,7 @@ shared sampling step (structured outputs, logprobs), and the memory it takes."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_executor import LlamaCppExecutor, physical_cores, return_freed_memory
 from workers.engine.llamacpp_model import LlamaCppModel, binding
 from workers.engine.loading import LoadedModel
 
@@ -251,3 +252,36 @@ def test_a_16_row_engine_adds_its_kv_streams_and_no_copy_of_the_weights(
     grown = _rss_mib() - before
     print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident (KV streams {kv_mib:.0f} MiB)")
     assert kv_mib * 0.95 < grown < kv_mib + 160
+
+
+def _resident_mib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) // 1024
+
+
+def test_native_memory_freed_before_the_kv_cache_goes_back_to_the_kernel() -> None:
+    """60 MB of small native blocks freed below one still held (so glibc's automatic trim of the
+    heap's top cannot return them) stay resident until return_freed_memory()."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(1024) for _ in range(60_000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 1024)
+    kept = libc.malloc(1024)
+    for block in blocks:
+        libc.free(block)
+    held = _resident_mib()
+    return_freed_memory()
+    assert held - _resident_mib() > 40
+    libc.free(kept)
+
+
+def test_the_default_threads_are_the_physical_cores() -> None:
+    """One llama.cpp thread per physical core this process may use (SMT siblings count once)."""
+    import os
+
+    assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
+    executor = LlamaCppExecutor(EngineConfig(model=DEFAULT_MODEL))
+    assert executor.threads == physical_cores()

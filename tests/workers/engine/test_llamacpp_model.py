@@ -38,7 +38,8 @@ def test_a_model_that_is_no_gguf_is_refused(tmp_path: Path) -> None:
 
 
 #: Run in a fresh interpreter: the worker's imports, its engine on the default GGUF (llama.cpp),
-#: started, one job through it; then which model code was ever imported.
+#: started, one job through it that samples, is penalised, masked by a schema and scored; then
+#: which model code (and whether torch) was ever imported.
 _WORKER_LIKE = """
 import sys
 from pathlib import Path
@@ -47,17 +48,24 @@ from workers.engine import EngineConfig, GenerationRequest, SamplingParams, buil
 config = EngineConfig(model_cache=Path(sys.argv[1]), max_batch_size=2, llamacpp_sequence_tokens=256)
 engine = build_engine(config)
 engine.start()
-result = engine.submit(GenerationRequest("r", SamplingParams(max_tokens=4), prompt="Hi")).result(timeout=120)
+params = SamplingParams(
+    max_tokens=4, temperature=0.7, seed=1, repetition_penalty=1.1, logprobs=2, json_schema='{"type":"object"}'
+)
+result = engine.submit(GenerationRequest("r", params, prompt="Hi")).result(timeout=120)
+assert result.logprobs and result.text.startswith("{"), result
 engine.shutdown()
-model_code = ("transformers.modeling_utils", "transformers.activations", "accelerate", "workers.engine.batch")
+model_code = (
+    "transformers.modeling_utils", "transformers.activations", "accelerate", "workers.engine.batch", "torch"
+)
 print(result.completion_tokens, *(name for name in model_code if name in sys.modules))
 """
 
 
-def test_the_llamacpp_worker_never_imports_transformers_model_code(model_cache: Path) -> None:
+def test_the_llamacpp_worker_never_imports_transformers_model_code_or_torch(model_cache: Path) -> None:
     """transformers' model code (modeling_utils, torchao through it; a model config's activations,
     accelerate) is ~230 MB resident and seconds of start-up a llama.cpp worker has no use for: only
-    the tokenizer is transformers'."""
+    the tokenizer is transformers'. torch is ~200 MB more: token choice (sampling, penalties, grammar
+    masks, logprobs) runs in numpy."""
     done = subprocess.run(
         [sys.executable, "-c", _WORKER_LIKE, str(model_cache)],
         capture_output=True,

@@ -7,8 +7,8 @@ import concurrent.futures
 import math
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
@@ -29,7 +29,7 @@ def _error(future: concurrent.futures.Future[GenerationResult]) -> RequestError:
 
 
 def test_adjustments_follow_vllms_formulas_row_by_row() -> None:
-    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]])
+    logits = np.array([[2.0, -1.0, 0.5, 3.0]] * 3, dtype=np.float32)
     params = [
         SamplingParams(max_tokens=8, repetition_penalty=2.0),
         SamplingParams(max_tokens=8, frequency_penalty=0.5, presence_penalty=0.25, logit_bias=((3, -10.0),)),
@@ -39,10 +39,11 @@ def test_adjustments_follow_vllms_formulas_row_by_row() -> None:
     completions = [[1], [0, 0, 2], [1]]
     adjusted = adjust_logits(logits, params, prompts, completions, eos_ids={3})
     # Seen tokens (prompt 0, completion 1): positive logits divided, negative multiplied.
-    torch.testing.assert_close(adjusted[0], torch.tensor([1.0, -2.0, 0.5, 3.0]))
+    np.testing.assert_allclose(adjusted[0], [1.0, -2.0, 0.5, 3.0])
     # Completion counts {0: 2, 2: 1}: 2 - 0.5*2 - 0.25 and 0.5 - 0.5 - 0.25; token 3 biased by -10.
-    torch.testing.assert_close(adjusted[1], torch.tensor([0.75, -1.0, -0.25, -7.0]))
-    torch.testing.assert_close(adjusted[2], logits[2])
+    np.testing.assert_allclose(adjusted[1], [0.75, -1.0, -0.25, -7.0])
+    np.testing.assert_array_equal(adjusted[2], logits[2])
+    assert adjusted is not logits and logits[0, 0] == 2.0  # a copy: the raw logits stay as they were
     short = SamplingParams(max_tokens=8, min_tokens=2)
     masked = adjust_logits(logits[:1], [short], [[0]], [[1]], eos_ids={3})
     assert masked[0, 3] == -math.inf and masked[0, 0] == 2.0

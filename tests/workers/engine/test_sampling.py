@@ -3,7 +3,7 @@ shares the batch, top_p keeps only the smallest prefix reaching its mass."""
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.types import SamplingParams
@@ -11,23 +11,23 @@ from workers.engine.types import SamplingParams
 GREEDY = SamplingParams(max_tokens=1)
 
 
-def _logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
-    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
+def _logits(rows: int, vocab: int = 50, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, vocab), dtype=np.float32)
 
 
 def test_temperature_zero_is_the_argmax_and_has_no_generator() -> None:
     logits = _logits(4)
     assert make_generator(GREEDY) is None
-    assert choose_tokens(logits, [GREEDY] * 4, [None] * 4) == logits.argmax(dim=-1).tolist()
+    assert choose_tokens(logits, [GREEDY] * 4, [None] * 4) == logits.argmax(axis=-1).tolist()
 
 
-def _draws(params: SamplingParams, logits: torch.Tensor, steps: int = 20) -> list[int]:
+def _draws(params: SamplingParams, logits: np.ndarray, steps: int = 20) -> list[int]:
     generator = make_generator(params)
     return [choose_tokens(logits[None], [params], [generator])[0] for _ in range(steps)]
 
 
 def test_a_seeded_generator_repeats_and_another_seed_differs() -> None:
-    logits = torch.zeros(50)  # uniform: every draw is up to the generator
+    logits = np.zeros(50, dtype=np.float32)  # uniform: every draw is up to the generator
     seeded = SamplingParams(max_tokens=1, temperature=1.0, seed=7)
     assert _draws(seeded, logits) == _draws(seeded, logits)
     assert _draws(seeded, logits) != _draws(SamplingParams(max_tokens=1, temperature=1.0, seed=8), logits)
@@ -45,14 +45,14 @@ def test_a_seeded_row_draws_the_same_batched_or_alone() -> None:
 
 def test_unseeded_generators_differ() -> None:
     params = SamplingParams(max_tokens=1, temperature=1.0)
-    logits = torch.zeros(1000)
+    logits = np.zeros(1000, dtype=np.float32)
     assert _draws(params, logits) != _draws(params, logits)
 
 
 def test_top_p_keeps_the_smallest_prefix_reaching_its_mass() -> None:
     # Probabilities ~0.6, 0.3, 0.1 at temperature 1: top_p 0.5 keeps the first only,
     # top_p 0.8 the first two.
-    logits = torch.log(torch.tensor([0.3, 0.6, 0.1]))
+    logits = np.log(np.array([0.3, 0.6, 0.1], dtype=np.float32))
     only_first = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.5, seed=1)
     assert set(_draws(only_first, logits, 200)) == {1}
     two = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.8, seed=1)
@@ -60,8 +60,25 @@ def test_top_p_keeps_the_smallest_prefix_reaching_its_mass() -> None:
 
 
 def test_low_temperature_concentrates_on_the_argmax() -> None:
-    logits = torch.tensor([1.0, 2.0, 1.5])
+    logits = np.array([1.0, 2.0, 1.5], dtype=np.float32)
     cold = SamplingParams(max_tokens=1, temperature=0.01, seed=5)
     assert set(_draws(cold, logits, 100)) == {1}
     hot = SamplingParams(max_tokens=1, temperature=2.0, seed=5)
     assert set(_draws(hot, logits, 300)) == {0, 1, 2}
+
+
+def test_a_token_of_zero_probability_is_never_drawn() -> None:
+    """Banned (-inf) tokens span no interval of the cumulative mass, with or without top_p."""
+    logits = np.full(20, -np.inf, dtype=np.float32)
+    logits[[3, 11]] = 0.0
+    for top_p in (1.0, 0.99):
+        params = SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, seed=2)
+        assert set(_draws(params, logits, 300)) == {3, 11}
+
+
+def test_draws_follow_the_distribution() -> None:
+    """Probabilities 0.7 / 0.2 / 0.1: 4,000 seeded draws land within a few standard deviations."""
+    logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
+    draws = _draws(SamplingParams(max_tokens=1, temperature=1.0, seed=11), logits, 4000)
+    shares = np.bincount(draws, minlength=3) / len(draws)
+    assert np.allclose(shares, [0.7, 0.2, 0.1], atol=0.03), shares
