@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +154,6 @@ class LlamaCppExecutor:
         model = self._model = self._model or load_llamacpp_model(self._config)
         llama = self._llama = binding()
         self._threads = self.threads
-        _quiet_torch()
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
         # Before the KV cache is allocated (and zeroed: all of it resident), so the peak holds
@@ -356,12 +354,3 @@ def return_freed_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
-
-
-def _quiet_torch() -> None:
-    """When torch was imported anyway (a test process, the torch executor beside this one), keep its
-    OpenMP team to one thread: torch's libgomp team would otherwise spin between its calls on the
-    cores llama.cpp's team needs (measured 22 -> 75 tokens/s at one job, 2 threads each, 2 cores)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)

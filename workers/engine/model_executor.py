@@ -99,9 +99,10 @@ class ModelExecutor:
         scored = params.prompt_logprobs
         cache, logits = self._require_batch().prefill(sequence.prompt_ids, every_position=scored is not None)
         self._pending = cache
+        host = host_logits(logits)  # one transfer from the device for both uses
         if scored is not None:
-            sequence.prompt_scores = prompt_logprobs(host_logits(logits[:-1]), sequence.prompt_ids, scored)
-        return self._choose(logits[-1:], [sequence])[0] if params.max_tokens else None
+            sequence.prompt_scores = prompt_logprobs(host[:-1], sequence.prompt_ids, scored)
+        return self._choose(host[-1:], [sequence])[0] if params.max_tokens else None
 
     def join(self, sequence: Sequence) -> None:
         if self._pending is None:
@@ -113,7 +114,7 @@ class ModelExecutor:
         batch = self._require_batch()
         members = batch.members
         logits = self._forward_with_retry(batch, [sequence.completion[-1] for sequence in members])
-        return list(zip(members, self._choose(logits, members), strict=True))
+        return list(zip(members, self._choose(host_logits(logits), members), strict=True))
 
     def release(self, sequences: list[Sequence]) -> None:
         batch = self._require_batch()
@@ -127,8 +128,8 @@ class ModelExecutor:
     def close(self) -> None:
         """Nothing to free outside Python's heap."""
 
-    def _choose(self, logits: torch.Tensor, sequences: list[Sequence]) -> list[int]:
-        return self._require_chooser().choose(host_logits(logits), sequences)
+    def _choose(self, logits: np.ndarray, sequences: list[Sequence]) -> list[int]:
+        return self._require_chooser().choose(logits, sequences)
 
     def _require_chooser(self) -> TokenChooser:
         if self._chooser is None:

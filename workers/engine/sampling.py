@@ -54,5 +54,6 @@ def _sample(logits: np.ndarray, params: SamplingParams, generator: Generator) ->
     # One draw per token, inverted through the cumulative mass: a token of zero probability (a
     # banned or masked one) spans no interval and cannot be drawn.
     chosen = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
-    chosen = min(chosen, int(np.flatnonzero(probs[: len(cumulative)])[-1]))  # a draw rounded up to the total
+    if chosen == len(cumulative):  # the draw rounded up to the total: the last token with any mass
+        chosen = int(np.flatnonzero(probs[: len(cumulative)])[-1])
     return int(order[chosen]) if order is not None else chosen

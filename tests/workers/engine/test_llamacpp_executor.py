@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -255,11 +256,6 @@ def test_a_16_row_engine_adds_its_kv_streams_and_no_copy_of_the_weights(
     assert kv_mib * 0.95 < grown < kv_mib + 160
 
 
-def _resident_mib() -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(status.split("VmRSS:")[1].split()[0]) // 1024
-
-
 def test_native_memory_freed_before_the_kv_cache_goes_back_to_the_kernel() -> None:
     """60 MB of small native blocks freed below one still held (so glibc's automatic trim of the
     heap's top cannot return them) stay resident until return_freed_memory()."""
@@ -273,16 +269,14 @@ def test_native_memory_freed_before_the_kv_cache_goes_back_to_the_kernel() -> No
     kept = libc.malloc(1024)
     for block in blocks:
         libc.free(block)
-    held = _resident_mib()
+    held = _rss_mib()
     return_freed_memory()
-    assert held - _resident_mib() > 40
+    assert held - _rss_mib() > 40
     libc.free(kept)
 
 
 def test_the_default_threads_are_the_physical_cores() -> None:
     """One llama.cpp thread per physical core this process may use (SMT siblings count once)."""
-    import os
-
     assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
     executor = LlamaCppExecutor(EngineConfig(model=DEFAULT_MODEL))
     assert executor.threads == physical_cores()
