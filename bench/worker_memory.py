@@ -1,9 +1,11 @@
 """A worker's resident memory, stage by stage, on its own settings (`GENQ_*`, as `genq worker` reads
-them): its imports, the engine built, started (model loaded, KV cache allocated, warmed up), then
-after C concurrent jobs of N tokens. Peak (VmHWM) and current (VmRSS) resident MiB at each stage,
-split into anonymous and file-backed (the mapped GGUF weights and shared libraries), the largest
-mappings at the end (the KV cache is one anonymous mapping under llama.cpp), and which model code
-was imported (transformers' models, accelerate: a llama.cpp worker needs none of it).
+them): its imports, the engine built, started (model loaded, KV cache allocated, warmed up), after
+C concurrent jobs of N tokens, then after one job with a response format (the first builds
+llguidance's view of the tokenizer, workers/engine/structured.py). Peak (VmHWM) and current
+(VmRSS) resident MiB at each stage, split into anonymous and file-backed (the mapped GGUF weights
+and shared libraries), the largest mappings at the end (the KV cache is one anonymous mapping under
+llama.cpp), and which model code was imported (transformers' models, accelerate: a llama.cpp
+worker needs none of it).
 
     python -m bench.worker_memory                       # default settings, 16 jobs of 64 tokens
     GENQ_LLAMACPP_SEQUENCE_TOKENS=1024 python -m bench.worker_memory
@@ -91,6 +93,10 @@ def measure(concurrency: int, tokens: int) -> dict[str, Any]:
     for thread in clients:
         thread.join()
     stages[f"after {concurrency} jobs"] = stage()
+    # llguidance's view of the tokenizer is built by the first response format (structured.py).
+    schema = SamplingParams(max_tokens=tokens, json_schema='{"type": "array", "items": {"type": "integer"}}')
+    engine.submit(GenerationRequest("m-json", schema, prompt="Five integers, as JSON.")).result()
+    stages["after a response format"] = stage()
     report = {
         "model": config.model,
         "backend": choose_backend(config),
@@ -99,6 +105,7 @@ def measure(concurrency: int, tokens: int) -> dict[str, Any]:
         "generated_tokens": sum(generated),
         "stages": stages,
         "peak_mib": stages[f"after {concurrency} jobs"]["VmHWM"],
+        "peak_with_response_format_mib": stages["after a response format"]["VmHWM"],
         "large_mappings": large_mappings(),
         "model_code_imported": [name for name in MODEL_CODE if name in sys.modules],
     }

@@ -157,7 +157,7 @@ class LlamaCppExecutor:
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
         # Before the KV cache is allocated (and zeroed: all of it resident), so the peak holds
-        # only what stays: the tokenizer's and llguidance's JSON parsing leave freed pages behind.
+        # only what stays: parsing the tokenizer's JSON leaves freed pages behind.
         return_freed_memory()
         self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
@@ -348,9 +348,9 @@ def physical_cores() -> int:
 
 def return_freed_memory() -> None:
     """Hand the C heap's free pages back to the kernel (glibc's malloc_trim, every arena): memory
-    freed by native code stays resident otherwise, as the tokenizer's and llguidance's parsing of
-    the same 3.5 MB JSON leaves it (measured: the default worker's peak 8-10 MiB lower). A no-op
-    where libc has no malloc_trim (musl, macOS)."""
+    freed by native code stays resident otherwise, as the tokenizer's parsing of its 3.5 MB JSON
+    leaves it (measured when llguidance's view was built at start too: the default worker's peak
+    8-10 MiB lower). A no-op where libc has no malloc_trim (musl, macOS)."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)

@@ -83,13 +83,13 @@ class ModelExecutor:
         return self.loaded.context_tokens
 
     def prepare(self) -> None:
-        """Load the model (unless given), build the batch and the grammars, warm up."""
+        """Load the model (unless given), build the batch and the response-format compiler, warm up."""
         loaded = self._loaded = self._loaded or load_model(self._config)
         if self._config.fast_cpu_linear:
             use_transposed_linear(loaded.model)
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
         self._batch.share_prefix(template_prefix(loaded.tokenizer))
-        # Built here (~0.4 s), not by the first structured request while it holds up the others.
+        # llguidance's view of the tokenizer waits for the first response format (structured.py).
         self._grammars = Grammars(loaded.tokenizer, self.vocab_size)
         self._chooser = TokenChooser(loaded.eos_token_ids)
         self._warm_up(self._batch)

@@ -11,6 +11,7 @@ two one-line helpers, written out here (_allocate_masks, _fill_mask).
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -22,21 +23,47 @@ from workers.engine.types import ErrorType, RequestError
 
 
 class Grammars:
-    """Compiles response formats for one model's tokenizer (its llguidance view takes ~0.4 s)."""
+    """Compiles response formats for one model's tokenizer.
+
+    llguidance's view of the tokenizer (~35 MiB resident for SmolLM2's 49k tokens) is built by the
+    first response format, as vLLM's structured-output manager builds its backend on first use: a
+    worker that serves none never holds it. The price, once per worker: that request's thread builds
+    it (~0.3 s) holding the GIL, so the engine loop's next step waits as long. The tokenizer's JSON
+    is taken at start (~4 MB), so building the view later reads nothing the engine's threads share."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         # llguidance.hf.from_tokenizer does the same from a transformers tokenizer only (and its
         # isinstance check imports transformers' tokenizer classes, torch with them).
-        self._tokenizer = LLTokenizer(
-            tokenizer_json(tokenizer), n_vocab=vocab_size, eos_token=tokenizer.eos_token_id
-        )
+        self._source: tuple[str, int, int | None] | None = (
+            tokenizer_json(tokenizer), vocab_size, tokenizer.eos_token_id
+        )  # fmt: skip
+        self._view: LLTokenizer | None = None
+        self._lock = threading.Lock()  # two first response formats at once build one view
+
+    @property
+    def built(self) -> bool:
+        """Whether llguidance's view of the tokenizer exists (a response format was compiled)."""
+        return self._view is not None
 
     def matcher(self, schema: str) -> LLMatcher:
         """A fresh matcher for this JSON schema (~1 ms); RequestError when it cannot be enforced."""
-        matcher = LLMatcher(self._tokenizer, grammar(schema))
+        matcher = LLMatcher(self._tokenizer(), grammar(schema))
         if matcher.is_error():
             raise RequestError(ErrorType.INVALID_REQUEST, f"response_format: {matcher.get_error()}")
         return matcher
+
+    def _tokenizer(self) -> LLTokenizer:
+        with self._lock:
+            if self._view is None:
+                assert self._source is not None
+                text, vocab_size, eos = self._source
+                try:
+                    self._view = LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
+                except Exception as exc:  # this tokenizer: no response format can run, all else can
+                    message = f"response_format: llguidance cannot read this model's tokenizer: {exc}"
+                    raise RequestError(ErrorType.INVALID_REQUEST, message) from exc
+                self._source = None  # the view holds what it needs
+            return self._view
 
 
 def mask_logits(logits: np.ndarray, raw: np.ndarray, matchers: list[LLMatcher | None]) -> np.ndarray:

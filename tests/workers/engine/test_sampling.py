@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.engine.sampling import choose_tokens, make_generator
+from workers.engine.sampling import Generator, choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=1)
@@ -82,3 +82,42 @@ def test_draws_follow_the_distribution() -> None:
     draws = _draws(SamplingParams(max_tokens=1, temperature=1.0, seed=11), logits, 4000)
     shares = np.bincount(draws, minlength=3) / len(draws)
     assert np.allclose(shares, [0.7, 0.2, 0.1], atol=0.03), shares
+
+
+def _full_sort_nucleus_draw(logits: np.ndarray, params: SamplingParams, generator: Generator) -> int:
+    """top_p by sorting the whole vocabulary (stable: ties by id): what the nucleus search must equal."""
+    scaled = logits.astype(np.float64) / params.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    order = np.argsort(-scaled, kind="stable")
+    sorted_probs = probs[order]
+    cumulative = np.cumsum(sorted_probs)
+    cumulative = cumulative[: int(np.count_nonzero(cumulative - sorted_probs < params.top_p))]
+    chosen = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
+    if chosen == len(cumulative):
+        chosen = int(np.flatnonzero(sorted_probs[: len(cumulative)])[-1])
+    return int(order[chosen])
+
+
+def test_top_p_draws_what_sorting_the_whole_vocabulary_draws() -> None:
+    """The nucleus search sorts only likely tokens; every draw must equal the whole sort's, for
+    peaked and flat distributions, ties (on the nucleus' edge too), banned tokens and top_p near 1."""
+    rng = np.random.default_rng(5)
+    vocab = 4096
+    shapes = {
+        "peaked": rng.standard_normal(vocab) * 6,
+        "flat": rng.standard_normal(vocab) * 0.05,
+        "ties": np.round(rng.standard_normal(vocab) * 2),  # few distinct values: ties everywhere
+        "uniform": np.zeros(vocab),
+        "banned": np.where(rng.random(vocab) < 0.9, -np.inf, rng.standard_normal(vocab)),
+    }
+    for name, values in shapes.items():
+        logits = values.astype(np.float32)
+        for top_p in (0.05, 0.5, 0.9, 0.99, 0.999999):
+            for temperature in (0.3, 1.0, 1.7):
+                params = SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p, seed=1)
+                ours, theirs = make_generator(params), make_generator(params)
+                assert ours is not None and theirs is not None
+                for _ in range(25):
+                    expected = _full_sort_nucleus_draw(logits, params, theirs)
+                    assert choose_tokens(logits[None], [params], [ours])[0] == expected, (name, top_p)

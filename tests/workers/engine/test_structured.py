@@ -9,9 +9,14 @@ from typing import Any
 
 import jsonschema
 import pytest
+import tokenizers
+from llguidance import LLTokenizer
 
 from tests.workers.engine.conftest import EngineFactory
-from workers.engine import GenerationRequest, RequestError, SamplingParams
+from workers.engine import GenerationRequest, RequestError, SamplingParams, structured
+from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel
+from workers.engine.structured import Grammars
 
 #: Bounded (string lengths, integer range, array size) so that even random weights end within budget.
 SCHEMA = {
@@ -67,4 +72,53 @@ def test_a_schema_that_cannot_compile_fails_the_request(random_engine: EngineFac
     engine = random_engine()
     with pytest.raises(RequestError, match="response_format") as caught:
         engine.submit(_request("bad", schema={"type": "strin"})).result(30)
+    assert caught.value.type == "invalid_request"
+
+
+def test_the_llguidance_view_is_built_by_the_first_response_format_only(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """A worker that serves no response format never holds llguidance's ~35 MiB view of the
+    tokenizer; the first response format builds it, and later ones reuse it."""
+    engine = llamacpp_engine(max_batch_size=2)
+    executor = engine._executor
+    assert isinstance(executor, LlamaCppExecutor)
+    plain = engine.submit(_request("plain", schema=None, max_tokens=4)).result(60)
+    assert plain.completion_tokens == 4
+    assert not executor.grammars.built
+    first = engine.submit(_request("first", schema={"type": "boolean"})).result(60)
+    assert first.text in ("true", "false")
+    assert executor.grammars.built
+    second = engine.submit(_request("second", schema={"enum": ["red", "blue"]})).result(60)
+    assert json.loads(second.text) in ("red", "blue")
+
+
+def test_concurrent_first_response_formats_build_one_view(
+    llamacpp_model: LlamaCppModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[LLTokenizer] = []
+
+    def counted(*args: Any, **kwargs: Any) -> LLTokenizer:
+        view = LLTokenizer(*args, **kwargs)
+        built.append(view)
+        return view
+
+    monkeypatch.setattr(structured, "LLTokenizer", counted)
+    grammars = Grammars(llamacpp_model.tokenizer, llamacpp_model.vocab_size)
+    assert not grammars.built
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        matchers = list(pool.map(lambda _: grammars.matcher('{"type": "integer"}'), range(8)))
+    assert len(built) == 1
+    assert grammars.built
+    assert all(not matcher.is_error() for matcher in matchers)
+
+
+def test_a_tokenizer_llguidance_cannot_read_fails_only_response_formats() -> None:
+    class Unreadable:
+        eos_token_id = 0
+        backend_tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())  # no vocabulary at all
+
+    grammars = Grammars(Unreadable(), vocab_size=49152)  # building the engine does not fail
+    with pytest.raises(RequestError, match="response_format: llguidance cannot read") as caught:
+        grammars.matcher('{"type": "integer"}')
     assert caught.value.type == "invalid_request"
