@@ -125,3 +125,26 @@ def test_bench_worker_memory_quick(tmp_path: Path) -> None:
     assert any(m["mapping"].endswith(".gguf") for m in report["large_mappings"])  # the mapped weights
     assert report["model_code_imported"] == []
     assert (tmp_path / "worker_memory.png").stat().st_size > 0
+
+
+def test_bench_sampling_quick(tmp_path: Path) -> None:
+    """Token choice per decode step on the default model's logits: the nucleus search draws the
+    tokens the whole-vocabulary sort (its baseline) draws, and each way is timed."""
+    subprocess.run(
+        [sys.executable, "-m", "bench.sampling", "--quick", "--out", str(tmp_path),
+         "--model-cache", str(MODEL_CACHE)],
+        cwd=ROOT, check=True, timeout=240, capture_output=True,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "sampling.json").read_text())
+    assert report["quick"] is True and report["rows_per_step"] == 16
+    assert report["same_tokens_as_baseline"] is True
+    assert report["positions"] >= 2 * 16 and report["steps_timed"] >= 2
+    assert set(report["ways"]) == {
+        "greedy",
+        "temperature 0.8",
+        "top_p 0.95, nucleus search",
+        "top_p 0.95, whole sort (baseline)",
+    }
+    assert all(0 < way["median_ms"] <= way["p99_ms"] for way in report["ways"].values())
+    assert report["forward_ms_median"] > 0
+    assert (tmp_path / "sampling.png").stat().st_size > 0
