@@ -8,15 +8,17 @@ _BATCH_TOKENS), logits at its last token only, or at every position when prompt_
 Releasing a sequence frees its seq_id and keeps its cells: a later prompt that starts with the same
 tokens (the chat template's system prompt, a conversation's earlier turns) takes that seq_id, drops
 the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
-(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same).
+(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same), even a
+seq_id away from the running ones when it holds more than a few tokens more than those beside them
+(llamacpp_rows.MOVE_WORTH_TOKENS); a prompt that shares nothing takes a seq_id holding no cells.
 
 The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
 with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
 consecutive seq_ids in batch order (llama_batch_allocr::split_equal, sequential); 16 rows out of
-order measured 143 against 281-323 tokens/s in order (2 threads). A row ending inside the run is
-filled by moving the last sequence there (llama_memory_seq_cp copies its KV stream, ~25 MB: the
-next step took 4-4.5 ms longer, at 15 rows); its cells keep their indices and contents, so it
-computes exactly as before.
+order measured 143 against 281-323 tokens/s in order (2 threads). When the rows are not one run
+(a row ended inside it, or a new sequence took cells away from it), the fewest sequences move into
+the gaps (llama_memory_seq_cp copies a KV stream, ~25 MB: the next step took 4-4.5 ms longer, at
+15 rows); a moved sequence's cells keep their indices and contents, so it computes exactly as before.
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
@@ -283,11 +285,11 @@ class LlamaCppExecutor:
 
     def _pack_rows(self) -> None:
         """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
-        for high, gap in self._seq_ids.packing(self._rows.values()):
-            last = next(sequence for sequence, row in self._rows.items() if row == high)
-            self._llama.llama_memory_seq_cp(self._memory, high, gap, -1, -1)  # copied at the next decode
-            self._llama.llama_memory_seq_rm(self._memory, high, -1, -1)
-            self._rows[last] = gap
+        for source, gap in self._seq_ids.packing(self._rows.values()):
+            moved = next(sequence for sequence, row in self._rows.items() if row == source)
+            self._llama.llama_memory_seq_cp(self._memory, source, gap, -1, -1)  # copied at the next decode
+            self._llama.llama_memory_seq_rm(self._memory, source, -1, -1)
+            self._rows[moved] = gap
             self._moves += 1
 
     def _drop_pending(self, keep: bool = True) -> None:

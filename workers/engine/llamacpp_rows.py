@@ -2,7 +2,10 @@
 seq_ids, because with one KV stream per seq_id llama.cpp runs a batch as one forward pass per such
 run (llamacpp_executor.py's module docstring has the measurement). A free seq_id may still hold the
 KV cells of the sequence that last ran there: a new prompt that starts with the same tokens takes
-that seq_id and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache)."""
+that seq_id and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache),
+even one away from the run when the cells it holds are worth a move (the executor copies a stream
+into a free seq_id beside the run: ~4.5 ms at 2048 cells, what prefilling one or two prompt tokens
+costs on 2 cores)."""
 
 from __future__ import annotations
 
@@ -19,23 +22,35 @@ class Taken:
     kept: int = 0
 
 
+#: How many more prompt tokens a free seq_id away from the run must hold than the best one beside
+#: it before a new sequence takes it (and one move puts the run back together): a move copies a
+#: whole stream, a few prefilled tokens' worth, so a margin keeps moves for real savings.
+MOVE_WORTH_TOKENS = 8
+
+
 class SeqIds:
     """The free seq_ids of one context of `count` rows, and the tokens each free one's KV cells
     still hold; the caller holds the used ones."""
 
     def __init__(self, count: int) -> None:
+        self._count = count
         self._free = set(range(count))
         self._held: dict[int, list[int]] = {}  # free seq_id -> its cells' tokens, positions 0..n-1
 
     def take(self, used: Collection[int], prompt: Sequence[int] = ()) -> Taken:
-        """A free seq_id for a new sequence, which keeps the running ones one run (after packing): any
-        free one when none runs, else one right after or before the run, or inside it (a gap). Of
-        those, the one whose cells hold the longest prefix of `prompt` (at most all but its last
-        token, whose logits the prefill must compute); on a tie, after the run, then before it, then
-        the lowest. An empty `prompt` reuses nothing."""
+        """A free seq_id for a new sequence. Of those that keep the running ones one run (any free
+        one when none runs, else one right after or before the run, or inside it: a gap), the one
+        whose cells hold the longest prefix of `prompt` (at most all but its last token, whose
+        logits the prefill must compute); on a tie, one holding no cells (others keep theirs for a
+        later prompt), then after the run, then before it, then the lowest. A free seq_id elsewhere
+        is taken instead when it holds more than MOVE_WORTH_TOKENS tokens more (packing() then moves
+        one sequence). An empty `prompt` reuses nothing."""
+        kept = {row: _common_prefix(self._held.get(row, ()), prompt, len(prompt) - 1) for row in self._free}
         candidates = self._candidates(used)
-        kept = {row: _common_prefix(self._held.get(row, ()), prompt, len(prompt) - 1) for row in candidates}
-        row = max(candidates, key=lambda row: (kept[row], candidates[row]))
+        row = max(candidates, key=lambda row: (kept[row], row not in self._held, candidates[row]))
+        farther = max(self._free, key=lambda row: (kept[row], -row))
+        if kept[farther] > kept[row] + MOVE_WORTH_TOKENS:
+            row = farther
         self._free.remove(row)
         self._held.pop(row, None)
         return Taken(row, kept[row])
@@ -52,22 +67,29 @@ class SeqIds:
         return sum(map(len, self._held.values()))
 
     def packing(self, used: Collection[int]) -> Iterator[tuple[int, int]]:
-        """The moves (from, to) that make `used` one run: while a free seq_id lies inside it, the
-        highest moves into the lowest such one (whose kept cells it overwrites). Each is booked as
-        it is yielded."""
+        """The moves (from, to) that make `used` one run, as few as can be: of the windows of
+        len(used) consecutive seq_ids, the one already holding the most of them (the lowest on a
+        tie) takes the others, highest first, into its free seq_ids, lowest first (whose kept
+        cells they overwrite). Each is booked as it is yielded."""
         rows = set(used)
-        while rows and max(rows) - min(rows) + 1 != len(rows):
-            low, high = min(rows), max(rows)
-            gap = min(row for row in self._free if low < row < high)
+        if not rows or max(rows) - min(rows) + 1 == len(rows):
+            return
+        size = len(rows)
+        start = max(
+            range(self._count - size + 1), key=lambda at: (len(rows & set(range(at, at + size))), -at)
+        )
+        window = range(start, start + size)
+        outside = sorted((row for row in rows if row not in window), reverse=True)
+        gaps = sorted(row for row in window if row not in rows)
+        for moved, gap in zip(outside, gaps, strict=True):
             self._free.remove(gap)
             self._held.pop(gap, None)
-            self._free.add(high)
-            rows.remove(high)
-            rows.add(gap)
-            yield high, gap
+            self._free.add(moved)
+            yield moved, gap
 
     def _candidates(self, used: Collection[int]) -> dict[int, int]:
-        """The free seq_ids a new sequence may take, each with its rank among equal prefixes."""
+        """The free seq_ids a new sequence may take without a move, each with its rank among equal
+        prefixes."""
         if not used:
             return {row: -row for row in self._free}
         low, high = min(used), max(used)

@@ -165,6 +165,47 @@ def test_a_later_prompt_reuses_the_cells_of_a_released_row_and_computes_as_a_ful
     assert _executor(whole).cells(0) == 0  # off: a released row keeps nothing
 
 
+def _verbatim(request_id: str, text: str, started: threading.Event) -> GenerationRequest:
+    """A long job on a prompt without the chat template: it shares no cells with a conversation."""
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    return GenerationRequest(
+        request_id, params, prompt=text, template="none", on_output=lambda _: started.set()
+    )
+
+
+def test_a_conversation_whose_cells_lie_away_from_the_run_takes_them_with_one_move(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """A conversation's next turn finds its first turn's cells in a seq_id that is not beside the
+    running ones: it takes that seq_id (far more shared tokens than a move costs), one move puts
+    the run back together, and its logprobs and text equal those of an engine that prefilled it
+    whole. Jobs that share nothing take empty seq_ids and leave the conversation's cells alone."""
+    engine = llamacpp_engine(max_batch_size=5)
+    executor = _executor(engine)
+    first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
+    _wait_for(lambda: executor.rows == 0)
+    started = [threading.Event() for _ in range(3)]
+    longs = [
+        engine.submit(_verbatim(f"long{i}", f"Once upon a time, story {i}", started[i])) for i in range(3)
+    ]
+    assert all(event.wait(60) for event in started)
+    assert sorted(executor.seq_id(s) for s in executor._rows) == [1, 2, 3]  # 0 keeps the conversation
+    engine.cancel("long0")  # frees 1: the run is 2-3, and 0 lies away from it
+    with pytest.raises(RequestError, match="cancel"):
+        longs[0].result(30)
+    turn = [{"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And at night?"}]  # fmt: skip
+    params = SamplingParams(max_tokens=12, logprobs=2)
+    reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
+    assert executor.reused_prompt_tokens >= first.prompt_tokens
+    assert executor.moves == 1
+    engine.cancel("long1")
+    engine.cancel("long2")
+    whole = llamacpp_engine(max_batch_size=5, llamacpp_prefix_cache=False)
+    fresh = whole.submit(GenerationRequest("turn", params, messages=turn)).result(60)
+    assert (reused.text, reused.logprobs) == (fresh.text, fresh.logprobs)
+
+
 def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> None:
     engine = llamacpp_engine(max_batch_size=2)
     executor = _executor(engine)

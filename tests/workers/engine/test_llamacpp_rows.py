@@ -13,16 +13,20 @@ def test_new_sequences_extend_the_run_after_it_then_before_it() -> None:
     assert seq_ids.take([1, 2, 3]).row == 0  # then before it
 
 
-def test_packing_moves_the_highest_into_the_gaps_inside_the_run_only() -> None:
+def test_packing_makes_one_run_with_the_fewest_moves() -> None:
     seq_ids = SeqIds(6)
-    for used in ([], [0], [0, 1], [0, 1, 2], [0, 1, 2, 3]):
+    for used in ([], [0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]):
         seq_ids.take(used)
     seq_ids.give_back(1)
     seq_ids.give_back(2)
-    assert list(seq_ids.packing([0, 3, 4])) == [(4, 1), (3, 2)]
-    assert list(seq_ids.packing([0, 1, 2])) == []
-    assert seq_ids.take([0, 1, 2]).row == 3  # the moved-from seq_ids are free again
+    # [2, 5] already holds three of 0, 3, 4, 5: only 0 moves (filling 1 and 2 from above took two).
+    assert list(seq_ids.packing([0, 3, 4, 5])) == [(0, 2)]
+    assert list(seq_ids.packing([2, 3, 4, 5])) == []
+    assert seq_ids.take([2, 3, 4, 5]).row == 1  # before the run; the moved-from 0 is free again
+    assert seq_ids.take([1, 2, 3, 4, 5]).row == 0
     assert list(SeqIds(6).packing([2, 3])) == []  # a run need not start at 0
+    # No window holds more than one of 0 and 3: the lowest takes the other, highest first.
+    assert list(SeqIds(6).packing([3, 0])) == [(3, 1)]
 
 
 def test_a_new_prompt_takes_the_free_seq_id_holding_its_longest_prefix() -> None:
@@ -55,3 +59,40 @@ def test_reuse_never_breaks_the_run_and_overwritten_cells_are_forgotten() -> Non
     seq_ids.give_back(4, [1, 2])
     assert seq_ids.held_tokens == 3 + 2  # 0 keeps its three; 4 holds what it was given back with
     assert seq_ids.take([0, 1, 2, 3], [1, 2, 3]) == Taken(4, 2)
+
+
+def _running(count: int, rows: int) -> SeqIds:
+    seq_ids = SeqIds(count)
+    for row in range(rows):
+        assert seq_ids.take(list(range(row))).row == row
+    return seq_ids
+
+
+#: A chat template's opening, which every seq_id that ran a chat holds.
+TEMPLATE = list(range(100, 120))
+
+
+def test_a_seq_id_away_from_the_run_is_taken_when_its_cells_are_worth_a_move() -> None:
+    seq_ids = _running(8, 4)  # 0-3 ran; 3 keeps running
+    seq_ids.give_back(1)
+    seq_ids.give_back(0, [*TEMPLATE, *range(2, 14)])  # the same conversation, 12 tokens further
+    seq_ids.give_back(2, [*TEMPLATE, 1])  # beside the run: the template only
+    taken = seq_ids.take([3], [*TEMPLATE, *range(2, 15)])
+    assert taken == Taken(0, len(TEMPLATE) + 12)  # 12 > 8 more than beside the run: worth a move
+    assert list(seq_ids.packing([3, 0])) == [(3, 1)]  # one move puts the run back together
+
+
+def test_a_seq_id_away_from_the_run_is_not_taken_for_a_few_tokens() -> None:
+    seq_ids = _running(8, 4)
+    seq_ids.give_back(1)
+    seq_ids.give_back(0, [*TEMPLATE, *range(2, 10)])  # 8 tokens further only
+    seq_ids.give_back(2, [*TEMPLATE, 1])
+    assert seq_ids.take([3], [*TEMPLATE, *range(2, 15)]) == Taken(2, len(TEMPLATE))
+
+
+def test_on_a_tie_a_seq_id_holding_nothing_is_taken_before_one_keeping_cells() -> None:
+    seq_ids = _running(4, 2)
+    seq_ids.give_back(0, [*TEMPLATE, 1])
+    seq_ids.give_back(1)
+    assert seq_ids.take([], [5, 6, 7]) == Taken(1)  # nothing shared anywhere: 0 keeps its cells
+    assert seq_ids.take([1], [5, 6, 7]) == Taken(2)  # beside the run, holding nothing: not 0
