@@ -8,9 +8,11 @@ _BATCH_TOKENS), logits at its last token only, or at every position when prompt_
 Releasing a sequence frees its seq_id and keeps its cells: a later prompt that starts with the same
 tokens (the chat template's system prompt, a conversation's earlier turns) takes that seq_id, drops
 the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
-(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same), even a
-seq_id away from the running ones when it holds more than a few tokens more than those beside them
-(llamacpp_rows.MOVE_WORTH_TOKENS); a prompt that shares nothing takes a seq_id holding no cells.
+(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same). When
+the prefix lies in a seq_id away from the running ones, or in one whose later cells the prompt
+would overwrite, an empty seq_id beside the run gets a copy of that stream instead
+(llama_memory_seq_cp, llamacpp_rows.py), and the cells stay for a later prompt; a prompt that
+shares nothing takes a seq_id holding no cells.
 
 The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
 with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
@@ -81,6 +83,7 @@ class LlamaCppExecutor:
         self._seq_ids = SeqIds(0)
         self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
+        self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
 
     # ---- facts -----------------------------------------------------------------------------------
@@ -141,6 +144,11 @@ class LlamaCppExecutor:
         return self._moves
 
     @property
+    def copies(self) -> int:
+        """Prompts that got a copy of a free seq_id's stream for their prefix (llamacpp_rows.Taken)."""
+        return self._copies
+
+    @property
     def reused_prompt_tokens(self) -> int:
         """Prompt tokens not prefilled so far because their seq_id's cells already held them."""
         return self._reused
@@ -179,6 +187,9 @@ class LlamaCppExecutor:
         taken = self._seq_ids.take(self._rows.values(), reusable)
         self._pending = (sequence, taken.row)
         try:
+            if taken.source is not None:  # the prefix's cells stay in their seq_id for a later prompt
+                self._llama.llama_memory_seq_cp(self._memory, taken.source, taken.row, -1, -1)
+                self._copies += 1
             self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
             logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
         except BaseException:

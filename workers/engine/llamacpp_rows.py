@@ -1,11 +1,12 @@
 """Which llama.cpp seq_id each running sequence holds: the running ones kept one run of consecutive
 seq_ids, because with one KV stream per seq_id llama.cpp runs a batch as one forward pass per such
 run (llamacpp_executor.py's module docstring has the measurement). A free seq_id may still hold the
-KV cells of the sequence that last ran there: a new prompt that starts with the same tokens takes
-that seq_id and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache),
-even one away from the run when the cells it holds are worth a move (the executor copies a stream
-into a free seq_id beside the run: ~4.5 ms at 2048 cells, what prefilling one or two prompt tokens
-costs on 2 cores)."""
+KV cells of the sequence that last ran there: a new prompt that starts with the same tokens reuses
+them and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache). Cells are
+kept where they are when that is cheap: a prompt whose prefix lies in a seq_id away from the run,
+or in one whose other cells it would overwrite, gets a copy of that stream in an empty seq_id beside
+the run (~4.5 ms at 2048 cells, what prefilling one or two prompt tokens costs on 2 cores), so the
+cells stay for a later prompt, as llama-server saves a slot's cells before reusing the slot."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ class Taken:
 
     row: int
     kept: int = 0
+    #: A free seq_id whose stream is to be copied into `row` first (its cells at positions
+    #: 0 .. kept - 1 are the prefix); it keeps its cells for a later prompt. None: `row`'s own.
+    source: int | None = None
 
 
-#: How many more prompt tokens a free seq_id away from the run must hold than the best one beside
-#: it before a new sequence takes it (and one move puts the run back together): a move copies a
-#: whole stream, a few prefilled tokens' worth, so a margin keeps moves for real savings.
+#: Tokens a stream copy (or move) must save, or keep from being overwritten, to be made: a copy of
+#: a whole stream costs a few prefilled tokens' worth, so a margin keeps copies for real savings.
 MOVE_WORTH_TOKENS = 8
 
 
@@ -38,19 +41,35 @@ class SeqIds:
         self._held: dict[int, list[int]] = {}  # free seq_id -> its cells' tokens, positions 0..n-1
 
     def take(self, used: Collection[int], prompt: Sequence[int] = ()) -> Taken:
-        """A free seq_id for a new sequence. Of those that keep the running ones one run (any free
-        one when none runs, else one right after or before the run, or inside it: a gap), the one
-        whose cells hold the longest prefix of `prompt` (at most all but its last token, whose
-        logits the prefill must compute); on a tie, one holding no cells (others keep theirs for a
-        later prompt), then after the run, then before it, then the lowest. A free seq_id elsewhere
-        is taken instead when it holds more than MOVE_WORTH_TOKENS tokens more (packing() then moves
-        one sequence). An empty `prompt` reuses nothing."""
+        """A seq_id for a new sequence, and where its prompt's reused prefix comes from.
+
+        The prefix: the free seq_id whose cells hold the longest prefix of `prompt` (at most all but
+        its last token, whose logits the prefill must compute) among those that keep the running
+        ones one run (any free one when none runs, else one right after or before the run, or
+        inside it: a gap); on a tie, one holding no cells, then after the run, then before it, then
+        the lowest. A free seq_id elsewhere holding more than MOVE_WORTH_TOKENS tokens more wins.
+
+        The seq_id: that one, unless an empty one keeps the run one run and the prefix's seq_id lies
+        away from the run or holds more than MOVE_WORTH_TOKENS cells past the prefix: then the
+        empty one, with a copy of the prefix's stream (Taken.source), which keeps its cells. With
+        no empty one, a seq_id away from the run is taken itself (packing() then moves one
+        sequence). An empty `prompt` reuses nothing."""
         kept = {row: _common_prefix(self._held.get(row, ()), prompt, len(prompt) - 1) for row in self._free}
         candidates = self._candidates(used)
         row = max(candidates, key=lambda row: (kept[row], row not in self._held, candidates[row]))
         farther = max(self._free, key=lambda row: (kept[row], -row))
         if kept[farther] > kept[row] + MOVE_WORTH_TOKENS:
             row = farther
+        empty = [candidate for candidate in candidates if candidate not in self._held]
+        overwritten = len(self._held.get(row, ())) - kept[row]
+        if (
+            empty
+            and kept[row] > MOVE_WORTH_TOKENS
+            and (row not in candidates or overwritten > MOVE_WORTH_TOKENS)
+        ):
+            target = max(empty, key=candidates.__getitem__)
+            self._free.remove(target)
+            return Taken(target, kept[row], source=row)
         self._free.remove(row)
         self._held.pop(row, None)
         return Taken(row, kept[row])

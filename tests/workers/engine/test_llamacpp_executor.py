@@ -110,7 +110,11 @@ def test_the_running_rows_stay_one_run_of_seq_ids_and_a_moved_row_computes_as_be
     """llama.cpp runs a batch as one forward pass per run of consecutive seq_ids (one KV stream per
     row). A row that ends inside the run is filled by moving the last row there (its KV copied), and
     that sequence's text is still its solo text; a new job takes the seq_id after the run."""
-    config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=3)
+    # Without the prefix cache, so that which seq_id a job takes depends on the run alone.
+    config = EngineConfig(
+        model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=3,
+        llamacpp_prefix_cache=False,
+    )  # fmt: skip
     executor = _RecordingExecutor(config, llamacpp_model)
     engine = TransformersEngine(config, executor=executor)
     engine.start()
@@ -173,13 +177,13 @@ def _verbatim(request_id: str, text: str, started: threading.Event) -> Generatio
     )
 
 
-def test_a_conversation_whose_cells_lie_away_from_the_run_takes_them_with_one_move(
+def test_a_conversation_whose_cells_lie_away_from_the_run_gets_a_copy_of_them(
     llamacpp_engine: EngineFactory,
 ) -> None:
     """A conversation's next turn finds its first turn's cells in a seq_id that is not beside the
-    running ones: it takes that seq_id (far more shared tokens than a move costs), one move puts
-    the run back together, and its logprobs and text equal those of an engine that prefilled it
-    whole. Jobs that share nothing take empty seq_ids and leave the conversation's cells alone."""
+    running ones: an empty seq_id beside the run gets a copy of that stream (far more shared tokens
+    than a copy costs), the cells stay where they were, and the turn's logprobs and text equal those
+    of an engine that prefilled it whole. Jobs that share nothing leave the conversation's cells alone."""
     engine = llamacpp_engine(max_batch_size=5)
     executor = _executor(engine)
     first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
@@ -198,7 +202,8 @@ def test_a_conversation_whose_cells_lie_away_from_the_run_takes_them_with_one_mo
     params = SamplingParams(max_tokens=12, logprobs=2)
     reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
     assert executor.reused_prompt_tokens >= first.prompt_tokens
-    assert executor.moves == 1
+    assert (executor.copies, executor.moves) == (1, 0)  # copied beside the run: nothing to move
+    assert executor.cells(0) == first.prompt_tokens + 5  # and the first turn's cells are still there
     engine.cancel("long1")
     engine.cancel("long2")
     whole = llamacpp_engine(max_batch_size=5, llamacpp_prefix_cache=False)

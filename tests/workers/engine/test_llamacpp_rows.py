@@ -72,14 +72,36 @@ def _running(count: int, rows: int) -> SeqIds:
 TEMPLATE = list(range(100, 120))
 
 
-def test_a_seq_id_away_from_the_run_is_taken_when_its_cells_are_worth_a_move() -> None:
+def test_cells_away_from_the_run_are_copied_into_an_empty_seq_id_beside_it() -> None:
     seq_ids = _running(8, 4)  # 0-3 ran; 3 keeps running
     seq_ids.give_back(1)
     seq_ids.give_back(0, [*TEMPLATE, *range(2, 14)])  # the same conversation, 12 tokens further
     seq_ids.give_back(2, [*TEMPLATE, 1])  # beside the run: the template only
     taken = seq_ids.take([3], [*TEMPLATE, *range(2, 15)])
-    assert taken == Taken(0, len(TEMPLATE) + 12)  # 12 > 8 more than beside the run: worth a move
+    # 12 > 8 more than beside the run: worth a copy, into 4 (empty; 2 keeps its cells too).
+    assert taken == Taken(4, len(TEMPLATE) + 12, source=0)
+    assert list(seq_ids.packing([3, 4])) == []
+    assert seq_ids.held_tokens == (len(TEMPLATE) + 12) + (len(TEMPLATE) + 1)  # 0's cells stay
+
+
+def test_with_no_empty_seq_id_beside_the_run_the_far_one_is_taken_and_one_move_rejoins() -> None:
+    seq_ids = _running(5, 5)  # 0-4 ran; 3 keeps running
+    seq_ids.give_back(1)
+    seq_ids.give_back(0, [*TEMPLATE, *range(2, 14)])
+    seq_ids.give_back(2, [*TEMPLATE, 1])
+    seq_ids.give_back(4, [7])
+    assert seq_ids.take([3], [*TEMPLATE, *range(2, 15)]) == Taken(0, len(TEMPLATE) + 12)
     assert list(seq_ids.packing([3, 0])) == [(3, 1)]  # one move puts the run back together
+
+
+def test_a_prompt_sharing_only_the_template_copies_it_and_leaves_the_conversation() -> None:
+    seq_ids = _running(4, 1)
+    conversation = [*TEMPLATE, *range(1, 11)]
+    seq_ids.give_back(0, conversation)
+    # Reusing 0 would overwrite 10 of its cells: its stream is copied into an empty seq_id.
+    assert seq_ids.take([], [*TEMPLATE, 50, 51]) == Taken(1, len(TEMPLATE), source=0)
+    # The conversation's next turn overwrites nothing of 0: 0 itself.
+    assert seq_ids.take([1], [*conversation, 11, 12]) == Taken(0, len(conversation))
 
 
 def test_a_seq_id_away_from_the_run_is_not_taken_for_a_few_tokens() -> None:
