@@ -140,7 +140,7 @@ class LlamaCppExecutor:
 
     @property
     def moves(self) -> int:
-        """Sequences moved to a lower seq_id so far, to keep the running rows one run."""
+        """Sequences moved to another seq_id so far, to keep the running rows one run."""
         return self._moves
 
     @property

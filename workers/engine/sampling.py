@@ -44,14 +44,14 @@ def _sample(logits: np.ndarray, params: SamplingParams, generator: Generator) ->
     scaled = logits.astype(np.float64) / params.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
-    order = _nucleus_candidates(scaled, probs, params.top_p) if params.top_p < 1.0 else None
-    if order is not None:
+    order: np.ndarray | None = None
+    if params.top_p < 1.0:
+        order, cumulative = _nucleus_candidates(scaled, probs, params.top_p)
         probs = probs[order]
-    cumulative = np.cumsum(probs)
-    if order is not None:
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        kept = int(np.count_nonzero(cumulative - probs < params.top_p))
-        cumulative = cumulative[:kept]
+        cumulative = cumulative[: int(np.count_nonzero(cumulative - probs < params.top_p))]
+    else:
+        cumulative = np.cumsum(probs)
     # One draw per token, inverted through the cumulative mass: a token of zero probability (a
     # banned or masked one) spans no interval and cannot be drawn.
     chosen = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
@@ -65,17 +65,18 @@ def _sample(logits: np.ndarray, params: SamplingParams, generator: Generator) ->
 _NUCLEUS_STEP = math.exp(-9)
 
 
-def _nucleus_candidates(scaled: np.ndarray, probs: np.ndarray, top_p: float) -> np.ndarray:
+def _nucleus_candidates(scaled: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     """Token ids most likely first (ties by id: a stable sort of the whole vocabulary), a prefix of
-    that sort long enough to hold top_p's nucleus. Sorting the whole vocabulary costs ~6 ms a row
-    (49k tokens); this sorts only the tokens at least as likely as a threshold, lowered until their
-    cumulative mass reaches top_p. The nucleus then lies within them: every token outside is less
-    likely than all of them, so in the whole sort it comes after them, where the mass before it is
-    already at least top_p."""
+    that sort long enough to hold top_p's nucleus, and their cumulative probabilities. Sorting the
+    whole vocabulary costs ~6 ms a row (49k tokens); this sorts only the tokens at least as likely
+    as a threshold, lowered until their cumulative mass reaches top_p. The nucleus then lies within
+    them: every token outside is less likely than all of them, so in the whole sort it comes after
+    them, where the mass before it is already at least top_p."""
     threshold = float(probs.max())
     while True:
         threshold *= _NUCLEUS_STEP  # underflows to 0 at last: then every token is a candidate
         candidates = np.flatnonzero(probs >= threshold)
-        order: np.ndarray = candidates[np.argsort(-scaled[candidates], kind="stable")]
-        if len(order) == len(probs) or np.cumsum(probs[order])[-1] >= top_p:
-            return order
+        order = candidates[np.argsort(-scaled[candidates], kind="stable")]
+        cumulative = np.cumsum(probs[order])
+        if len(order) == len(probs) or cumulative[-1] >= top_p:
+            return order, cumulative

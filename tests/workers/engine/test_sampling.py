@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.engine.sampling import Generator, choose_tokens, make_generator
+from bench.sampling import whole_sort_choice  # what sampling.py did before: the bench's baseline
+from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=1)
@@ -84,21 +85,6 @@ def test_draws_follow_the_distribution() -> None:
     assert np.allclose(shares, [0.7, 0.2, 0.1], atol=0.03), shares
 
 
-def _full_sort_nucleus_draw(logits: np.ndarray, params: SamplingParams, generator: Generator) -> int:
-    """top_p by sorting the whole vocabulary (stable: ties by id): what the nucleus search must equal."""
-    scaled = logits.astype(np.float64) / params.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    order = np.argsort(-scaled, kind="stable")
-    sorted_probs = probs[order]
-    cumulative = np.cumsum(sorted_probs)
-    cumulative = cumulative[: int(np.count_nonzero(cumulative - sorted_probs < params.top_p))]
-    chosen = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
-    if chosen == len(cumulative):
-        chosen = int(np.flatnonzero(sorted_probs[: len(cumulative)])[-1])
-    return int(order[chosen])
-
-
 def test_top_p_draws_what_sorting_the_whole_vocabulary_draws() -> None:
     """The nucleus search sorts only likely tokens; every draw must equal the whole sort's, for
     peaked and flat distributions, ties (on the nucleus' edge too), banned tokens and top_p near 1."""
@@ -119,5 +105,5 @@ def test_top_p_draws_what_sorting_the_whole_vocabulary_draws() -> None:
                 ours, theirs = make_generator(params), make_generator(params)
                 assert ours is not None and theirs is not None
                 for _ in range(25):
-                    expected = _full_sort_nucleus_draw(logits, params, theirs)
-                    assert choose_tokens(logits[None], [params], [ours])[0] == expected, (name, top_p)
+                    expected = whole_sort_choice(logits[None], [params], [theirs])
+                    assert choose_tokens(logits[None], [params], [ours]) == expected, (name, top_p)
