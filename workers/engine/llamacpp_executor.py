@@ -28,8 +28,9 @@ and its one query row goes through the same attention kernel whatever shares the
 cache would interleave the sequences' cells and hand a step's queries to the tiled kernel, which
 can change the float sums); the weights use the plain kernels (no repacked buffers, see
 llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
-`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows (llama.cpp zeroes the
-whole buffer, so all of it is resident).
+`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows. llama.cpp zeroes
+the whole buffer (all of it resident); once warmed up, its pages that hold only zeros go back to
+the kernel (pages.py), so the cache's memory grows with the cells written, up to that size.
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
@@ -52,6 +53,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
+from workers.engine.pages import anonymous_mappings, new_large_regions, release_zero_pages
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
@@ -85,6 +87,7 @@ class LlamaCppExecutor:
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
         self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
+        self._released = 0  # bytes of the context's zeroed buffers handed back to the kernel
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -144,6 +147,12 @@ class LlamaCppExecutor:
         return self._moves
 
     @property
+    def released_bytes(self) -> int:
+        """Bytes of the context's buffers (the KV streams, mostly) that held only zeros once the
+        engine was warmed up, handed back to the kernel until cells are written there."""
+        return self._released
+
+    @property
     def copies(self) -> int:
         """Prompts that got a copy of a free seq_id's stream for their prefix (llamacpp_rows.Taken)."""
         return self._copies
@@ -169,14 +178,18 @@ class LlamaCppExecutor:
         # Before the KV cache is allocated (and zeroed: all of it resident), so the peak holds
         # only what stays: parsing the tokenizer's JSON leaves freed pages behind.
         return_freed_memory()
+        before = anonymous_mappings()
         self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
+        allocated = new_large_regions(before)  # the KV streams' buffer, compute buffers
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
         self._warm_up()
+        # Only this thread runs llama.cpp, and it is idle now: no write can race the release.
+        self._released = release_zero_pages(allocated)
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
