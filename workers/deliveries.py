@@ -147,6 +147,21 @@ class Frozen:
     owner: str
 
 
+@dataclass(slots=True)
+class Sight:
+    """What Deliveries.look() read for one attempt."""
+
+    #: The job's (or batch's) record; empty when it expired.
+    record: dict[str, str]
+    #: The URL and body an earlier attempt froze; None before the first.
+    frozen: Frozen | None
+    #: For a job's `completed`: whether the job record still holds its `start` message (never
+    #: sent), and that delivery's outcome and next attempt.
+    start_never_sent: bool = False
+    start_outcome: str | None = None
+    start_next_at: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     outcome: Outcome
@@ -220,7 +235,8 @@ class Deliveries:
         now = time.time()
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         outcome, held_until = self._claim(
-            keys=[delivery.key], args=[generation, repr(now), repr(lease), self._ttl(delivery)]
+            keys=[delivery.key, delivery.record_key],
+            args=[generation, repr(now), repr(lease), self._settings.job_ttl_s],
         )
         return Claim(_text(outcome)), float(_text(held_until))
 
@@ -232,8 +248,8 @@ class Deliveries:
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""
         self._record(
-            keys=[delivery.key, delivery.log_key, keys.WEBHOOK_PENDING],
-            args=[generation, self._ttl(delivery), log_entry, drop_body, *flat],
+            keys=[delivery.key, delivery.log_key, keys.WEBHOOK_PENDING, delivery.record_key],
+            args=[generation, self._settings.job_ttl_s, log_entry, drop_body, *flat],
         )
 
     def publish(
@@ -247,23 +263,43 @@ class Deliveries:
         remaining_ms = int(self._redis.pttl(delivery.record_key))
         return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
 
-    # --- ordering -------------------------------------------------------------------------------
-    def order_wait(self, delivery: Delivery) -> float | None:
-        """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
-        if delivery.event != WebhookEvent.COMPLETED:
-            return None
-        start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
+    # --- what an attempt needs to know ---------------------------------------------------------
+    def look(self, delivery: Delivery) -> Sight:
+        """Everything order_wait() and freeze() read, in one round trip."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hget(keys.job(delivery.job_id), "input")
-        pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
-        pipe.hmget(start.key, "outcome", "next_at")
-        job_input, start_never_sent, (outcome, next_at) = pipe.execute()
+        pipe.hmget(delivery.key, "url", "body", "owner")
+        pipe.hgetall(delivery.record_key)
+        ordered = delivery.event == WebhookEvent.COMPLETED and not delivery.batch
+        if ordered:
+            start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
+            pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
+            pipe.hmget(start.key, "outcome", "next_at")
+        frozen, record, *start_state = pipe.execute()
+        url, body, owner = frozen
+        known = url is not None and body is not None
+        sight = Sight(record, Frozen(str(url), str(body).encode(), str(owner or "")) if known else None)
+        if ordered:
+            start_never_sent, (sight.start_outcome, sight.start_next_at) = start_state
+            sight.start_never_sent = bool(start_never_sent)
+        return sight
+
+    # --- ordering -------------------------------------------------------------------------------
+    def order_wait(self, delivery: Delivery, sight: Sight) -> float | None:
+        """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
+        if delivery.event != WebhookEvent.COMPLETED or delivery.batch:
+            return None
+        job_input = sight.record.get("input")
         wanted = WebhookEvent.START in (orjson.loads(job_input or "{}").get("webhook_events_filter") or [])
         # The start message is still in the job record: the job ended without running, so no
         # start will ever be sent.
-        if not wanted or start_never_sent or outcome in FINAL_OUTCOMES or self._waited_too_long(delivery):
+        if (
+            not wanted
+            or sight.start_never_sent
+            or sight.start_outcome in FINAL_OUTCOMES
+            or self._waited_too_long(delivery)
+        ):
             return None
-        return max(ORDER_RECHECK_S, float(next_at or 0) - time.time() + ORDER_RECHECK_S)
+        return max(ORDER_RECHECK_S, float(sight.start_next_at or 0) - time.time() + ORDER_RECHECK_S)
 
     def _waited_too_long(self, delivery: Delivery) -> bool:
         """A start delivery runs its whole schedule in a bounded time; past that (its state was
@@ -275,14 +311,14 @@ class Deliveries:
         return time.time() - since > bound
 
     # --- one attempt ----------------------------------------------------------------------------
-    def freeze(self, delivery: Delivery) -> Frozen | None:
+    def freeze(self, delivery: Delivery, sight: Sight) -> Frozen | None:
         """The delivery's URL and body, built at its first attempt and kept for every retry.
         None when there is nothing to send (the job record expired, or an `output` notice found
         the job already over: its `completed` delivery carries the final state)."""
-        url, body, owner = self._redis.hmget(delivery.key, "url", "body", "owner")
-        if url is not None and body is not None:
-            return Frozen(str(url), str(body).encode(), str(owner or ""))
-        built = self._batch_event(delivery) if delivery.batch else self._job_event(delivery)
+        if sight.frozen is not None:
+            return sight.frozen
+        build = self._batch_event if delivery.batch else self._job_event
+        built = build(delivery, sight.record)
         if built is None:
             return None
         url, payload, owner = built
@@ -295,9 +331,9 @@ class Deliveries:
         url, body, owner = pipe.execute()[-1]
         return Frozen(str(url), str(body).encode(), str(owner or ""))
 
-    def _job_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+    @staticmethod
+    def _job_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:
         """(url, body, owner) of a job event; None when there is nothing to send."""
-        record: dict[str, str] = self._redis.hgetall(keys.job(delivery.job_id))  # type: ignore[assignment]
         if not record:
             return None
         if delivery.event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
@@ -306,9 +342,9 @@ class Deliveries:
         payload = {"type": EVENT_TYPES[delivery.event], "timestamp": rfc3339(time.time()), "data": job}
         return str(job["input"]["webhook"]), payload, record.get("owner", "")
 
-    def _batch_event(self, delivery: Delivery) -> tuple[str, dict[str, Any], str] | None:
+    @staticmethod
+    def _batch_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:
         """(url, body, owner) of a batch event (its data: the batch as GET /v1/batches/{id})."""
-        record: dict[str, str] = self._redis.hgetall(keys.batch(delivery.job_id))  # type: ignore[assignment]
         if not record or not record.get("webhook_url"):
             return None
         payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}

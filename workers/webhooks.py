@@ -95,11 +95,12 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
         _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
         return
-    wait = patiently(lambda: deliveries.order_wait(delivery))
+    sight = patiently(lambda: deliveries.look(delivery))
+    wait = patiently(lambda: deliveries.order_wait(delivery, sight))
     if wait is not None:
         _retry_then_record(task, deliveries, delivery, generation, wait, {})
         return
-    frozen = patiently(lambda: deliveries.freeze(delivery))
+    frozen = patiently(lambda: deliveries.freeze(delivery, sight))
     if frozen is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
         patiently(lambda: deliveries.record(delivery, generation, {"outcome": Outcome.SKIPPED}, None))

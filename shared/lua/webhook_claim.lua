@@ -1,8 +1,15 @@
 -- Claims a webhook delivery's generation (workers/deliveries.py).
--- KEYS: delivery state. ARGV: generation, now, lease until, ttl. Returns {outcome, lease}:
+-- KEYS: delivery state, the job's (or batch's) record. ARGV: generation, now, lease until, ttl
+-- (the state's, when the record has no expiry). Returns {outcome, lease}:
 -- 'claimed': act for this generation; 'over': the delivery has its outcome; 'stale': a copy of
 -- an older generation; 'busy': a copy of the generation another holder's lease still covers (the
 -- holder may have died: the copy looks again when that lease ends, instead of being dropped).
+-- The delivery's state lives as long as its record: the record's remaining seconds, rounded up.
+local function lifetime(record, fallback)
+  local ms = redis.call('PTTL', record)
+  if ms > 0 then return math.ceil(ms / 1000) end
+  return fallback
+end
 local state = redis.call('HMGET', KEYS[1], 'outcome', 'generation', 'lease')
 if state[1] and state[1] ~= 'pending' then return {'over', '0'} end
 local generation = tonumber(ARGV[1])
@@ -11,7 +18,7 @@ local lease = tonumber(state[3] or '0')
 local abandoned = generation == held and lease > 0 and lease < tonumber(ARGV[2])
 if generation > held or abandoned then
   redis.call('HSET', KEYS[1], 'outcome', 'pending', 'generation', ARGV[1], 'lease', ARGV[3])
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  redis.call('EXPIRE', KEYS[1], lifetime(KEYS[2], ARGV[4]))
   return {'claimed', ARGV[3]}
 end
 if generation == held and lease > 0 then return {'busy', state[3]} end

@@ -47,6 +47,23 @@ def test_a_delivery_with_its_outcome_takes_no_copy(deliveries: Deliveries) -> No
     assert deliveries.claim(DELIVERY, 1)[0] == "over"
 
 
+@pytest.mark.parametrize("record_ttl_s", [3_600, None], ids=["record expiring", "no record"])
+def test_a_deliverys_state_and_log_live_as_long_as_its_job(
+    deliveries: Deliveries, redis_client: redis.Redis, redis_server: EmbeddedRedis, tmp_path: Path,
+    record_ttl_s: int | None,
+) -> None:  # fmt: skip
+    """Claim and record set the state's and the log's expiry to the job record's remaining time
+    (read inside their scripts), or to the job TTL setting when there is no record to follow."""
+    if record_ttl_s is not None:
+        redis_client.hset(DELIVERY.record_key, "status", "succeeded")
+        redis_client.expire(DELIVERY.record_key, record_ttl_s)
+    expected = record_ttl_s or hook_settings(redis_server.url, tmp_path / "genq").job_ttl_s
+    deliveries.claim(DELIVERY, 0)
+    deliveries.record(DELIVERY, 0, {"outcome": "delivered"}, {"attempt": 1})
+    for key in (DELIVERY.key, DELIVERY.log_key):
+        assert expected - 2 <= redis_client.ttl(key) <= expected
+
+
 # --- what one attempt's result means (verdict) ------------------------------------------------
 
 

@@ -1,11 +1,13 @@
 """workers/webhook_http.py: one webhook attempt against real loopback receivers. The body and
 headers arrive with the original Host, redirects are not followed, a receiver that does not answer
-or drips its answer keeps nobody past the timeout, and network trouble is a result, never an
-exception. (The SSRF guard's address classes: tests/shared/test_ssrf.py.)"""
+or drips its answer keeps nobody past the timeout, network trouble is a result, never an
+exception, and https receivers are verified against the URL's host name although the connection
+goes to the checked address. (The SSRF guard's address classes: tests/shared/test_ssrf.py.)"""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -13,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
+from workers import webhook_http
 from workers.webhook_http import USER_AGENT, post
 
 OPEN = TargetPolicy(allow_private=True, allowed_ports=frozenset())
@@ -113,3 +117,59 @@ def test_an_answer_that_drips_forever_is_cut_at_the_timeout() -> None:
     result = post(f"http://127.0.0.1:{port}/", b"{}", {}, OPEN, timeout_s=1.0)
     listener.close()
     assert result.status_code == 200 and time.monotonic() - started < 3
+
+
+# --- https ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trusted_ca() -> Iterator[trustme.CA]:
+    """A throwaway CA that every attempt's TLS settings trust (beside certifi's roots), for this test
+    only: the shared settings are built afresh before and after it."""
+    webhook_http._tls_context.cache_clear()
+    ca = trustme.CA()
+    ca.configure_trust(webhook_http._tls_context())
+    yield ca
+    webhook_http._tls_context.cache_clear()
+
+
+def _https_receiver(ca: trustme.CA, name: str) -> tuple[ThreadingHTTPServer, int]:
+    """A receiver on 127.0.0.1 whose certificate `ca` issued for `name`."""
+    Receiver.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(name).configure_cert(tls)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_an_https_receiver_is_verified_against_the_urls_host_name(trusted_ca: trustme.CA) -> None:
+    """The connection goes to the checked address (127.0.0.1), the certificate is checked for the
+    name in the URL (sent as SNI), and one TLS setup serves attempt after attempt."""
+    server, port = _https_receiver(trusted_ca, "localhost")
+    try:
+        for _ in range(2):
+            result = post(f"https://localhost:{port}/hook", b"{}", {}, OPEN, timeout_s=5)
+            assert (result.status_code, result.error) == (204, None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [path for path, _, _ in Receiver.seen] == ["/hook", "/hook"]
+
+
+@pytest.mark.parametrize("issuer", ["trusted CA, another name", "untrusted CA"])
+def test_an_https_receiver_whose_certificate_does_not_hold_is_never_sent_the_body(
+    trusted_ca: trustme.CA, issuer: str
+) -> None:
+    ca = trusted_ca if issuer.startswith("trusted") else trustme.CA()
+    server, port = _https_receiver(ca, "elsewhere.example" if issuer.startswith("trusted") else "localhost")
+    try:
+        for _ in range(2):  # the shared TLS settings keep verifying
+            result = post(f"https://localhost:{port}/hook", b"{}", {}, OPEN, timeout_s=5)
+            assert result.status_code is None and not result.refused
+            assert "CERTIFICATE_VERIFY_FAILED" in (result.error or "")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert Receiver.seen == []
