@@ -18,8 +18,9 @@ keep-alive connection each, bench/loadgen.py) submits a job with a unique prompt
 
 `--webhooks N` adds a run of N jobs submitted with a `webhook` (filter: completed) to a local
 receiver, with a `genq worker --queues=webhooks` beside the model worker: whether every job's
-`job.completed` arrived (once), and deliveries per second from the first submission to the last
-delivery.
+`job.completed` arrived (once), deliveries per second from the first submission to the last
+delivery, and per delivered job (its submission, run and delivery) each process's CPU (the
+webhook worker's beside the others') and the Redis commands.
 
 Per concurrency: jobs/s, latency p50/p90/p99/max (from the POST to the terminal answer), the CPU
 each process spent per job, and the Redis commands per job (INFO commandstats before and after:
@@ -324,10 +325,15 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
     shown = {name: value for name, value in settings.items() if name not in ("REDIS_URL", "DATA_DIR")}
     report: dict[str, Any] = {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
     if webhooks:
-        start_worker(stack, "webhooks", settings, scratch, args=["--queues=webhooks"])
-        report["webhooks"] = hooks = run_webhooks(port, webhooks)
+        hooks_worker = start_worker(stack, "webhooks", settings, scratch, args=["--queues=webhooks"])
+        # Per delivered job: its submission, its run and its delivery, each process's share.
+        pids = {**genq_pids, "webhook_worker": hooks_worker.process.pid}
+        hooks_run = partial(cpu_per_item, pids, partial(run_webhooks, port, webhooks), "delivered_jobs")
+        report["webhooks"] = hooks = with_commands(client, hooks_run, "delivered_jobs")
         print(f"  webhooks: {hooks['delivered_jobs']}/{hooks['accepted']} delivered, "
-              f"{hooks['deliveries_per_s']} deliveries/s", flush=True)  # fmt: skip
+              f"{hooks['deliveries_per_s']} deliveries/s, CPU ms per delivered job "
+              f"{hooks['cpu_ms_per_item']}, {hooks['redis_commands_per_item']} Redis commands",
+              flush=True)  # fmt: skip
     return report
 
 
