@@ -148,8 +148,9 @@ class LlamaCppExecutor:
 
     @property
     def released_bytes(self) -> int:
-        """Bytes of the context's buffers (the KV streams, mostly) that held only zeros once the
-        engine was warmed up, handed back to the kernel until cells are written there."""
+        """Bytes of the context's buffers that held only zeros once the engine was warmed up (the
+        KV streams, and compute-buffer pages never written, resident or not), handed back to the
+        kernel until something is written there."""
         return self._released
 
     @property
