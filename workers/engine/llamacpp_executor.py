@@ -183,13 +183,15 @@ class LlamaCppExecutor:
         self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
-        allocated = new_large_regions(before)  # the KV streams' buffer, compute buffers
+        # What the context allocated: the KV streams' buffer, compute buffers (nothing else in a
+        # starting worker allocates 64 MiB at once).
+        allocated = new_large_regions(before)
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
         self._warm_up()
-        # Only this thread runs llama.cpp, and it is idle now: no write can race the release.
+        # Only this thread calls llama.cpp, and no call runs now: no write can race the release.
         self._released = release_zero_pages(allocated)
 
     def prefill(self, sequence: Sequence) -> int | None:

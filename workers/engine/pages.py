@@ -1,7 +1,7 @@
 """Memory pages that hold nothing but zeros, handed back to the kernel.
 
 llama.cpp allocates every row's KV cells up front and zeroes them (so that attention never reads
-NaNs from unused cells): with 16 rows of 2048 tokens that makes 386 MiB resident before the first
+NaNs from unused cells): with 16 rows of 2048 tokens that makes 383 MiB resident before the first
 job, although a row's cells are written only as its conversation grows. A private anonymous
 page the kernel is told it may drop (madvise MADV_DONTNEED) reads as zeros again afterwards, and
 reading it maps the kernel's shared zero page (no memory), so dropping a page that holds only
