@@ -125,6 +125,11 @@ class Delivery:
         return keys.BATCH_WEBHOOK_TASK if self.batch else keys.WEBHOOK_TASK
 
     @property
+    def follows_start(self) -> bool:
+        """A job's `completed` is sent after its `start` (when the job asked for both)."""
+        return self.event == WebhookEvent.COMPLETED and not self.batch
+
+    @property
     def log_key(self) -> str:
         return keys.batch_webhook_log(self.job_id) if self.batch else keys.webhook_log(self.job_id)
 
@@ -147,7 +152,7 @@ class Frozen:
     owner: str
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Sight:
     """What Deliveries.look() read for one attempt."""
 
@@ -269,24 +274,22 @@ class Deliveries:
         pipe = self._redis.pipeline(transaction=False)
         pipe.hmget(delivery.key, "url", "body", "owner")
         pipe.hgetall(delivery.record_key)
-        ordered = delivery.event == WebhookEvent.COMPLETED and not delivery.batch
-        if ordered:
+        if delivery.follows_start:
             start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
             pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
             pipe.hmget(start.key, "outcome", "next_at")
-        frozen, record, *start_state = pipe.execute()
-        url, body, owner = frozen
+        (url, body, owner), record, *start_state = pipe.execute()
         known = url is not None and body is not None
-        sight = Sight(record, Frozen(str(url), str(body).encode(), str(owner or "")) if known else None)
-        if ordered:
-            start_never_sent, (sight.start_outcome, sight.start_next_at) = start_state
-            sight.start_never_sent = bool(start_never_sent)
-        return sight
+        frozen = Frozen(str(url), str(body).encode(), str(owner or "")) if known else None
+        if not start_state:
+            return Sight(record, frozen)
+        start_never_sent, (start_outcome, start_next_at) = start_state
+        return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at)
 
     # --- ordering -------------------------------------------------------------------------------
     def order_wait(self, delivery: Delivery, sight: Sight) -> float | None:
         """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
-        if delivery.event != WebhookEvent.COMPLETED or delivery.batch:
+        if not delivery.follows_start:
             return None
         job_input = sight.record.get("input")
         wanted = WebhookEvent.START in (orjson.loads(job_input or "{}").get("webhook_events_filter") or [])
