@@ -27,6 +27,7 @@ from typing import cast
 
 _HEADER_END = b"\r\n\r\n"
 _CONTENT_LENGTH = b"content-length:"
+_CHUNKED = b"transfer-encoding: chunked"
 #: The open loop sends what is due at most this often.
 SEND_TICK_S = 0.001
 
@@ -113,12 +114,36 @@ class _Connection(asyncio.Protocol):
         self._buffer += data
         while (end := self._buffer.find(_HEADER_END)) >= 0:
             head = bytes(self._buffer[:end]).lower()
-            total = end + len(_HEADER_END) + _content_length(head)
-            if len(self._buffer) < total:
-                return
-            body = bytes(self._buffer[end + len(_HEADER_END) : total])
+            start = end + len(_HEADER_END)
+            if _CHUNKED in head:  # a streamed response (Server-Sent Events): whole once it ended
+                found = _chunked_body(self._buffer, start)
+                if found is None:
+                    return
+                body, total = found
+            else:
+                total = start + _content_length(head)
+                if len(self._buffer) < total:
+                    return
+                body = bytes(self._buffer[start:total])
             del self._buffer[:total]
             self._on_reply(self, int(head[9:12]), body)
+
+
+def _chunked_body(buffer: bytearray, start: int) -> tuple[bytes, int] | None:
+    """A chunked body that starts at `start` and where it ends, or None while it has not ended (no
+    trailers: the servers measured send none)."""
+    chunks: list[bytes] = []
+    at = start
+    while (line_end := buffer.find(b"\r\n", at)) >= 0:
+        size = int(bytes(buffer[at:line_end]).split(b";", 1)[0], 16)
+        data_start = line_end + 2
+        if len(buffer) < data_start + size + 2:
+            return None
+        if size == 0:
+            return b"".join(chunks), data_start + 2
+        chunks.append(bytes(buffer[data_start : data_start + size]))
+        at = data_start + size + 2
+    return None
 
 
 def _content_length(head: bytes) -> int:

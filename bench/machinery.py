@@ -14,7 +14,8 @@ keep-alive connection each, bench/loadgen.py) submits a job with a unique prompt
 
 - `poll`: `POST /v1/jobs`, then `GET /v1/jobs/{id}?wait=30` (a long-poll);
 - `prefer`: one `POST /v1/jobs` with `Prefer: wait=30`;
-- `sse`: `POST /v1/jobs`, then `GET /v1/jobs/{id}/stream` read to its `done` event.
+- `sse`: `POST /v1/jobs`, then `GET /v1/jobs/{id}/stream` on the same connection, read to its end
+  (the stream ends after its `done` event).
 
 `--webhooks N` adds a run of N jobs submitted with a `webhook` (filter: completed) to a local
 receiver, with a `genq worker --queues=webhooks` beside the model worker: whether every job's
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import http.server
 import threading
 import time
@@ -49,7 +49,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import redis
 
@@ -107,9 +106,7 @@ class Finished:
     statuses: tuple[int, ...]
 
 
-async def one_job(
-    session: Session, submit: bytes, mode: str, sse: httpx.AsyncClient | None = None
-) -> Finished:
+async def one_job(session: Session, submit: bytes, mode: str) -> Finished:
     began = time.perf_counter()
     status, body = await session.request(submit)
     statuses: tuple[int, ...] = (status,)
@@ -118,22 +115,19 @@ async def one_job(
         status, body = await session.request(http_request("GET", f"/v1/jobs/{job['id']}?wait={WAIT_S}"))
         statuses += (status,)
         job = orjson.loads(body) if status == 200 else {}
-    if mode == "sse" and job.get("id") and sse is not None:
-        status, job = await follow_stream(sse, job["id"])
+    if mode == "sse" and job.get("id"):
+        status, body = await session.request(http_request("GET", f"/v1/jobs/{job['id']}/stream"))
         statuses += (status,)
+        job = done_event(body) if status == 200 else {}
     return Finished((time.perf_counter() - began) * 1000, job, statuses)
 
 
-async def follow_stream(client: httpx.AsyncClient, job_id: str) -> tuple[int, dict[str, Any]]:
-    """Read a job's event stream to its `done` event: the status, and the job it carries."""
-    async with client.stream("GET", f"/v1/jobs/{job_id}/stream") as reply:
-        event = ""
-        async for line in reply.aiter_lines():
-            if line.startswith("event: "):
-                event = line[len("event: ") :]
-            elif line.startswith("data: ") and event == "done":
-                return reply.status_code, orjson.loads(line[len("data: ") :])
-        return reply.status_code, {}
+def done_event(stream: bytes) -> dict[str, Any]:
+    """The job a whole event stream's `done` event carries ({} when it has none)."""
+    for event in stream.split(b"\n\n"):
+        if event.startswith(b"event: done\ndata: "):
+            return dict(orjson.loads(event[len(b"event: done\ndata: ") :]))
+    return {}
 
 
 async def genq_clients(
@@ -145,16 +139,11 @@ async def genq_clients(
     finished: list[Finished] = []
 
     async def client() -> None:
-        sse = (
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S * 2)
-            if mode == "sse"
-            else None
-        )
-        async with Session("127.0.0.1", port) as session, sse or contextlib.nullcontext():
+        async with Session("127.0.0.1", port) as session:
             for index in remaining:  # shared: each job is taken by one client
                 submit = submit_request(tag, index, mode, max_tokens)
                 try:
-                    job = one_job(session, submit, mode, sse)
+                    job = one_job(session, submit, mode)
                     finished.append(await asyncio.wait_for(job, WAIT_S * 2 + 30))
                 except (TimeoutError, ConnectionError) as exc:
                     # Counted as a job without a result; this client's connection is spent.
@@ -168,7 +157,9 @@ async def genq_clients(
 
 
 def run_genq(port: int, count: int, concurrency: int, mode: str, max_tokens: int | None) -> dict[str, Any]:
+    cpu_before = time.process_time()
     finished, wall_s = run_async(genq_clients(port, count, concurrency, mode, max_tokens))
+    client_cpu_s = time.process_time() - cpu_before
     done = [one for one in finished if one.job.get("status") == "succeeded"]
     latencies = [one.latency_ms for one in done]
     queued = [float(one.job["metrics"]["queue_ms"] or 0) for one in done]
@@ -180,6 +171,8 @@ def run_genq(port: int, count: int, concurrency: int, mode: str, max_tokens: int
         "failed_or_unfinished": count - len(done),
         "http_statuses": dict(sorted(statuses.items())),
         "jobs_per_s": round(rate, 1),
+        # The load generator's own CPU (2 cores: a client that ate one would be the bottleneck).
+        "client_cpu_ms_per_job": round(client_cpu_s * 1000 / max(1, count), 3),
         **latency_summary(latencies, "latency_"),
         "latency_p90_ms": round(percentile(latencies, 90), 2) if latencies else None,
         **latency_summary(queued, "queue_"),

@@ -3,14 +3,14 @@
     python -m bench.tenants            # A holds 10,000 idle streams and 100 long-polls (~1-2 minutes)
     python -m bench.tenants --quick    # 200 streams: a smoke test
 
-A real `genq api` process (one uvicorn process), its own Redis and a real worker for B's jobs.
-A's HELD_JOBS jobs are queued for a model no worker serves, so they never end (streams are spread
-over them: the stream hub reads that many streams in its one XREAD): every stream and long-poll on
-it stays open and idle, as a misbehaving client's would. A's limits are raised to exactly what it
-opens (GENQ_RATE_LIMIT_OVERRIDES), so one more of each answers 429. Measured with A idle, then
-with A holding them: the API's RSS, its CPU while idle, Redis's connected clients (the API's
-pooled connections plus the stream hub's one), and B's latency: `GET /v1/jobs/{id}` p50/p99 at a
-steady rate, and submit -> finished for small jobs; `/readyz` must stay 200.
+A real `genq api` process (one uvicorn process), its own Redis and a real worker for B's jobs. A's
+HELD_JOBS jobs are queued for a model no worker serves, so they never end (streams are spread over
+them): every stream and long-poll on it stays open and idle, as a misbehaving client's would. A's
+limits are raised to exactly what it opens (GENQ_RATE_LIMIT_OVERRIDES), so one more of each answers
+429. Measured with A idle, then with A holding them: the API's RSS, its CPU while idle, Redis's
+connected clients (the API's pooled connections plus the stream hub's subscription), and B's
+latency: `GET /v1/jobs/{id}` p50/p99 at a steady rate, and submit -> finished for small jobs;
+`/readyz` must stay 200.
 Writes <out>/tenants.json and <out>/tenants.png.
 """
 

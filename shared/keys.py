@@ -127,6 +127,10 @@ BATCH_ROTATION = PREFIX + ":batches:rotation"
 #: Pub/sub channel: a job id each time a job reaches a terminal state (long-pollers wake on it).
 JOB_EVENTS_CHANNEL = PREFIX + ":events:jobs"
 
+#: Pub/sub channel: a job id each time its output stream gets an entry (the API's stream followers
+#: wake on it; workers/publish.py sends it in the XADD's pipeline).
+JOB_OUTPUT_CHANNEL = PREFIX + ":events:output"
+
 #: Pub/sub channel: a job id each time a client cancels a job (workers holding it stop it).
 CANCEL_CHANNEL = PREFIX + ":events:cancel"
 

@@ -4,7 +4,8 @@ The engine calls `offer()` from its loop thread (already throttled to a few call
 per job) with the job's OutputUpdate; that only records the latest one per completion. A
 background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
 completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
-since the last entry, in the job output's format) when the job asked for them. Before a job's
+since the last entry, in the job output's format) when the job asked for them; the same pipeline
+names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream. Before a job's
 final state is written, `flush()` waits for the background thread's publish of that job, if one
 is under way, and publishes what is still pending, so a stream reader that sees the job terminal
 can drain the stream and miss nothing.
@@ -134,6 +135,7 @@ class OutputPublisher:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xadd(stream, entry_fields, maxlen=keys.JOB_STREAM_MAXLEN)  # type: ignore[arg-type]
             pipe.expire(stream, self._ttl_s)
+            pipe.publish(keys.JOB_OUTPUT_CHANNEL, job_id)  # wakes its followers: api/jobs/stream_hub.py
             pipe.execute()
         except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
             log.warning("output_publish_failed", extra=fields(job_id=job_id, error=str(exc)))

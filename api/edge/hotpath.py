@@ -1,5 +1,5 @@
-"""Raw-ASGI dispatch of the two requests a busy API serves most: `POST /v1/jobs` and
-`GET /v1/jobs/{id}`, ahead of FastAPI's middleware stack and router.
+"""Raw-ASGI dispatch of the requests a busy API serves most: `POST /v1/jobs`, `GET /v1/jobs/{id}`
+and `GET /v1/jobs/{id}/stream`, ahead of FastAPI's middleware stack and router.
 
 Why: FastAPI and Starlette spend more CPU on these requests than the work itself. Measured under
 wrk in the real server (bench/README.md, "Where a request's time goes"): uvicorn with a bare ASGI
@@ -12,7 +12,9 @@ What it does: a request of exactly the common shape is answered here through the
 FastAPI routes run: `serve()` (api/edge/pipeline.py: the caller, the rate limit its route declares, the
 error mapping) around `accept_job` or `read_job`, inside the same `HttpMetrics` (request id,
 metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits:
-how clients wait for a job). Anything else goes on, untouched, to FastAPI: another path or method,
+how clients wait for a job), and a job's event stream (its route's `open_stream`, sent by
+Starlette's own StreamingResponse: FastAPI's routing and dependency solving were ~16% of the API's
+CPU with 256 streams open). Anything else goes on, untouched, to FastAPI: another path or method,
 any other query string, a chunked or over-long body, a body that is not plain JSON or does not
 validate, an over-long header. So every error response that depends on parsing, every other
 edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/edge/test_hotpath.py checks
@@ -29,14 +31,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pydantic
-from fastapi import Response
+from fastapi import APIRouter, Response
 from fastapi.dependencies.models import Dependant
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.edge.asgi import read_body, replay
 from api.edge.pipeline import Caller, PipelineRoute, Work, dependants, serve
-from api.routes import jobs
+from api.routes import jobs, stream
 from api.routes.jobs import HEADER_MAX, JOB_ID_MAX, accept_job, get_job, read_job, submit_job
+from api.routes.stream import EVENT_ID_MAX, open_stream, stream_job
 from shared.schemas import JobCreate
 
 if TYPE_CHECKING:
@@ -57,13 +60,15 @@ class HotPaths:
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
         self.submit_route, self.read_route = _route_of(submit_job), _route_of(get_job)
+        self.stream_route = _route_of(stream_job, stream.router)
         self.jobs_path = self.submit_route.path
         self.job_prefix = self.read_route.path.split("{", 1)[0]
+        self.stream_suffix = self.stream_route.path.split("}", 1)[1]
 
     def check(self) -> None:
         """Fail at start-up when the hot routes or the app carry something the hot path does
         not do: a dependency or middleware added there would silently miss almost all traffic."""
-        for route in (_route_of(submit_job), _route_of(get_job)):
+        for route in (_route_of(submit_job), _route_of(get_job), _route_of(stream_job, stream.router)):
             unknown = dependencies_of(route.dependant) - KNOWN_DEPENDENCIES
             if unknown:
                 raise HotPathMismatch(f"{route.path}: the hot path does not run {sorted(unknown)}")
@@ -82,7 +87,11 @@ class HotPaths:
             wait = WAIT_QUERY.fullmatch(query) if query else None
             if method == "GET" and path.startswith(self.job_prefix) and (wait or not query):
                 job_id = path[len(self.job_prefix) :]
-                if 0 < len(job_id) <= JOB_ID_MAX and "/" not in job_id:
+                if not query and job_id.endswith(self.stream_suffix):
+                    job_id = job_id[: -len(self.stream_suffix)]
+                    if _is_job_id(job_id) and await self._stream(scope, receive, send, job_id):
+                        return
+                elif _is_job_id(job_id):
                     await self._get(scope, send, job_id, float(wait[1]) if wait else None)
                     return
         await self.fallback(scope, receive, send)
@@ -118,14 +127,28 @@ class HotPaths:
 
         await self._answer(scope, send, _headers(scope), self.read_route, work)
 
+    async def _stream(self, scope: Scope, receive: Receive, send: Send, job_id: str) -> bool:
+        """Serve a stream request, or leave it to FastAPI (False) when its Last-Event-ID is one that
+        FastAPI refuses itself (an over-long one: 422)."""
+        headers = _headers(scope)
+        last_event_id = headers.get(b"last-event-id")
+        if _too_long(last_event_id, EVENT_ID_MAX):
+            return False
+        state = self.app.state
+
+        async def work(caller: Caller) -> Response:
+            return await open_stream(state.queue, job_id, await caller.owner(), _text(last_event_id))
+
+        response = await self._served(scope, headers, self.stream_route, work)
+        await response(scope, receive, send)  # Starlette's: it also ends the stream if the client leaves
+        return True
+
     async def _answer(
         self, scope: Scope, send: Send, headers: dict[bytes, bytes], route: PipelineRoute, work: Work
     ) -> None:
-        """Serve the request as its route would (api/edge/pipeline.py) and send the response; the
-        request's metrics and its remaining headers are HttpMetrics', which wraps this path."""
-        scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
-        authorization = _text(headers.get(b"authorization"))
-        response = await serve(self.app.state, scope, route.kind, authorization, work, route.renderer)
+        """Serve the request as its route would and send the response; the request's metrics and
+        its remaining headers are HttpMetrics', which wraps this path."""
+        response = await self._served(scope, headers, route, work)
         start = {
             "type": "http.response.start",
             "status": response.status_code,
@@ -133,6 +156,14 @@ class HotPaths:
         }
         await send(start)
         await send({"type": "http.response.body", "body": response.body})
+
+    async def _served(
+        self, scope: Scope, headers: dict[bytes, bytes], route: PipelineRoute, work: Work
+    ) -> Response:
+        """The response the route would give (api/edge/pipeline.py)."""
+        scope["route"] = route  # what HttpMetrics labels the request with, as the router sets it
+        authorization = _text(headers.get(b"authorization"))
+        return await serve(self.app.state, scope, route.kind, authorization, work, route.renderer)
 
 
 class HotPathMismatch(RuntimeError):
@@ -153,8 +184,8 @@ def dependencies_of(dependant: Dependant) -> set[str]:
     return {getattr(sub.call, "__name__", repr(sub.call)) for sub in subs if sub.call is not None}
 
 
-def _route_of(endpoint: Callable[..., Any]) -> PipelineRoute:
-    for route in jobs.router.routes:
+def _route_of(endpoint: Callable[..., Any], router: APIRouter = jobs.router) -> PipelineRoute:
+    for route in router.routes:
         if isinstance(route, PipelineRoute) and route.endpoint is endpoint:
             return route
     raise LookupError(f"no route serves {endpoint.__name__}")
@@ -180,8 +211,13 @@ def _parse(headers: dict[bytes, bytes], body: bytes) -> JobCreate | None:
         return None
 
 
-def _too_long(value: bytes | None) -> bool:
-    return value is not None and len(value) > HEADER_MAX
+def _is_job_id(text: str) -> bool:
+    # What the routes' JobId path parameter takes; anything else is FastAPI's to answer.
+    return 0 < len(text) <= JOB_ID_MAX and "/" not in text
+
+
+def _too_long(value: bytes | None, most: int = HEADER_MAX) -> bool:
+    return value is not None and len(value) > most
 
 
 def _text(value: bytes | None) -> str | None:

@@ -1,14 +1,14 @@
 """Follows one job's output as a closed set of typed events, whatever wire format carries them
 (the /v1/jobs/{id}/stream SSE endpoint, OpenAI-style streaming).
 
-The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record
-turns terminal. So: read what is there (late join), then sleep until the process's stream hub
-(api/jobs/stream_hub.py: one XREAD for all followers) says new entries came, or the events hub says
-the job ended, and read them with one short XRANGE; a wake that brought no entries, or RECHECK_S
-without any, re-reads the record. Once the record is terminal, one more read drains everything
-left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job that ended
-with text its stream lacks (a cached job, one whose worker could not publish) gets that text as
-one last `Output` with id FINAL_ID.
+The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record turns
+terminal. So: read what is there (late join), then sleep until the process's stream hub
+(api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new entries came, or the
+events hub says the job ended, and read them with one short XRANGE; a wake that brought no entries,
+or RECHECK_S without any, re-reads the record. Once the record is terminal, one more read drains
+everything left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job
+that ended with text its stream lacks (a cached job, one whose worker could not publish) gets that
+text as one last `Output` with id FINAL_ID.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def follow(
 async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> AsyncIterator[StreamEvent]:
     loop = asyncio.get_running_loop()
     cursor = after_id
-    with queue.watch(job_id) as woken, queue.follow_stream(job_id, _hub_cursor(after_id), woken):
+    with queue.watch(job_id) as woken, queue.follow_stream(job_id, woken):
         job = await queue.get(job_id, owner)
         if cursor == FINAL_ID and not job["status"].is_terminal():
             cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
@@ -121,10 +121,6 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
                     yield Ping()
     async for event in _finish(queue, job, cursor):
         yield event
-
-
-def _hub_cursor(after_id: str) -> str:
-    return START_ID if after_id == FINAL_ID else after_id
 
 
 def _recheck_s() -> float:

@@ -271,11 +271,9 @@ class JobQueue:
         the owner holds its limit already; release it when the request ends."""
         return self._limits.acquire(owner, kind)
 
-    def follow_stream(
-        self, job_id: str, after_id: str, event: asyncio.Event
-    ) -> contextlib.AbstractContextManager[None]:
+    def follow_stream(self, job_id: str, event: asyncio.Event) -> contextlib.AbstractContextManager[None]:
         """Within the block, `event` is set when the job's stream gets entries (api/jobs/stream_hub.py)."""
-        return self._hub.follow(job_id, after_id, event)
+        return self._hub.follow(job_id, event)
 
     def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set when the job may have ended (re-read it to know)."""

@@ -1,11 +1,17 @@
-"""One reader per API process for every followed job's output stream, fanned out to followers.
+"""Wakes the followers of jobs whose output moved: one pub/sub subscription per API process.
 
-Each follower used to loop its own XREAD BLOCK, and a blocking read holds a pooled connection for
-its whole block: 512 open streams took every connection of the pool, and every request of every
-key got 503. Here one task on one dedicated connection issues XREAD BLOCK over all followed
-streams at once and, when entries arrive, wakes that job's followers; a follower then reads its
-entries after its own cursor with one short XRANGE. An idle stream costs the process an
-asyncio.Event and its place in that one command, never a connection (README, Reliability).
+Workers PUBLISH a job's id on JOB_OUTPUT_CHANNEL in the same pipeline as each XADD to its output
+stream (workers/publish.py). While anyone in this process follows a stream, and LINGER_S after the
+last one left, one task here holds that subscription and sets the events of the followers of the
+job each message names; a follower then reads its entries after its own cursor with one short
+XRANGE. A wake costs the job's own followers only, and an idle stream costs an asyncio.Event and
+nothing in Redis. (The hub used to issue one XREAD BLOCK naming every followed stream, again after
+each entry: O(streams followed) per entry, ~11% of the API's CPU at 256 streams and a quarter of a
+core with 10,000 idle ones.)
+
+Pub/sub delivers only while subscribed: right after (re)subscribing the hub wakes every follower,
+so one that read its stream before the subscription took effect reads again, and follow.py re-reads
+on its own every RECHECK_S, which bounds the delay of anything else lost.
 """
 
 from __future__ import annotations
@@ -14,48 +20,56 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.client import PubSub
 
-from api.jobs.streams import entry_order
 from shared import keys
 from shared.logging import fields
 
 log = logging.getLogger("genq.api")
 
-#: Longest XREAD BLOCK: a stream that starts being followed joins the read within this long (its
-#: follower reads what was there on its own first, so nothing is missed meanwhile).
-BLOCK_MS = 250
+#: The subscription is kept this long after the last follower left, so a process that serves
+#: streams now and then does not subscribe and unsubscribe for each.
+LINGER_S = 10.0
+#: How long a lost subscription waits before it subscribes again.
+RECONNECT_S = 0.5
+#: Longest wait for Redis to confirm the subscription before the hub tries again.
+CONFIRM_S = 5.0
+#: Longest wait for a message, between checks of whether anyone still follows.
+POLL_S = 1.0
 
 
 class StreamHub:
     def __init__(self, client: aioredis.Redis) -> None:
-        #: A client of its own (one connection): the blocking read never takes a pooled one.
+        #: A client of its own (one connection): the subscription never takes a pooled one.
         self._redis = client
         self._followers: dict[str, set[asyncio.Event]] = {}
-        #: Per followed job, the newest entry id the hub has seen (where its next read starts).
-        self._cursors: dict[str, str] = {}
         self._someone = asyncio.Event()
+        #: When the last follower left (loop time): the subscription ends LINGER_S later.
+        self._idle_since = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._read_forever(), name="genq-stream-hub")
+        self._task = asyncio.create_task(self._listen_forever(), name="genq-stream-hub")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+            # Bounded, as JobEvents.stop: a cancel mid-subscribe can leave the pubsub close waiting.
             await asyncio.wait({self._task}, timeout=1.0)
         await self._redis.aclose()
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether the hub holds its subscription now (or is opening it)."""
+        return self._someone.is_set()
+
     @contextlib.contextmanager
-    def follow(self, job_id: str, after_id: str, event: asyncio.Event) -> Iterator[None]:
-        """While the block runs, `event` is set whenever entries newer than the hub's cursor arrive
-        on the job's stream. `after_id`: the follower's cursor (the hub's never starts later)."""
-        known = self._cursors.get(job_id)
-        if known is None or entry_order(after_id) < entry_order(known):
-            self._cursors[job_id] = after_id
+    def follow(self, job_id: str, event: asyncio.Event) -> Iterator[None]:
+        """Within the block, `event` is set whenever the job's stream gets entries (and whenever
+        the hub (re)subscribes: then its follower cannot know what it missed)."""
         self._followers.setdefault(job_id, set()).add(event)
         self._someone.set()
         try:
@@ -70,32 +84,37 @@ class StreamHub:
         waiting.discard(event)
         if not waiting:
             del self._followers[job_id]
-            self._cursors.pop(job_id, None)
-        if not self._followers:
-            self._someone.clear()
+            if not self._followers:
+                self._idle_since = asyncio.get_running_loop().time()
 
-    async def _read_forever(self) -> None:
+    async def _listen_forever(self) -> None:
         while True:
             await self._someone.wait()
             try:
-                await self._read_once()
+                await self._listen()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                # OSError includes TimeoutError: Redis never confirmed the subscription.
                 log.warning("stream_hub_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # followers fall back on their own reads until Redis is back
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(RECONNECT_S)
 
-    async def _read_once(self) -> None:
-        job_of = {keys.job_stream(job_id): job_id for job_id in self._cursors}
-        streams: dict[Any, Any] = {stream: self._cursors[job_id] for stream, job_id in job_of.items()}
-        reply: list[tuple[str, list[tuple[str, Any]]]] = await self._redis.xread(  # type: ignore[assignment]
-            streams, count=1, block=BLOCK_MS
-        )
-        # count=1: the hub only needs to know which streams moved; each follower reads the rest.
-        for stream, rows in reply or []:
-            job_id = job_of.get(str(stream), "")
-            if job_id in self._cursors and rows:
-                self._cursors[job_id] = str(rows[-1][0])
-                self._wake(job_id)
+    async def _listen(self) -> None:
+        """Hold the subscription until nobody has followed a stream for LINGER_S."""
+        loop = asyncio.get_running_loop()
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(keys.JOB_OUTPUT_CHANNEL)
+            await _confirmed(pubsub)
+            # Only now: a follower's read sent before Redis ran the SUBSCRIBE may have missed news.
+            self._wake_all()
+            while self._followers or loop.time() - self._idle_since < LINGER_S:
+                message = await pubsub.get_message(timeout=POLL_S)
+                if message is not None and message["type"] == "message":
+                    data = message["data"]
+                    self._wake(data.decode() if isinstance(data, bytes) else str(data))
+            self._someone.clear()  # nobody follows: the next follow() subscribes again
+        finally:
+            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
     def _wake(self, job_id: str) -> None:
         for event in self._followers.get(job_id, ()):
@@ -104,3 +123,12 @@ class StreamHub:
     def _wake_all(self) -> None:
         for job_id in list(self._followers):
             self._wake(job_id)
+
+
+async def _confirmed(pubsub: PubSub) -> None:
+    """Wait for Redis's confirmation of the subscription (TimeoutError after CONFIRM_S)."""
+    async with asyncio.timeout(CONFIRM_S):
+        while True:
+            message = await pubsub.get_message(timeout=POLL_S)
+            if message is not None and message["type"] == "subscribe":
+                return

@@ -3,8 +3,8 @@
 Entries are `{delta, tokens}`, with `index` (a completion other than the first, OpenAI's n) and
 `logprobs` (JSON list of the new tokens' entries, when the job asked for them); their Redis ids
 are increasing, so a reader resumes after the last id it saw (XRANGE with an exclusive start).
-Waiting for new ones is the stream hub's (api/jobs/stream_hub.py): one blocking read per process,
-never one per reader.
+Waiting for new ones is the stream hub's (api/jobs/stream_hub.py): one pub/sub subscription per
+process, never a blocking read per reader.
 """
 
 from __future__ import annotations

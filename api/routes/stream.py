@@ -20,12 +20,16 @@ from api.edge.concurrency import Slot
 from api.edge.deps import QueueDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit
 from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
+from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID, is_entry_id
 from api.routes.jobs import ERRORS, JobId
 from shared.errors import InvalidRequest
 from shared.schemas import error_body
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=PipelineRoute)
+
+#: The longest Last-Event-ID accepted (FastAPI answers a longer one 422).
+EVENT_ID_MAX = 64
 
 #: Headers that keep proxies (nginx) and caches from buffering or storing the stream.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -74,8 +78,13 @@ def held_stream(frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str
         frames,
         media_type="text/event-stream",
         headers=SSE_HEADERS | headers,
-        background=BackgroundTask(slot.release),
+        # An async callable: Starlette runs a plain function on its thread pool, a thread hop per stream.
+        background=BackgroundTask(_release, slot),
     )
+
+
+async def _release(slot: Slot) -> None:
+    slot.release()
 
 
 @router.get(
@@ -88,10 +97,17 @@ async def stream_job(
     job_id: JobId,
     queue: QueueDep,
     owner: CallerDep,
-    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=EVENT_ID_MAX)] = None,
 ) -> StreamingResponse:
     """The job's output as Server-Sent Events: what was generated so far, then live deltas, then
     `done` with the final job. `Last-Event-ID` resumes after that event."""
+    return await open_stream(queue, job_id, owner, last_event_id)
+
+
+async def open_stream(
+    queue: JobQueue, job_id: str, owner: str, last_event_id: str | None
+) -> StreamingResponse:
+    """The stream's response (the route's work, and the hot path's: api/edge/hotpath.py)."""
     after_id = _resume_after(last_event_id)
     await queue.get(job_id, owner)  # unknown or someone else's: a 404 before the stream starts
     slot = queue.hold(owner, "streams")

@@ -48,8 +48,11 @@ class ScriptedWorker:
         assert self._jobs.claim(job_id, "scripted").outcome is ClaimOutcome.CLAIMED
 
     def publish(self, job_id: str, delta: str, tokens: int) -> str:
-        """One output entry of the first completion; its stream entry id."""
-        return str(self._redis.xadd(keys.job_stream(job_id), {"delta": delta, "tokens": tokens}))
+        """One output entry of the first completion, and the message that wakes the API's followers,
+        as workers/publish.py sends them; the entry's id."""
+        entry_id = str(self._redis.xadd(keys.job_stream(job_id), {"delta": delta, "tokens": tokens}))
+        self._redis.publish(keys.JOB_OUTPUT_CHANNEL, job_id)
+        return entry_id
 
     def succeed(self, job_id: str, text: str, completion_tokens: int) -> None:
         output = {"text": text, "finish_reason": "length",

@@ -91,7 +91,7 @@ def test_machinery_quick(tmp_path: Path) -> None:
             assert_latencies(genq, "latency_")
             assert genq["queueing_ms"] > 0 and genq["p99_to_queueing"] > 0
             assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
-            assert genq["redis_commands_per_item"] > 0
+            assert genq["redis_commands_per_item"] > 0 and genq["client_cpu_ms_per_job"] > 0
             if mode != "sse":  # a stream's reads can push the store's scripts out of the top ten
                 assert "evalsha" in genq["redis_top_commands_per_item"]
     hooks = report["webhooks"]

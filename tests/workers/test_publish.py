@@ -70,6 +70,29 @@ def test_flushed_deltas_add_up_to_the_text(
     assert heard == ["j1", "j1", "j1"]
 
 
+def test_each_entry_names_its_job_on_the_output_channel_after_it_is_readable(
+    published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
+) -> None:
+    """What wakes the API's stream followers (api/jobs/stream_hub.py): one message per entry,
+    sent after the entry, so a follower woken by it reads it."""
+    publisher, _ = published
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe(keys.JOB_OUTPUT_CHANNEL)
+    try:
+        assert pubsub.get_message(timeout=2)["type"] == "subscribe"  # type: ignore[index]
+        heard = []
+        for job_id, text in [("j1", "a"), ("j2", "b"), ("j1", "a c"), ("j1", "a c")]:
+            publisher.offer(job_id, OutputUpdate(text, len(text)))
+            publisher.flush(job_id)
+            message = pubsub.get_message(timeout=0.5)
+            if message is not None:
+                heard.append(message["data"])
+                assert text in "".join(e["delta"] for e in _entries(redis_client, job_id))
+        assert heard == ["j1", "j2", "j1"]  # the repeated update published nothing, so no message
+    finally:
+        pubsub.close()
+
+
 def test_the_background_thread_publishes_the_latest_update(
     published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
 ) -> None:

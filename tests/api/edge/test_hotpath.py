@@ -6,6 +6,8 @@ queue (503 overloaded) and Redis down (503 unavailable)."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +24,7 @@ from api.edge import hotpath
 from api.edge.hotpath import HotPathMismatch
 from api.edge.pipeline import PipelineRoute, ReadLimit, RouteDeclarationError, SubmitLimit, caller_owner
 from api.routes.jobs import get_job, submit_job
+from api.routes.stream import stream_job
 from shared import keys
 from shared.config import Settings
 from tests.conftest import WorkerProcess, api_client, assert_nothing_written
@@ -63,6 +66,12 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("negative wait", "GET", "/v1/jobs/{job}?wait=-1", {}),
     ("wait and more", "GET", "/v1/jobs/{job}?wait=1&x=2", {}),
     ("wait not a number", "GET", "/v1/jobs/{job}?wait=soon", {}),
+    ("stream unknown", "GET", "/v1/jobs/no-such-job/stream", {}),
+    ("stream overlong id", "GET", "/v1/jobs/" + "x" * 65 + "/stream", {}),
+    ("stream and a query", "GET", "/v1/jobs/no-such-job/stream?x=1", {}),
+    ("stream after no event id", "GET", "/v1/jobs/{job}/stream", {"headers": {"Last-Event-ID": "nope"}}),
+    ("stream after an overlong id", "GET", "/v1/jobs/{job}/stream",
+     {"headers": {"Last-Event-ID": "1-" * 40}}),
 ]  # fmt: skip
 
 #: Fields of a job that differ between two submissions of the same request.
@@ -90,6 +99,9 @@ async def test_hot_path_answers_like_the_fastapi_routes(make_settings: Callable[
     assert hot["over the cap"]["body"]["error"]["param"] == "max_tokens"
     assert hot["malformed"]["status"] == 400
     assert hot["get unknown"]["status"] == 404
+    assert hot["stream unknown"]["status"] == 404
+    assert hot["stream after no event id"]["body"]["error"]["param"] == "Last-Event-ID"
+    assert hot["stream after an overlong id"]["status"] == 422
 
 
 async def test_auth_and_rate_limits_hold_on_the_hot_path(
@@ -152,6 +164,7 @@ async def test_requests_of_the_common_shape_skip_fastapi(make_settings: Callable
             assert (await api.get(submitted.headers["location"])).status_code == 200
             long_poll = await api.get(submitted.headers["location"], params={"wait": "0.2"})
             assert long_poll.status_code == 200 and long_poll.json()["status"] == "queued"
+            assert (await api.get("/v1/jobs/no-such-job/stream")).status_code == 404
             with pytest.raises(RuntimeError):  # anything else still goes through FastAPI
                 await api.get("/v1/jobs")
 
@@ -161,12 +174,16 @@ async def test_hot_path_requests_are_counted_by_route_template(api: httpx.AsyncC
         labels = {"route": route, "method": method, "status": status}
         return REGISTRY.get_sample_value("genq_http_requests_total", labels) or 0.0
 
-    before = served("/v1/jobs", "POST", "202"), served("/v1/jobs/{job_id}", "GET", "404")
+    def counts() -> tuple[float, ...]:
+        return (served("/v1/jobs", "POST", "202"), served("/v1/jobs/{job_id}", "GET", "404"),
+                served("/v1/jobs/{job_id}/stream", "GET", "404"))  # fmt: skip
+
+    before = counts()
     response = await api.post("/v1/jobs", json={"prompt": "counted"}, headers={"X-Request-ID": "req-42"})
     assert response.headers["x-request-id"] == "req-42"
     assert len((await api.get("/v1/jobs/missing")).headers["x-request-id"]) == 32
-    after = served("/v1/jobs", "POST", "202"), served("/v1/jobs/{job_id}", "GET", "404")
-    assert after == (before[0] + 1, before[1] + 1)
+    assert len((await api.get("/v1/jobs/missing/stream")).headers["x-request-id"]) == 32
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
 
 
 #: Headers whose values differ between any two answers (or name the job): compared by name only.
@@ -189,6 +206,8 @@ FINISHED: list[tuple[str, str, str, dict[str, Any]]] = [
      {"json": {"prompt": "parity, cached", "max_tokens": 3}, "headers": {"Prefer": "wait=20"}}),
     ("cache hit", "POST", "/v1/jobs", {"json": {"prompt": "parity, cached", "max_tokens": 3}}),
     ("long-poll a finished job", "GET", "/v1/jobs/{first}?wait=5", {}),
+    ("stream a finished job", "GET", "/v1/jobs/{first}/stream", {}),
+    ("resume its stream", "GET", "/v1/jobs/{first}/stream", {"headers": {"Last-Event-ID": "final"}}),
 ]  # fmt: skip
 
 #: With the queue full (GENQ_MAX_QUEUE_LENGTH) and with Redis down: no worker needed.
@@ -204,12 +223,29 @@ PER_RUN = {"started_at", "completed_at", "metrics", "worker"}
 
 def exact(response: httpx.Response) -> dict[str, Any]:
     """Status, body and header values (those that can be equal), for an exact comparison."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        headers = {name: value for name, value in response.headers.items() if name not in VARYING_HEADERS}
+        return {"status": response.status_code, "body": sse_events(response.text), "headers": headers,
+                "header names": sorted(response.headers)}  # fmt: skip
     body = response.json()
     if "id" in body:
         body = {key: value for key, value in body.items() if key not in PER_JOB | PER_RUN}
     headers = {name: value for name, value in response.headers.items() if name not in VARYING_HEADERS}
     return {"status": response.status_code, "body": body, "headers": headers,
             "header names": sorted(response.headers)}  # fmt: skip
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """An event stream's events, with what differs between two runs of a job left out (the entry
+    ids, the job's own fields)."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
+        data = json.loads(fields.get("data", "null"))
+        if fields.get("event") == "done":
+            data = {key: value for key, value in data.items() if key not in PER_JOB | PER_RUN}
+        events.append({"event": fields.get("event"), "data": data})
+    return events
 
 
 async def run_cases(
@@ -242,8 +278,22 @@ async def test_hot_path_answers_alike_in_every_state(
     routed |= await run_cases(routed_settings, "routed-key", FINISHED)
     for name, *_ in IDEMPOTENT + FINISHED:
         assert hot[name] == routed[name], (name, differences(hot[name], routed[name]))
-    assert [hot[name]["status"] for name, *_ in IDEMPOTENT + FINISHED] == [202, 200, 409, 200, 200, 200]
+    assert [hot[name]["status"] for name, *_ in IDEMPOTENT + FINISHED] == [
+        202,
+        200,
+        409,
+        200,
+        200,
+        200,
+        200,
+        200,
+    ]
     assert hot["cache hit"]["body"]["cached"] is True
+    streamed = hot["stream a finished job"]["body"]
+    assert [event["event"] for event in streamed][-1] == "done" and streamed[-1]["data"][
+        "status"
+    ] == "succeeded"
+    assert [event["event"] for event in hot["resume its stream"]["body"]] == ["done"]
 
 
 async def test_hot_path_refuses_alike_when_the_queue_is_full_or_redis_is_down(
@@ -331,17 +381,27 @@ async def audit() -> None:
     """A dependency someone might add to the submit route."""
 
 
+@pytest.mark.parametrize(
+    ("path", "endpoint", "method", "limit"),
+    [
+        ("/v1/jobs", submit_job, "POST", SubmitLimit),
+        ("/v1/jobs/{job_id}/stream", stream_job, "GET", ReadLimit),
+    ],
+)
 def test_a_dependency_the_hot_path_does_not_run_stops_the_app(
-    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    endpoint: Callable[..., Any],
+    method: str,
+    limit: Any,
 ) -> None:
-    audited = PipelineRoute(
-        "/v1/jobs", submit_job, methods=["POST"], dependencies=[SubmitLimit, Depends(audit)]
-    )
+    audited = PipelineRoute(path, endpoint, methods=[method], dependencies=[limit, Depends(audit)])
     real = hotpath._route_of
     monkeypatch.setattr(
-        hotpath, "_route_of", lambda endpoint: audited if endpoint is submit_job else real(endpoint)
+        hotpath, "_route_of", lambda found, *rest: audited if found is endpoint else real(found, *rest)
     )
-    with pytest.raises(HotPathMismatch, match=r"/v1/jobs: the hot path does not run \['audit'\]"):
+    with pytest.raises(HotPathMismatch, match=rf"{re.escape(path)}: the hot path does not run \['audit'\]"):
         create_app(make_settings(api_hot_paths=True))
     create_app(make_settings(api_hot_paths=False))  # without the hot path there is nothing to mirror
 

@@ -1,5 +1,6 @@
-"""api/jobs/stream_hub.py: one blocking read per API process wakes the followers of the streams
-that moved, and only those (real Redis; the worker's XADDs done by hand)."""
+"""api/jobs/stream_hub.py: one pub/sub subscription per API process, held while anyone follows a
+stream, wakes the followers of the job a message names, and only those; a (re)subscription wakes
+everyone (real Redis; the worker's PUBLISH sent by hand, as workers/publish.py sends it)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from api.jobs import stream_hub
 from api.jobs.stream_hub import StreamHub
-from api.jobs.streams import START_ID
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 
@@ -37,43 +38,84 @@ async def woken(event: asyncio.Event, timeout_s: float = 2.0) -> bool:
     return True
 
 
-async def test_an_entry_wakes_the_followers_of_its_job_only(
+def subscribers(client: redis.Redis) -> int:
+    counts = dict(client.pubsub_numsub(keys.JOB_OUTPUT_CHANNEL))
+    return int(counts[keys.JOB_OUTPUT_CHANNEL])
+
+
+async def subscribed(hub: StreamHub, event: asyncio.Event) -> None:
+    """Wait out the hub's (re)subscription: it wakes every follower once it took effect."""
+    assert await woken(event), "the hub never confirmed its subscription"
+    event.clear()
+
+
+async def test_a_message_wakes_the_followers_of_its_job_only(
     hub: StreamHub, redis_client: redis.Redis
 ) -> None:
     a1, a2, b = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    with hub.follow(JOB_A, START_ID, a1), hub.follow(JOB_A, START_ID, a2), hub.follow(JOB_B, START_ID, b):
-        await asyncio.sleep(0.1)
-        redis_client.xadd(keys.job_stream(JOB_A), {"delta": "x", "tokens": 1})
+    with hub.follow(JOB_A, a1), hub.follow(JOB_A, a2), hub.follow(JOB_B, b):
+        for event in (a1, a2, b):
+            await subscribed(hub, event)
+        redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
         assert await woken(a1) and await woken(a2)
         assert not await woken(b, 0.5)
+        redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_B)
+        assert await woken(b)
 
 
-async def test_entries_already_behind_the_cursor_wake_nobody_and_new_ones_do(
-    hub: StreamHub, redis_client: redis.Redis
-) -> None:
-    seen = str(redis_client.xadd(keys.job_stream(JOB_A), {"delta": "old", "tokens": 1}))
+async def test_nobody_is_woken_without_news(hub: StreamHub, redis_client: redis.Redis) -> None:
+    """An idle stream costs nothing: no wake, and no Redis command, until its job's output moves."""
     event = asyncio.Event()
-    with hub.follow(JOB_A, seen, event):
-        assert not await woken(event, 0.6)  # more than two blocking reads: the old entry is not news
-        redis_client.xadd(keys.job_stream(JOB_A), {"delta": "new", "tokens": 2})
-        assert await woken(event)
-        event.clear()
-        assert not await woken(event, 0.6)  # one wake per new entry, not one per read
+    with hub.follow(JOB_A, event):
+        await subscribed(hub, event)
+        before = int(redis_client.info("stats")["total_commands_processed"])
+        assert not await woken(event, 1.5)
+        # This test's own INFO aside, the hub sent nothing while it waited.
+        assert int(redis_client.info("stats")["total_commands_processed"]) - before <= 2
 
 
 async def test_a_follower_that_left_is_woken_no_more(hub: StreamHub, redis_client: redis.Redis) -> None:
+    event, other = asyncio.Event(), asyncio.Event()
+    with hub.follow(JOB_B, other):
+        await subscribed(hub, other)
+        with hub.follow(JOB_A, event):
+            pass
+        redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
+        assert not await woken(event, 0.5)
+
+
+async def test_the_subscription_lasts_while_anyone_follows_and_lingers_after(
+    hub: StreamHub, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that serves no streams receives no output messages (every worker's every entry
+    would cost it a wake-up), and one that serves them now and then does not resubscribe each time."""
+    monkeypatch.setattr(stream_hub, "LINGER_S", 0.5)
+    monkeypatch.setattr(stream_hub, "POLL_S", 0.1)
+    assert subscribers(redis_client) == 0 and not hub.subscribed
     event = asyncio.Event()
-    with hub.follow(JOB_A, START_ID, event):
-        await asyncio.sleep(0.1)
-    redis_client.xadd(keys.job_stream(JOB_A), {"delta": "late", "tokens": 1})
-    assert not await woken(event, 0.6)
+    with hub.follow(JOB_A, event):
+        await subscribed(hub, event)
+        assert subscribers(redis_client) == 1
+    await asyncio.sleep(0.2)
+    assert subscribers(redis_client) == 1  # lingering
+    await asyncio.sleep(1.0)
+    assert subscribers(redis_client) == 0 and not hub.subscribed
+    with hub.follow(JOB_A, event):  # and back, for a new follower
+        await subscribed(hub, event)
+        redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
+        assert await woken(event)
 
 
 async def test_a_lost_connection_wakes_every_follower(hub: StreamHub, redis_client: redis.Redis) -> None:
-    """While the hub reconnects nobody learns of new entries from it, so each follower re-reads
-    on its own."""
+    """While the hub resubscribes nobody learns of new entries from it, so each follower re-reads
+    on its own; and messages wake them again once it is back."""
     event = asyncio.Event()
-    with hub.follow(JOB_A, START_ID, event):
-        await asyncio.sleep(0.1)  # the hub is in its blocking read
-        assert redis_client.client_kill_filter(_type="normal", skipme=True) >= 1
+    with hub.follow(JOB_A, event):
+        await subscribed(hub, event)
+        assert redis_client.client_kill_filter(_type="pubsub", skipme=True) >= 1
+        assert await woken(event)
+        event.clear()
+        assert await woken(event, 3.0)  # the wake after it subscribed again
+        event.clear()
+        redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
         assert await woken(event)
