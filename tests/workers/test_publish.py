@@ -76,10 +76,11 @@ def test_each_entry_names_its_job_on_the_output_channel_after_it_is_readable(
     """What wakes the API's stream followers (api/jobs/stream_hub.py): one message per entry,
     sent after the entry, so a follower woken by it reads it."""
     publisher, _ = published
-    pubsub = redis_client.pubsub()
+    pubsub = redis_client.pubsub()  # type: ignore[no-untyped-call]
     pubsub.subscribe(keys.JOB_OUTPUT_CHANNEL)
     try:
-        assert pubsub.get_message(timeout=2)["type"] == "subscribe"  # type: ignore[index]
+        confirmed = pubsub.get_message(timeout=2)
+        assert confirmed is not None and confirmed["type"] == "subscribe"
         heard = []
         for job_id, text in [("j1", "a"), ("j2", "b"), ("j1", "a c"), ("j1", "a c")]:
             publisher.offer(job_id, OutputUpdate(text, len(text)))
