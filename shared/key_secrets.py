@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Sequence
 
-import redis
 import redis.asyncio as aioredis
 
 from shared import keys, signing
@@ -37,13 +37,14 @@ async def rotate(client: aioredis.Redis, owner: str) -> tuple[str, bool]:
 
 
 def signing_keys(
-    client: redis.Redis, owner: str, settings: Settings, default: tuple[bytes, ...]
+    stored: Sequence[object], owner: str, settings: Settings, default: tuple[bytes, ...]
 ) -> tuple[bytes, ...]:
-    """Blocking (the delivery worker): the HMAC keys that sign this owner's deliveries, newest
-    first."""
-    stored = [_text(s) for s in client.mget(keys.webhook_key_secrets(owner)) if s]
-    if stored:
-        return tuple(key for text in stored for key in signing.parse_secrets(text))
+    """The HMAC keys that sign this owner's deliveries, newest first, given `stored`: the values of
+    the owner's keys.webhook_key_secrets as MGET reads them (the delivery worker reads them in the
+    pipeline of its attempt)."""
+    texts = [_text(value) for value in stored if value]
+    if texts:
+        return tuple(key for text in texts for key in signing.parse_secrets(text))
     return settings.key_secrets.get(owner, default)
 
 

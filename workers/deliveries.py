@@ -355,8 +355,12 @@ class Deliveries:
 
     def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
         """Send the frozen body once; the attempt's number and result."""
-        attempt = int(self._redis.hincrby(delivery.key, "attempts", 1))
-        secrets = key_secrets.signing_keys(self._redis, frozen.owner, self._settings, self._secrets)
+        pipe = self._redis.pipeline(transaction=False)  # one round trip for both
+        pipe.hincrby(delivery.key, "attempts", 1)
+        pipe.mget(keys.webhook_key_secrets(frozen.owner))
+        attempts, stored = pipe.execute()
+        attempt = int(attempts)
+        secrets = key_secrets.signing_keys(stored, frozen.owner, self._settings, self._secrets)
         headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), frozen.body)
         result = webhook_http.post(
             frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s

@@ -53,9 +53,10 @@ class ApiSettings(BaseModel):
     Unset: /metrics is open to whoever reaches the API port."""
 
     api_hot_paths: bool = True
-    """Serve `POST /v1/jobs` and `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) of the
-    common shape through a raw-ASGI path that skips FastAPI's per-request machinery
-    (api/edge/hotpath.py); the answers are the same. Turn it off only to compare the two."""
+    """Serve `POST /v1/jobs`, `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) and
+    `GET /v1/jobs/{id}/stream` of the common shape through a raw-ASGI path that skips FastAPI's
+    per-request machinery (api/edge/hotpath.py); the answers are the same. Turn it off only to
+    compare the two."""
 
     api_autopipeline: bool = True
     """Send the Redis commands that concurrent requests issue in one event-loop turn as one write

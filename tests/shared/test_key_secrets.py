@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 from cli.redis_server import EmbeddedRedis
 from shared import keys, signing
 from shared.config import Settings
-from shared.key_secrets import new_secret, rotate, signing_keys
+from shared.key_secrets import new_secret, rotate
+from shared.key_secrets import signing_keys as signing_keys_of
 
 CONFIGURED = "whsec_" + base64.b64encode(b"configured for key-a, 24 bytes").decode()
 DEFAULT = (b"the deployment's secret",)
@@ -32,6 +33,13 @@ def test_new_secrets_are_whsec_random_32_bytes() -> None:
     for secret in made:
         assert secret.startswith(signing.SECRET_PREFIX)
         assert len(signing.parse_secrets(secret)[0]) == 32
+
+
+def signing_keys(
+    client: redis.Redis, owner: str, settings: Settings, default: tuple[bytes, ...]
+) -> tuple[bytes, ...]:
+    """As the delivery worker reads them: MGET of the owner's secrets, then signing_keys."""
+    return signing_keys_of(client.mget(keys.webhook_key_secrets(owner)), owner, settings, default)
 
 
 def test_without_a_stored_secret_the_configured_one_then_the_default_signs(
