@@ -14,7 +14,6 @@ text as one last `Output` with id FINAL_ID.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import redis.exceptions
 
+from api.jobs.events import set_within
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID, OutputEntry, entry_order
 from shared.errors import NotFound
@@ -114,8 +114,7 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
             # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
             while not (job["status"].is_terminal() or woken.is_set() or loop.time() >= next_check):
                 wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), max(wake_in, 0.0))
+                await set_within(woken, wake_in)
                 if loop.time() - quiet_since >= HEARTBEAT_S:
                     quiet_since = loop.time()
                     yield Ping()

@@ -18,7 +18,7 @@ import orjson
 
 from api.edge.concurrency import ConcurrencyLimits, Held, Slot
 from api.jobs.cache import Lookup, ResponseCache
-from api.jobs.events import JobEvents
+from api.jobs.events import JobEvents, set_within
 from api.jobs.queue_stats import QueueStatsReader
 from api.jobs.store import JobStore, NewJob
 from api.jobs.stream_hub import StreamHub
@@ -319,9 +319,8 @@ class JobQueue:
 
 async def _changed_or_recheck(changed: asyncio.Event, remaining: float) -> None:
     """Until `changed` is set, `remaining` seconds pass, or a recheck is due."""
-    with contextlib.suppress(TimeoutError):
-        # Jittered, so pollers that arrived together do not re-read together.
-        await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S * random.uniform(0.5, 1.0)))
+    # Jittered, so pollers that arrived together do not re-read together.
+    await set_within(changed, min(remaining, RECHECK_S * random.uniform(0.5, 1.0)))
 
 
 def _cursor(score: float | None) -> str | None:

@@ -10,7 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.jobs.events import JobEvents
+from api.jobs.events import JobEvents, set_within
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 
@@ -71,3 +71,25 @@ async def test_a_lost_subscription_wakes_every_waiter(events: JobEvents, redis_c
     with events.watch(JOB_A) as a, events.watch(JOB_B) as b:
         assert redis_client.client_kill_filter(_type="pubsub") >= 1
         assert await woken(a) and await woken(b)
+
+
+async def test_set_within_returns_at_the_set_or_the_timeout_and_leaves_cancellation_alone() -> None:
+    """What every held stream and long-poll waits with: back at once when the event is set, back
+    after the timeout (no error) when it is not, and a cancel from outside (a client that left)
+    still cancels the waiter."""
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
+    loop.call_later(0.05, event.set)
+    began = loop.time()
+    await set_within(event, 5.0)
+    assert event.is_set() and loop.time() - began < 1.0
+    quiet = asyncio.Event()
+    began = loop.time()
+    await set_within(quiet, 0.2)
+    assert 0.15 <= loop.time() - began < 1.0
+    await set_within(quiet, -1.0)  # a deadline already past: back at once
+    waiter = asyncio.create_task(set_within(quiet, 5.0))
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
