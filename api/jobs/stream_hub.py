@@ -6,8 +6,7 @@ last one left, one task here holds that subscription and sets the events of the 
 job each message names; a follower then reads its entries after its own cursor with one short
 XRANGE. A wake costs the job's own followers only, and an idle stream costs an asyncio.Event and
 nothing in Redis. (The hub used to issue one XREAD BLOCK naming every followed stream, again after
-each entry: O(streams followed) per entry, ~11% of the API's CPU at 256 streams and a quarter of a
-core with 10,000 idle ones.)
+each entry: O(streams followed) per entry, ~11% of the API's CPU with 256 streams open.)
 
 Pub/sub delivers only while subscribed: right after (re)subscribing the hub wakes every follower,
 so one that read its stream before the subscription took effect reads again, and follow.py re-reads
@@ -97,24 +96,28 @@ class StreamHub:
                 log.warning("stream_hub_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # followers fall back on their own reads until Redis is back
                 await asyncio.sleep(RECONNECT_S)
+            if not self._wanted():
+                self._someone.clear()  # the next follow() subscribes again (Redis down: no retries)
 
     async def _listen(self) -> None:
         """Hold the subscription until nobody has followed a stream for LINGER_S."""
-        loop = asyncio.get_running_loop()
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(keys.JOB_OUTPUT_CHANNEL)
             await _confirmed(pubsub)
             # Only now: a follower's read sent before Redis ran the SUBSCRIBE may have missed news.
             self._wake_all()
-            while self._followers or loop.time() - self._idle_since < LINGER_S:
+            while self._wanted():
                 message = await pubsub.get_message(timeout=POLL_S)
                 if message is not None and message["type"] == "message":
                     data = message["data"]
                     self._wake(data.decode() if isinstance(data, bytes) else str(data))
-            self._someone.clear()  # nobody follows: the next follow() subscribes again
         finally:
             await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+
+    def _wanted(self) -> bool:
+        """Whether anyone follows a stream, or did less than LINGER_S ago."""
+        return bool(self._followers) or asyncio.get_running_loop().time() - self._idle_since < LINGER_S
 
     def _wake(self, job_id: str) -> None:
         for event in self._followers.get(job_id, ()):

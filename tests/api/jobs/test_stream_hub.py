@@ -5,6 +5,7 @@ everyone (real Redis; the worker's PUBLISH sent by hand, as workers/publish.py s
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -119,3 +120,28 @@ async def test_a_lost_connection_wakes_every_follower(hub: StreamHub, redis_clie
         event.clear()
         redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
         assert await woken(event)
+
+
+async def test_with_redis_down_followers_are_woken_and_retries_end_with_the_last_follower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each failed subscription wakes the followers (they read on their own meanwhile); once nobody
+    has followed for LINGER_S the hub stops trying, instead of logging a retry twice a second for
+    as long as Redis is away."""
+    monkeypatch.setattr(stream_hub, "LINGER_S", 0.3)
+    monkeypatch.setattr(stream_hub, "RECONNECT_S", 0.05)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    hub = StreamHub(aioredis.Redis.from_url(f"redis://127.0.0.1:{closed}/0", max_connections=1))
+    hub.start()
+    try:
+        event = asyncio.Event()
+        with hub.follow(JOB_A, event):
+            assert await woken(event)
+            event.clear()
+            assert await woken(event)  # and again at the next failed try
+        await asyncio.sleep(1.0)
+        assert not hub.subscribed
+    finally:
+        await hub.stop()
