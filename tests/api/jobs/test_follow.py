@@ -93,6 +93,30 @@ async def test_a_follower_of_a_queued_job_gets_its_entries_as_they_come(
     assert isinstance(events[-1][1], Done) and events[-1][1].job["status"] is JobStatus.SUCCEEDED
 
 
+async def test_entries_without_a_message_still_reach_the_follower_at_the_jobs_end(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """A worker older than the output channel (a rolling upgrade, docs/operations.md) adds entries
+    without naming the job: nothing wakes the follower for them, but the job's end does, and it
+    then gets every entry and Done, not only after its 15-30 s re-read."""
+    job_id = await submitted(queue)
+    events: list[StreamEvent] = []
+
+    async def collect() -> None:
+        async for event in follow(queue, job_id, OWNER):
+            events.append(event)
+
+    following = asyncio.create_task(collect())
+    await asyncio.sleep(0.3)  # the follower has read the empty stream and waits
+    scripted.claim(job_id)
+    entry = str(redis_client.xadd(keys.job_stream(job_id), {"delta": "quiet", "tokens": 1}))
+    await asyncio.sleep(0.3)
+    assert events == []  # no message, no wake
+    scripted.succeed(job_id, "quiet", 1)
+    await asyncio.wait_for(following, 5)
+    assert events[0] == Output(entry, "quiet", 1) and isinstance(events[-1], Done)
+
+
 async def test_a_job_that_vanishes_or_is_not_the_callers_ends_in_not_found(
     queue: JobQueue, redis_client: redis.Redis
 ) -> None:
