@@ -38,8 +38,9 @@ class JobEvents:
             await asyncio.wait({self._task}, timeout=1.0)
 
     @contextlib.contextmanager
-    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
-        event = asyncio.Event()
+    def watch(self, job_id: str, event: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
+        """Within the block, `event` (a new one when not given) is set when the job may have ended."""
+        event = event or asyncio.Event()
         self._waiters.setdefault(job_id, set()).add(event)
         try:
             yield event

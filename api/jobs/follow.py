@@ -4,8 +4,8 @@
 The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record turns
 terminal. So: read what is there (late join), then sleep until the process's stream hub
 (api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new entries came, or the
-events hub says the job ended, and read them with one short XRANGE; a wake that brought no entries,
-or RECHECK_S without any, re-reads the record. Once the record is terminal, one more read drains
+events hub says the job ended: new entries are read with one short XRANGE, and the job's end (or
+RECHECK_S without news) is read from the record. Once the record is terminal, one more read drains
 everything left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job
 that ended with text its stream lacks (a cached job, one whose worker could not publish) gets that
 text as one last `Output` with id FINAL_ID.
@@ -24,7 +24,7 @@ import redis.exceptions
 
 from api.jobs.events import set_within
 from api.jobs.queue import JobQueue
-from api.jobs.streams import START_ID, OutputEntry, entry_order
+from api.jobs.streams import READ_COUNT, START_ID, OutputEntry, entry_order
 from shared.errors import NotFound
 from shared.logging import fields
 from shared.schemas import JobStatus, JobView
@@ -94,25 +94,37 @@ async def follow(
 async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> AsyncIterator[StreamEvent]:
     loop = asyncio.get_running_loop()
     cursor = after_id
-    with queue.watch(job_id) as woken, queue.follow_stream(job_id, woken):
+    woken = asyncio.Event()
+    # Each hub sets its own: new entries are read from the stream, a possible end from the record.
+    moved, ended = Relay(woken), Relay(woken)
+    with queue.watch(job_id, ended), queue.follow_stream(job_id, moved):
         job = await queue.get(job_id, owner)
         if cursor == FINAL_ID and not job["status"].is_terminal():
             cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
         next_check = loop.time() + _recheck_s()
         quiet_since = loop.time()
+        moved.set()  # what the stream holds already (a late join)
         while not job["status"].is_terminal():
-            woken.clear()  # before the read: a wake during it is not lost
-            entries = await queue.stream_entries(job_id, cursor)
-            for entry in entries:
-                cursor = entry.id
-                quiet_since = loop.time()
-                yield _output(entry)
-            if entries and loop.time() < next_check:
-                continue  # read again at once: the wake may also have been the job's end
-            job = await queue.get(job_id, owner)
-            next_check = loop.time() + _recheck_s()
+            if loop.time() >= next_check:  # no news for a while: read both, lest a message was lost
+                moved.set()
+                ended.set()
+                next_check = loop.time() + _recheck_s()
+            if moved.is_set():
+                moved.clear()  # before the read: an entry added during it sets it again
+                entries = await queue.stream_entries(job_id, cursor)
+                for entry in entries:
+                    cursor = entry.id
+                    quiet_since = loop.time()
+                    yield _output(entry)
+                if len(entries) >= READ_COUNT:
+                    moved.set()  # a full page: there may be more
+            if ended.is_set():
+                ended.clear()
+                job = await queue.get(job_id, owner)
+                continue
             # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
-            while not (job["status"].is_terminal() or woken.is_set() or loop.time() >= next_check):
+            woken.clear()
+            while not (moved.is_set() or ended.is_set() or loop.time() >= next_check):
                 wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
                 await set_within(woken, wake_in)
                 if loop.time() - quiet_since >= HEARTBEAT_S:
@@ -120,6 +132,20 @@ async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> As
                     yield Ping()
     async for event in _finish(queue, job, cursor):
         yield event
+
+
+class Relay(asyncio.Event):
+    """An event that also sets `also` when set: a follower sleeps on one event for two hubs and
+    still knows which of them woke it (a wake for new entries used to cost a re-read of the stream
+    and of the record besides the read it needed)."""
+
+    def __init__(self, also: asyncio.Event) -> None:
+        super().__init__()
+        self._also = also
+
+    def set(self) -> None:
+        super().set()
+        self._also.set()
 
 
 def _recheck_s() -> float:

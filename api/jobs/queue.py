@@ -275,9 +275,11 @@ class JobQueue:
         """Within the block, `event` is set when the job's stream gets entries (api/jobs/stream_hub.py)."""
         return self._hub.follow(job_id, event)
 
-    def watch(self, job_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
-        """An event set when the job may have ended (re-read it to know)."""
-        return self._events.watch(job_id)
+    def watch(
+        self, job_id: str, event: asyncio.Event | None = None
+    ) -> contextlib.AbstractContextManager[asyncio.Event]:
+        """An event (`event`, or a new one) set when the job may have ended (re-read it to know)."""
+        return self._events.watch(job_id, event)
 
     async def webhook_log(self, job_id: str, owner: str) -> list[dict[str, Any]]:
         """The job's webhook delivery attempts, oldest first (the newest WEBHOOK_LOG_SHOWN)."""

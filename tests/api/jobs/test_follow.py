@@ -93,6 +93,42 @@ async def test_a_follower_of_a_queued_job_gets_its_entries_as_they_come(
     assert isinstance(events[-1][1], Done) and events[-1][1].job["status"] is JobStatus.SUCCEEDED
 
 
+def calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_a_wake_for_new_entries_costs_one_read_of_the_stream_and_none_of_the_record(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """Each entry of a live job wakes its follower once, and the follower reads the stream once
+    for it; the record is read again only when the job may have ended. (A wake used to cost two
+    XRANGEs and an HGETALL: three times the commands of a streamed token batch.)"""
+    job_id = await submitted(queue)
+    events: list[StreamEvent] = []
+
+    async def collect() -> None:
+        async for event in follow(queue, job_id, OWNER):
+            events.append(event)
+
+    following = asyncio.create_task(collect())
+    scripted.claim(job_id)
+    await asyncio.sleep(0.3)  # the follower has read the record and the empty stream, and waits
+    reads = calls(redis_client, "xrange"), calls(redis_client, "hgetall")
+    for number in range(1, 6):
+        scripted.publish(job_id, f" {number}", number)
+        deadline = time.monotonic() + 3
+        while len(events) < number:
+            assert time.monotonic() < deadline, f"entry {number} never reached the follower"
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert calls(redis_client, "xrange") - reads[0] == 5
+    assert calls(redis_client, "hgetall") - reads[1] == 0
+    scripted.succeed(job_id, " 1 2 3 4 5", 5)
+    await asyncio.wait_for(following, 5)
+    assert [e.delta for e in events if isinstance(e, Output)] == [" 1", " 2", " 3", " 4", " 5"]
+    assert isinstance(events[-1], Done)
+
+
 async def test_entries_without_a_message_still_reach_the_follower_at_the_jobs_end(
     queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
 ) -> None:
