@@ -223,7 +223,9 @@ def test_ctrl_c_stops_following_and_leaves_the_job_running(stack: ApiProcess) ->
     assert run.code == 130, run
     assert "interrupted; the job goes on" in run.stderr
     (job,) = json.loads(genq(env, "jobs", "ls", "--limit", "1").stdout)["data"]
-    assert job["status"] == "running"
+    # Not canceled: running still, or already done when this loaded machine ran `ls` late (the job
+    # takes ~2.4 s; starting the CLI twice under load took longer once).
+    assert job["status"] in ("running", "succeeded")
     assert genq(env, "jobs", "wait", job["id"]).code == ExitCode.OK
 
 
