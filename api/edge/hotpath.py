@@ -68,7 +68,7 @@ class HotPaths:
     def check(self) -> None:
         """Fail at start-up when the hot routes or the app carry something the hot path does
         not do: a dependency or middleware added there would silently miss almost all traffic."""
-        for route in (_route_of(submit_job), _route_of(get_job), _route_of(stream_job, stream.router)):
+        for route in (self.submit_route, self.read_route, self.stream_route):
             unknown = dependencies_of(route.dependant) - KNOWN_DEPENDENCIES
             if unknown:
                 raise HotPathMismatch(f"{route.path}: the hot path does not run {sorted(unknown)}")

@@ -93,6 +93,17 @@ async def test_a_follower_of_a_queued_job_gets_its_entries_as_they_come(
     assert isinstance(events[-1][1], Done) and events[-1][1].job["status"] is JobStatus.SUCCEEDED
 
 
+def followed(queue: JobQueue, job_id: str) -> tuple[list[StreamEvent], asyncio.Task[None]]:
+    """A follower of the job running in the background: the events it got so far, and its task."""
+    events: list[StreamEvent] = []
+
+    async def collect() -> None:
+        async for event in follow(queue, job_id, OWNER):
+            events.append(event)
+
+    return events, asyncio.create_task(collect())
+
+
 def calls(client: redis.Redis, command: str) -> int:
     return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
@@ -104,13 +115,7 @@ async def test_a_wake_for_new_entries_costs_one_read_of_the_stream_and_none_of_t
     for it; the record is read again only when the job may have ended. (A wake used to cost two
     XRANGEs and an HGETALL: three times the commands of a streamed token batch.)"""
     job_id = await submitted(queue)
-    events: list[StreamEvent] = []
-
-    async def collect() -> None:
-        async for event in follow(queue, job_id, OWNER):
-            events.append(event)
-
-    following = asyncio.create_task(collect())
+    events, following = followed(queue, job_id)
     scripted.claim(job_id)
     await asyncio.sleep(0.3)  # the follower has read the record and the empty stream, and waits
     reads = calls(redis_client, "xrange"), calls(redis_client, "hgetall")
@@ -136,13 +141,7 @@ async def test_entries_without_a_message_still_reach_the_follower_at_the_jobs_en
     without naming the job: nothing wakes the follower for them, but the job's end does, and it
     then gets every entry and Done, not only after its 15-30 s re-read."""
     job_id = await submitted(queue)
-    events: list[StreamEvent] = []
-
-    async def collect() -> None:
-        async for event in follow(queue, job_id, OWNER):
-            events.append(event)
-
-    following = asyncio.create_task(collect())
+    events, following = followed(queue, job_id)
     await asyncio.sleep(0.3)  # the follower has read the empty stream and waits
     scripted.claim(job_id)
     entry = str(redis_client.xadd(keys.job_stream(job_id), {"delta": "quiet", "tokens": 1}))
