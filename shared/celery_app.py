@@ -19,6 +19,9 @@ from celery import Celery
 from shared import keys
 from shared.config import Settings
 
+#: kombu's priority steps: one Redis list per step, which workers BRPOP lowest step first.
+PRIORITY_STEPS = (0, 3, 6, 9)
+
 #: Seconds a synchronous broker command (publish, ack, restore) may wait for its reply.
 BROKER_SOCKET_TIMEOUT_S = 10.0
 #: Seconds to connect to the broker before the attempt counts as failed (and is retried).
@@ -46,7 +49,7 @@ def create_celery_app(settings: Settings) -> Celery:
             # visibility timeout, at the cost of one ZRANGE per sweep.
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
-            "priority_steps": [0, 3, 6, 9],
+            "priority_steps": list(PRIORITY_STEPS),
             "sep": keys.PRIORITY_SEPARATOR,
             "queue_order_strategy": "priority",
             "socket_keepalive": True,
@@ -65,3 +68,8 @@ def create_celery_app(settings: Settings) -> Celery:
         worker_enable_soft_shutdown_on_idle=False,
     )
     return app
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding `queue`'s messages, in the order a worker's BRPOP names them."""
+    return [keys.queue_key(queue, priority) for priority in PRIORITY_STEPS]

@@ -1,5 +1,5 @@
 """The worker's side of job records (blocking; called from Celery task threads): claiming a
-delivered job, renewing the leases of the jobs it runs, finishing one, handing one back (drain,
+delivered job or taking one straight from the queue, renewing the leases of the jobs it runs, finishing one, handing one back (drain,
 engine death), and the worker's heartbeat in the fleet registry. Each move is one script of
 shared/lua/; the record codec both tiers share is shared/store.py."""
 
@@ -13,6 +13,10 @@ import redis
 
 from shared import keys, scripts
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
+
+#: Most messages one take looks at: messages of jobs that cannot run (canceled, taken over) are
+#: dropped on the way, and a long run of them must not make one long script.
+TAKE_LOOKS = 16
 
 
 class ClaimOutcome(enum.StrEnum):
@@ -45,12 +49,13 @@ class WorkerJobs:
         self._renew = client.register_script(scripts.source("renew"))
         self._finish = client.register_script(scripts.source("finish"))
         self._hand_back = client.register_script(scripts.source("hand_back"))
+        self._take = client.register_script(scripts.source("take"))
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
         reply, load and retry per script (+2 round trips each). After a Redis restart forgets
         them, redis-py's Script loads them again on NOSCRIPT, as before."""
-        for script in (self._start, self._renew, self._finish, self._hand_back):
+        for script in (self._start, self._renew, self._finish, self._hand_back, self._take):
             self._redis.script_load(script.script)
 
     def claim(self, job_id: str, worker_id: str) -> Claim:
@@ -60,6 +65,18 @@ class WorkerJobs:
                   WORKER_LOST_ERROR],
         )  # fmt: skip
         return Claim(ClaimOutcome(as_text(outcome)), as_text(status), flat_record(flat))
+
+    def take(self, worker_id: str, queue_lists: list[str]) -> tuple[str, dict[str, str]] | None:
+        """Take the next queued job off the broker's lists (highest priority first) and claim it, in
+        one step: (job id, its record as the claim left it), or None when no message waits."""
+        flat = self._take(
+            keys=queue_lists,
+            args=[worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,
+                  WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS],
+        )  # fmt: skip
+        if not flat:
+            return None
+        return as_text(flat[0]), flat_record(flat[1:])
 
     def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
         """Extend the leases of the jobs this worker runs; the ids it no longer holds."""

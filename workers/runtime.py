@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 import redis
@@ -36,20 +36,12 @@ from shared.logging import fields
 from shared.reaper import Reaper
 from shared.schemas import JobStatus
 from shared.store import as_text
-from shared.structured import schema_of
 from workers import scalein
-from workers.engine import (
-    Engine,
-    ErrorType,
-    FatalEngineError,
-    GenerationRequest,
-    GenerationResult,
-    RequestError,
-    SamplingParams,
-)
+from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
-from workers.publish import OutputPublisher, token_entry
+from workers.publish import OutputPublisher
+from workers.records import generation_request, success_fields
 from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
@@ -93,6 +85,11 @@ class WorkerRuntime:
         self._draining: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        #: Set from the drain on: task threads take no more jobs from the queue.
+        self._closing = threading.Event()
+        #: The lists task threads take queued jobs from, in the order the worker's BRPOP names them
+        #: (run_worker sets them); empty: every job comes by delivery.
+        self.take_lists: list[str] = []
         self._output_webhooks = OutputWebhooks(self.redis, settings)
         self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._output_webhooks.on_output)
         self._deletion_cost = scalein.from_env(
@@ -158,11 +155,13 @@ class WorkerRuntime:
                     self.engine.cancel(job_id)
             log.warning("drain_timeout", extra=fields(handed_back=len(held)))
 
+        self._closing.set()  # no more jobs taken from the queue
         timer = threading.Timer(timeout_s, hand_back_all)
         timer.daemon = True
         timer.start()
 
     def stop(self) -> None:
+        self._closing.set()
         self._stopped.set()
         self.reaper.stop()
         self.output.stop()
@@ -183,15 +182,39 @@ class WorkerRuntime:
 
     # --- one job ---------------------------------------------------------------------------------
     def run(self, job_id: str) -> None:
-        """Run one job to a terminal state, or hand it back (drain timeout). Raises HandBack when
-        the store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
+        """Run the delivered job to a terminal state, or hand it back (drain timeout); then the
+        jobs this thread takes straight from the queue (_take_queued). Raises HandBack when the
+        store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
-        if claim.outcome is not ClaimOutcome.CLAIMED:
+        if claim.outcome is ClaimOutcome.CLAIMED:
+            self._run_claimed(job_id, claim.record)
+        else:
             log.info(
                 "job_skipped", extra=fields(job_id=job_id, outcome=claim.outcome.value, status=claim.status)
             )
-            return
-        record = claim.record
+        self._take_queued()
+
+    def _take_queued(self) -> None:
+        """While this worker's queue lists hold messages, run their jobs one after another in this
+        thread (WorkerJobs.take pops a message and claims its job in one step), so that under load
+        a job costs no delivery of its own: no BRPOP, kombu bookkeeping, task dispatch or ack. The
+        thread holds one job at a time, as a delivered task does, so the worker never holds more
+        jobs than it has threads. Ends when the lists are empty, on drain, when the store cannot
+        be reached (a job it held then ends by its lease, like a delivered one), or after half the
+        visibility timeout (kombu would then deliver this task's message again)."""
+        until = time.monotonic() + self.settings.visibility_timeout_s / 2
+        while self.take_lists and not self._closing.is_set() and time.monotonic() < until:
+            try:
+                taken = self._store(lambda: self.jobs.take(self.worker_id, self.take_lists))
+                if taken is None:
+                    return
+                self._run_claimed(*taken)
+            except HandBack as exc:
+                log.warning("take_stopped", extra=fields(error=str(exc)))
+                return
+
+    def _run_claimed(self, job_id: str, record: dict[str, str]) -> None:
+        """Run a job this worker claimed to a terminal state, or hand it back (drain timeout)."""
         if record.get("started_at"):
             wait_s = float(record["started_at"]) - float(record["created_at"])
             metrics.QUEUE_WAIT.labels(record["queue"]).observe(max(0.0, wait_s))
@@ -238,7 +261,9 @@ class WorkerRuntime:
         """The record fields that end the job, or None when it ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
         job_input = orjson.loads(record["input"])
-        request = self._request(job_id, job_input)
+        request = generation_request(
+            job_id, job_input, self.settings.job_timeout_s, lambda update: self.output.offer(job_id, update)
+        )
         label: dict[str, str | bytes] = {"model_label": self.engine.label}
         started: dict[str, object] = {"job_id": job_id, "model": self.engine.model_id}
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
@@ -268,44 +293,13 @@ class WorkerRuntime:
         if self.settings.log_prompts:
             succeeded["output"] = result.text
         log.info("job_succeeded", extra=fields(**succeeded))
-        return label | _success_fields(result)
+        return label | success_fields(result)
 
     def _observe(self, result: GenerationResult) -> None:
         model = self.model_id or ""
         metrics.JOBS.labels("succeeded").inc()
         metrics.INFERENCE_DURATION.labels(model).observe(result.inference_ms / 1000)
         metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(result.time_to_first_token_ms / 1000)
-
-    def _request(self, job_id: str, job_input: dict[str, Any]) -> GenerationRequest:
-        params = SamplingParams(
-            max_tokens=job_input["max_tokens"],
-            temperature=job_input["temperature"],
-            top_p=job_input["top_p"],
-            seed=job_input["seed"],
-            stop=tuple(job_input["stop"]),
-            presence_penalty=job_input.get("presence_penalty", 0.0),
-            frequency_penalty=job_input.get("frequency_penalty", 0.0),
-            repetition_penalty=job_input.get("repetition_penalty", 1.0),
-            # JSON keeps the token ids as strings; jobs stored before the field have none.
-            logit_bias=tuple(
-                (int(token), float(bias)) for token, bias in job_input.get("logit_bias", {}).items()
-            ),
-            min_tokens=job_input.get("min_tokens", 0),
-            logprobs=job_input.get("logprobs"),
-            prompt_logprobs=job_input.get("prompt_logprobs"),
-            json_schema=schema_of(job_input.get("response_format")),
-            n=job_input.get("n", 1),
-            best_of=job_input.get("best_of"),
-        )
-        return GenerationRequest(
-            request_id=job_id,
-            params=params,
-            prompt=job_input["prompt"],
-            messages=job_input["messages"],
-            template=job_input.get("template", "chat"),
-            deadline=time.monotonic() + self.settings.job_timeout_s,
-            on_output=lambda update: self.output.offer(job_id, update),
-        )
 
     # --- background ------------------------------------------------------------------------------
     @staticmethod
@@ -359,35 +353,6 @@ class WorkerRuntime:
                     self.engine.cancel(message["data"])
         finally:
             pubsub.close()
-
-
-def _success_fields(result: GenerationResult) -> dict[str, str | bytes]:
-    output: dict[str, object] = {
-        "text": result.text,
-        "finish_reason": result.finish_reason,
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
-    }
-    if result.logprobs is not None:
-        output["logprobs"] = [token_entry(entry) for entry in result.logprobs]
-    if result.prompt_logprobs is not None:
-        output["prompt_logprobs"] = [token_entry(entry) for entry in result.prompt_logprobs]
-    if result.choices:
-        output["choices"] = [_choice_entry(choice) for choice in result.choices]
-    metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
-    return {
-        "status": JobStatus.SUCCEEDED.value,
-        "output": orjson.dumps(output),
-        "metrics": orjson.dumps(metrics),
-    }
-
-
-def _choice_entry(choice: GenerationResult) -> dict[str, object]:
-    """One of several samples (n or best_of), as the job's output lists them (shared.schemas.JobChoice)."""
-    entry: dict[str, object] = {"text": choice.text, "finish_reason": choice.finish_reason,
-                                "completion_tokens": choice.completion_tokens}  # fmt: skip
-    if choice.logprobs is not None:
-        entry["logprobs"] = [token_entry(token) for token in choice.logprobs]
-    return entry
 
 
 def ready_file_fresh(path: Path, max_age_s: float) -> bool:

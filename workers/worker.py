@@ -19,7 +19,7 @@ import prometheus_client
 from celery import signals
 
 from shared import keys, metrics
-from shared.celery_app import create_celery_app
+from shared.celery_app import create_celery_app, queue_lists
 from shared.config import Settings
 from shared.logging import configure_logging, fields
 from workers import context
@@ -103,6 +103,8 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     runtime.slots = concurrency or settings.concurrency
     if serves_model:
         runtime.attach_engine(build_engine(engine_config(settings, on_fatal=runtime.on_engine_fatal)))
+        if settings.worker_take_queued:
+            runtime.take_lists = queue_lists(keys.queue_for_model(settings.model))
     context.install(runtime)
     runtime.start()
     if settings.worker_metrics_port:

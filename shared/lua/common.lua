@@ -181,3 +181,50 @@ local function expire_queued(job_key_, job_id, error_json, now)
   ended(job_key_, job_id)
   promote_followers(job_key_, job_id, now)
 end
+
+-- Claim a job for worker `worker` (claim.lua: a delivered message; take.lua: one it took from
+-- its queue list itself): a queued one before its deadline, or a running one whose lease lapsed
+-- (its worker stopped renewing it: a takeover, which runs even past the queue deadline, since
+-- the job was accepted and begun). Past max attempts a lapsed job fails instead (`worker_lost`).
+-- `c` holds now, lease_s, timeout_error, max_attempts and lost_error.
+-- Returns outcome, status: 'claimed' (run it), 'skip' (someone else holds it, it follows a
+-- leader, or it is over), 'expired' (its queue deadline passed: failed here), 'exhausted'
+-- (lapsed too often: failed here), 'missing'.
+local function claim_job(job, job_id, worker, c)
+  local now = c.now
+  local rec = redis.call('HMGET', job, 'status', 'worker', 'lease', 'deadline', 'attempts', 'message', 'follows',
+                         'queue', 'webhook_message:start')
+  local queue = rec[8]
+  local status = rec[1]
+  if not status then return 'missing', '' end
+  if status == 'running' then
+    if rec[2] == worker or tonumber(rec[3] or '0') >= tonumber(now) then return 'skip', status end
+    if tonumber(rec[5] or '0') >= tonumber(c.max_attempts) then
+      forget_delivery(job)
+      fail(job, job_id, c.lost_error, now)
+      ended(job, job_id, {status = 'running', queue = queue})
+      resolve_followers(job, job_id)
+      release_inflight(job, job_id)
+      return 'exhausted', 'failed'
+    end
+    forget_delivery(job)
+  elseif status ~= 'queued' or rec[7] then
+    return 'skip', status
+  elseif tonumber(rec[4]) < tonumber(now) then
+    expire_queued(job, job_id, c.timeout_error, now)
+    return 'expired', 'failed'
+  end
+  local tag = ''
+  if rec[6] then tag = cjson.decode(rec[6])['properties']['delivery_tag'] end
+  local lease = tonumber(now) + tonumber(c.lease_s)
+  -- attempts counts this start: the HINCRBY by 1 folded into the HSET (no script changes it meanwhile).
+  local attempts = string.format('%d', tonumber(rec[5] or '0') + 1)
+  redis.call('HSET', job, 'status', 'running', 'worker', worker, 'started_at', now, 'lease', lease,
+             'delivery_tag', tag, 'attempts', attempts)
+  redis.call('HDEL', job, 'message', 'missing_since')
+  redis.call('SADD', running_key(job_queue(job, queue)), job_id)
+  redis.call('ZADD', K.leases, lease, job_id)
+  leave_queue(job, job_id, queue)
+  push_webhook(job, job_id, 'start', rec[9])
+  return 'claimed', status
+end

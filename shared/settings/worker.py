@@ -18,6 +18,15 @@ class WorkerSettings(BaseModel):
     """Messages a worker reserves per task thread. 1 keeps jobs in the shared queue where any free
     worker can take them; more only hides them from other workers."""
 
+    worker_take_queued: bool = True
+    """A task thread whose job ended takes the next queued job straight from the queue's Redis
+    lists, popping its message and claiming the job in one atomic step, until they are empty:
+    under load most jobs then cost no broker delivery of their own (about half of a worker's CPU
+    per job with a zero-cost model, bench/machinery.py). The order (priority steps, oldest first)
+    and the bound (one job per thread) are the delivery's, and a taken job is covered by its lease
+    like a delivered one. Off: every job is a Celery task of its own, as Flower's task view
+    shows them."""
+
     worker_task_events: bool = False
     """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off
     by default: three PUBLISHes per job on the worker's consumer thread, about 15% of its CPU at

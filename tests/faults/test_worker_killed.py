@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from shared import keys
 from shared.config import Settings
 from tests.conftest import WorkerProcess, api_client, wait_until_acked, wait_until_running
 
@@ -38,3 +39,36 @@ async def test_sigkill_mid_batch_loses_nothing(
     # Each was started twice (once per worker) and completed once.
     assert [redis_client.hget(f"genq:job:{i}", "attempts") for i in ids] == ["2"] * 4
     await wait_until_acked(redis_client)
+
+
+async def test_sigkill_of_a_worker_running_a_job_it_took_from_the_queue_loses_nothing(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """A task thread whose job ended takes the next one straight from the queue (no delivery of
+    its own, so the broker holds no copy of it): the job's lease alone brings it back."""
+    settings = make_settings(placeholder_step_s=0.05, visibility_timeout_s=900, job_timeout_s=5)
+    doomed = start_worker(settings, "--concurrency=1")
+    async with api_client(settings) as api:
+
+        async def submitted(prompt: str) -> str:
+            return str((await api.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 30})).json()["id"])
+
+        delivered = await submitted("first")
+        await wait_until_running(redis_client, [delivered])
+        delivery = redis_client.hget(keys.job(delivered), "delivery_tag")
+        taken, queued = [await submitted(prompt) for prompt in ("second", "third")]
+        await wait_until_running(redis_client, [taken])  # the one thread took it when `first` ended
+        first = (await api.get(f"/v1/jobs/{delivered}")).json()
+        assert first["status"] == "succeeded"
+        # Taken, not delivered: the broker holds only `first`'s message (its task goes on taking).
+        assert redis_client.hkeys(keys.KOMBU_UNACKED) == [delivery]
+        assert redis_client.hget(keys.job(taken), "delivery_tag") != delivery
+        assert redis_client.hget(keys.job(queued), "status") == "queued"
+        doomed.kill()
+        start_worker(settings, "--concurrency=1")
+        finished = [(await api.get(f"/v1/jobs/{i}", params={"wait": 30})).json() for i in (taken, queued)]
+    assert [job["status"] for job in finished] == ["succeeded"] * 2
+    assert all(job["output"]["usage"]["completion_tokens"] == 30 for job in finished)
+    assert [redis_client.hget(keys.job(i), "attempts") for i in (delivered, taken, queued)] == ["1", "2", "1"]

@@ -55,7 +55,7 @@ async def test_start_up_loads_the_job_scripts(
     make_settings: Callable[..., Settings], redis_client: redis.Redis
 ) -> None:
     """The first job after a start (or a SCRIPT FLUSH) pays no NOSCRIPT reply, load and retry."""
-    names = ["claim", "renew", "finish", "hand_back"]
+    names = ["claim", "renew", "finish", "hand_back", "take"]
     redis_client.script_flush()
     settings = make_settings(placeholder_step_s=0.01)
     worker = WorkerRuntime(settings)

@@ -1,0 +1,118 @@
+"""shared/lua/take.lua as a state machine: a task thread takes the next queued job straight from
+the broker's lists, popping its message and claiming the job in one step. Each case sets the
+lists and records in a real Redis through the real submit and claim scripts, runs one take, and
+checks the state after."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import redis
+
+from shared import keys
+from shared.celery_app import queue_lists
+from tests.shared.test_store_scripts import (
+    LEASE_S,
+    LIST,
+    QUEUE,
+    client,
+    deliver,
+    indexed,
+    jobs,
+    record,
+    submit,
+)
+from workers.jobs import TAKE_LOOKS, WorkerJobs
+
+LISTS = queue_lists(QUEUE)
+BATCH_LIST = keys.queue_key(QUEUE, 9)
+__all__ = ["client", "jobs"]  # the fixtures, shared with the store scripts' tests
+
+
+def take(jobs: WorkerJobs, worker: str = "w1") -> str | None:
+    taken = jobs.take(worker, LISTS)
+    return None if taken is None else taken[0]
+
+
+def listed(client: redis.Redis, queue_list: str = LIST) -> list[str]:
+    """The job ids of the list's messages, in the order BRPOP hands them out."""
+    return [orjson.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(queue_list, 0, -1))]
+
+
+def test_nothing_queued_takes_nothing(client: redis.Redis, jobs: WorkerJobs) -> None:
+    assert jobs.take("w1", LISTS) is None
+    assert client.dbsize() == 0
+
+
+def test_the_taken_job_is_claimed_as_a_delivered_one_would_be(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    taken = jobs.take("w1", LISTS)
+    assert taken is not None
+    job_id, claimed = taken
+    rec = record(client, "j1")
+    assert (job_id, claimed) == ("j1", rec)  # the worker runs the job from it, without reading it again
+    assert (rec["status"], rec["worker"], rec["attempts"]) == ("running", "w1", "1")
+    assert float(rec["lease"]) > time.time() + LEASE_S - 5 and "message" not in rec
+    assert indexed(client, "j1") == {"leases", "live"}
+    assert client.llen(LIST) == 0 and client.hlen(keys.KOMBU_UNACKED) == 0  # nowhere but claimed
+
+
+def test_jobs_are_taken_oldest_first_and_interactive_before_batch(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    for job_id in ("b1", "j1", "j2"):
+        submit(client, job_id)
+        if job_id == "b1":  # a batch job's message sits on the priority-9 list
+            client.lpush(BATCH_LIST, client.lpop(LIST))  # type: ignore[arg-type]
+    assert [take(jobs) for _ in range(4)] == ["j1", "j2", "b1", None]
+
+
+def test_messages_of_jobs_that_cannot_run_are_dropped_on_the_way(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """A second copy of a running job's message (kombu restored it), one of a job past its
+    deadline: dropped as a worker receiving them would (the expired job fails); the next is taken."""
+    submit(client, "running")
+    first_copy = client.lindex(LIST, 0)
+    assert take(jobs) == "running"
+    client.rpush(LIST, first_copy)  # type: ignore[arg-type]
+    submit(client, "late", deadline_in=-1)
+    submit(client, "j1")
+    assert listed(client) == ["running", "late", "j1"]
+    assert take(jobs, "w2") == "j1"
+    assert listed(client) == []
+    assert record(client, "running")["worker"] == "w1"
+    late = record(client, "late")
+    assert late["status"] == "failed" and orjson.loads(late["error"])["type"] == "timeout"
+
+
+def test_a_message_of_another_task_goes_back_and_ends_the_take(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    foreign = orjson.loads(client.lindex(LIST, 0))  # type: ignore[arg-type]
+    foreign["headers"].update(task="someone.else", id="other")
+    client.rpush(LIST, orjson.dumps(foreign), b"not a task message")
+    assert take(jobs) is None
+    assert client.lrange(LIST, -1, -1) == ["not a task message"]  # where it was, at BRPOP's end
+    client.rpop(LIST)
+    assert take(jobs) is None
+    assert listed(client) == ["other", "j1"]  # BRPOP's order: the other task's message comes first
+    assert record(client, "j1")["status"] == "queued"
+
+
+def test_one_take_looks_at_a_bounded_number_of_messages(client: redis.Redis, jobs: WorkerJobs) -> None:
+    for index in range(TAKE_LOOKS + 1):
+        submit(client, f"gone{index}")
+        client.hset(keys.job(f"gone{index}"), "status", "canceled")
+    submit(client, "j1")
+    assert take(jobs) is None  # TAKE_LOOKS dropped, the rest left for the next take
+    assert listed(client) == [f"gone{TAKE_LOOKS}", "j1"]
+    assert take(jobs) == "j1"
+
+
+def test_a_delivered_message_is_not_taken(client: redis.Redis, jobs: WorkerJobs) -> None:
+    """A message a Celery worker holds (kombu's unacked hash) is that worker's to run."""
+    submit(client, "j1")
+    deliver(client, "j1")
+    assert take(jobs) is None
+    assert record(client, "j1")["status"] == "queued"
