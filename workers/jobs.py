@@ -1,7 +1,8 @@
 """The worker's side of job records (blocking; called from Celery task threads): claiming a
-delivered job or taking one straight from the queue, renewing the leases of the jobs it runs, finishing one, handing one back (drain,
-engine death), and the worker's heartbeat in the fleet registry. Each move is one script of
-shared/lua/; the record codec both tiers share is shared/store.py."""
+delivered job or taking one straight from the queue, renewing the leases of the jobs it runs,
+finishing one, handing one back (drain, engine death), and the worker's heartbeat in the fleet
+registry. Each move is one script of shared/lua/; the record codec both tiers share is
+shared/store.py."""
 
 from __future__ import annotations
 
