@@ -183,8 +183,8 @@ class LlamaCppExecutor:
         self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
-        # What the context allocated: the KV streams' buffer, compute buffers (nothing else in a
-        # starting worker allocates 64 MiB at once).
+        # The chunks glibc mapped for the context (the KV streams' buffer, compute buffers), never
+        # other memory the kernel merged beside them (pages.new_large_regions).
         allocated = new_large_regions(before)
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)

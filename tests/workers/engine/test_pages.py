@@ -9,6 +9,7 @@ import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workers.engine.pages import (
@@ -30,52 +31,62 @@ def _region_of(memory: mmap.mmap) -> Region:
     return Region(start, start + len(memory))
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.posix_memalign.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t)
+_libc.free.argtypes = (ctypes.c_void_p,)
+
+
 def _resident_bytes(region: Region) -> int:
-    """Rss of the mapping that is exactly `region` (/proc/self/smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    span = f"{region.start:x}-{region.end:x} "
-    index = next(index for index, line in enumerate(lines) if line.startswith(span))
-    rss = next(entry for entry in lines[index + 1 :] if entry.startswith("Rss:"))
-    return int(rss.split()[1]) * 1024
+    """Bytes of `region` that hold memory of their own: pages present and mapped by this process
+    alone (/proc/self/pagemap bits 63 and 56; the kernel's shared zero page, which a released
+    page maps when read, is present but not exclusive)."""
+    pages = region.size // PAGE_BYTES
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(region.start // PAGE_BYTES * 8)
+        entries = np.frombuffer(pagemap.read(pages * 8), dtype=np.uint64)
+    own = (entries >> np.uint64(63)) & (entries >> np.uint64(56)) & np.uint64(1)
+    return int(own.sum()) * PAGE_BYTES
 
 
-class Guarded:
-    """96 MiB of private anonymous memory between two inaccessible pages, so that the kernel cannot
-    merge it with a neighbour (whose pages would count in its Rss); indexed from its first page."""
+class Allocation:
+    """96 MiB from glibc's posix_memalign, as ggml allocates llama.cpp's KV buffer (too large for
+    any malloc arena: a mapping of its own, the chunk header at its first page), every byte
+    written with zeros as llama.cpp's constructor does. Indexed by offset from the chunk's start."""
 
     def __init__(self, size: int = 96 * MIB) -> None:
-        self.memory = mmap.mmap(-1, size + 2 * PAGE_BYTES, flags=PRIVATE)
-        whole = _region_of(self.memory)
-        mprotect = ctypes.CDLL(None).mprotect
-        mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        for guard in (whole.start, whole.end - PAGE_BYTES):
-            assert mprotect(guard, PAGE_BYTES, 0) == 0  # PROT_NONE
-        self.region = Region(whole.start + PAGE_BYTES, whole.end - PAGE_BYTES)
+        pointer = ctypes.c_void_p()
+        assert _libc.posix_memalign(ctypes.byref(pointer), 64, size) == 0 and pointer.value
+        self.pointer = pointer.value
+        ctypes.memset(self.pointer, 0, size)
+        chunk = self.pointer - self.pointer % PAGE_BYTES
+        self.region = Region(chunk, chunk + ctypes.c_uint64.from_address(chunk + 8).value & ~7)
+        assert self.region.start < self.pointer and self.pointer + size <= self.region.end
 
     def __getitem__(self, index: int | slice) -> int | bytes:
         if isinstance(index, slice):
-            return self.memory[index.start + PAGE_BYTES : index.stop + PAGE_BYTES]
-        return self.memory[index + PAGE_BYTES]
+            return ctypes.string_at(self.region.start + index.start, index.stop - index.start)
+        return ctypes.c_uint8.from_address(self.region.start + index).value
 
     def __setitem__(self, index: int, value: int) -> None:
-        self.memory[index + PAGE_BYTES] = value
+        ctypes.c_uint8.from_address(self.region.start + index).value = value
+
+    def free(self) -> None:
+        _libc.free(self.pointer)
 
 
 @pytest.fixture
-def private_mapping() -> Iterator[tuple[Guarded, Region]]:
-    """Every page written with zeros (resident), as llama.cpp's KV buffer is after its constructor."""
+def private_mapping() -> Iterator[tuple[Allocation, Region]]:
+    """Every page resident, as llama.cpp's KV buffer is after its constructor."""
     before = anonymous_mappings()
-    memory = Guarded()
+    memory = Allocation()
     assert new_large_regions(before) == {memory.region}
-    for page in range(0, memory.region.size, PAGE_BYTES):
-        memory[page] = 0
     assert _resident_bytes(memory.region) == memory.region.size
     yield memory, memory.region
-    memory.memory.close()
+    memory.free()
 
 
 def test_pages_holding_only_zeros_go_back_and_still_read_as_zeros(
-    private_mapping: tuple[Guarded, Region],
+    private_mapping: tuple[Allocation, Region],
 ) -> None:
     memory, region = private_mapping
     written = [3, 4, 1000, region.size // PAGE_BYTES - 1]  # pages with data, the last one included
@@ -85,23 +96,24 @@ def test_pages_holding_only_zeros_go_back_and_still_read_as_zeros(
 
     released = release_zero_pages({region})
 
-    assert released == region.size - len(written) * PAGE_BYTES
+    # Every page but the written ones and the first (the chunk's header).
+    assert released == region.size - (len(written) + 1) * PAGE_BYTES
     assert resident - _resident_bytes(region) == released
     for page in written:  # the data stayed
         assert memory[page * PAGE_BYTES + 7] == 0x5A
-    assert memory[0 : 3 * PAGE_BYTES] == b"\0" * (3 * PAGE_BYTES)  # a released page reads as zeros
+    assert memory[PAGE_BYTES : 3 * PAGE_BYTES] == b"\0" * (2 * PAGE_BYTES)  # a released page reads as zeros
     assert resident - _resident_bytes(region) == released  # and reading it takes no memory
     memory[5 * PAGE_BYTES] = 1  # writing makes that page resident again, with the value written
     assert memory[5 * PAGE_BYTES] == 1
     assert resident - _resident_bytes(region) == released - PAGE_BYTES
 
 
-def test_a_second_release_finds_the_same_zeros(private_mapping: tuple[Guarded, Region]) -> None:
+def test_a_second_release_finds_the_same_zeros(private_mapping: tuple[Allocation, Region]) -> None:
     memory, region = private_mapping
-    memory[0] = 1
-    assert release_zero_pages({region}) == region.size - PAGE_BYTES
-    assert release_zero_pages({region}) == region.size - PAGE_BYTES  # still zeros, still released
-    assert memory[0] == 1
+    memory[PAGE_BYTES] = 1
+    assert release_zero_pages({region}) == region.size - 2 * PAGE_BYTES
+    assert release_zero_pages({region}) == region.size - 2 * PAGE_BYTES  # still zeros, still released
+    assert memory[PAGE_BYTES] == 1
 
 
 @pytest.mark.parametrize(
@@ -132,15 +144,30 @@ def test_a_file_mapping_is_never_a_candidate(tmp_path: Path) -> None:
         memory.close()
 
 
-def test_only_the_new_addresses_of_a_merged_mapping_are_new() -> None:
-    """The kernel merges a new mapping into an adjacent one with the same flags; the earlier one's
-    pages (which others may be writing) are not part of the new region."""
+def test_memory_that_is_no_malloc_chunk_is_never_a_candidate() -> None:
+    """The kernel merges new mappings with the same flags into one: a new range may hold Python's
+    arenas, numpy's buffers or another library's mmap beside llama.cpp's chunks. Without glibc's
+    header at its start, memory is someone else's, however large."""
+    before = anonymous_mappings()
+    memory = mmap.mmap(-1, 200 * MIB, flags=PRIVATE)
+    try:
+        assert new_large_regions(before) == set()
+    finally:
+        memory.close()
+
+
+def test_in_a_merged_range_only_the_chunks_own_pages_are_candidates() -> None:
+    """A range as a starting worker shows it: other memory, then a chunk (its header written here
+    as glibc writes it, 100 MiB in), then more memory after the chunk's end."""
     before = anonymous_mappings()
     memory = mmap.mmap(-1, 200 * MIB, flags=PRIVATE)
     region = _region_of(memory)
-    older = [*before, Region(region.start, region.start + 100 * MIB)]  # as if mapped earlier
+    chunk = Region(region.start + 100 * MIB, region.start + 196 * MIB)
+    memory[100 * MIB + 8 : 100 * MIB + 16] = (chunk.size | 0x2).to_bytes(8, "little")
     try:
-        assert new_large_regions(older) == {Region(region.start + 100 * MIB, region.end)}
+        assert new_large_regions(before) == {chunk}
+        # Begun before the listing: not a new allocation, though its end is new.
+        assert new_large_regions([*before, Region(region.start, chunk.start + MIB)]) == set()
     finally:
         memory.close()
 
