@@ -38,6 +38,7 @@ from shared.schemas import JobStatus
 from shared.store import as_text
 from workers import scalein
 from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
+from workers.intake import Intake
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
@@ -87,9 +88,8 @@ class WorkerRuntime:
         self._stopped = threading.Event()
         #: Set from the drain on: task threads take no more jobs from the queue.
         self._closing = threading.Event()
-        #: The lists task threads take queued jobs from, in the order the worker's BRPOP names them
-        #: (run_worker sets them); empty: every job comes by delivery.
-        self.take_lists: list[str] = []
+        #: Where task threads get jobs without a delivery (take_from); None: every job is delivered.
+        self.intake: Intake | None = None
         self._output_webhooks = OutputWebhooks(self.redis, settings)
         self.output = OutputPublisher(self.redis, settings.job_ttl_s, self._output_webhooks.on_output)
         self._deletion_cost = scalein.from_env(
@@ -195,23 +195,35 @@ class WorkerRuntime:
         self._take_queued()
 
     def _take_queued(self) -> None:
-        """While this worker's queue lists hold messages, run their jobs one after another in this
-        thread (WorkerJobs.take pops a message and claims its job in one step), so that under load
-        a job costs no delivery of its own: no BRPOP, kombu bookkeeping, task dispatch or ack. The
-        thread holds one job at a time, as a delivered task does, so the worker never holds more
-        jobs than it has threads. Ends when the lists are empty, on drain, when the store cannot
-        be reached (a job it held then ends by its lease, like a delivered one), or after half the
-        visibility timeout (kombu would then deliver this task's message again)."""
+        """Run the jobs this thread gets from the queue itself (workers/intake.py), one after
+        another, so that a job costs no broker delivery of its own (no BRPOP, kombu bookkeeping,
+        task dispatch or ack). The thread holds one job at a time, as a delivered task does, so the
+        worker never holds more jobs than it has threads. Ends when none came within the wait, on
+        drain, when the store cannot be reached (a job it held then ends by its lease, as a
+        delivered one does), or after half the visibility timeout (kombu would then deliver this
+        task's message again)."""
         until = time.monotonic() + self.settings.visibility_timeout_s / 2
-        while self.take_lists and not self._closing.is_set() and time.monotonic() < until:
+        while self.intake is not None and time.monotonic() < until:
             try:
-                taken = self._store(lambda: self.jobs.take(self.worker_id, self.take_lists))
+                taken = self.intake.next_job()
                 if taken is None:
                     return
                 self._run_claimed(*taken)
-            except HandBack as exc:
-                log.warning("take_stopped", extra=fields(error=str(exc)))
+            except (HandBack, redis.exceptions.RedisError) as exc:
+                log.warning("take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
                 return
+
+    def take_from(self, queue_lists: list[str]) -> None:
+        """Let task threads take queued jobs from these lists (in the order the worker's BRPOP
+        names them) once their own job ended."""
+        self.intake = Intake(
+            self.jobs,
+            self.redis,
+            self.worker_id,
+            queue_lists,
+            self.settings.worker_take_wait_s,
+            self._closing,
+        )
 
     def _run_claimed(self, job_id: str, record: dict[str, str]) -> None:
         """Run a job this worker claimed to a terminal state, or hand it back (drain timeout)."""

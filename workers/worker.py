@@ -104,7 +104,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     if serves_model:
         runtime.attach_engine(build_engine(engine_config(settings, on_fatal=runtime.on_engine_fatal)))
         if settings.worker_take_queued:
-            runtime.take_lists = queue_lists(keys.queue_for_model(settings.model))
+            runtime.take_from(queue_lists(keys.queue_for_model(settings.model)))
     context.install(runtime)
     runtime.start()
     if settings.worker_metrics_port:

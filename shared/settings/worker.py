@@ -19,13 +19,18 @@ class WorkerSettings(BaseModel):
     worker can take them; more only hides them from other workers."""
 
     worker_take_queued: bool = True
-    """A task thread whose job ended takes the next queued job straight from the queue's Redis
-    lists, popping its message and claiming the job in one atomic step, until they are empty:
-    under load most jobs then cost no broker delivery of their own (about half of a worker's CPU
-    per job with a zero-cost model, bench/machinery.py). The order (priority steps, oldest first)
-    and the bound (one job per thread) are the delivery's, and a taken job is covered by its lease
-    like a delivered one. Off: every job is a Celery task of its own, as Flower's task view
-    shows them."""
+    """A task thread whose job ended gets the next job from the queue's Redis lists itself, with no
+    broker delivery of its own: a waiting message is popped and its job claimed in one atomic
+    step, and with none waiting the thread waits worker_take_wait_s for one. About half of a
+    worker's CPU per job with a zero-cost model (bench/machinery.py). The order (priority steps,
+    oldest first) and the bound (one job per thread) are the delivery's, and a taken job is covered
+    by its lease as a delivered one is. Off: every job is a Celery task of its own, as Flower's
+    task view then shows them."""
+
+    worker_take_wait_s: float = Field(0.5, ge=0.0, le=5.0)
+    """How long a task thread whose job ended waits on the empty queue for the next job before it
+    goes back to Celery (worker_take_queued). A thread that waits keeps its task running (and its
+    message unacknowledged) that long; 0: it only takes a job already waiting."""
 
     worker_task_events: bool = False
     """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off

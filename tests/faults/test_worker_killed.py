@@ -72,3 +72,26 @@ async def test_sigkill_of_a_worker_running_a_job_it_took_from_the_queue_loses_no
     assert [job["status"] for job in finished] == ["succeeded"] * 2
     assert all(job["output"]["usage"]["completion_tokens"] == 30 for job in finished)
     assert [redis_client.hget(keys.job(i), "attempts") for i in (delivered, taken, queued)] == ["1", "2", "1"]
+
+
+@pytest.mark.parametrize("wait_s", [5.0, 0.0])
+async def test_a_thread_whose_job_ended_waits_for_the_next_job_itself(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    wait_s: float,
+) -> None:
+    """A job submitted while the worker's one thread waits on the empty queue (worker_take_wait_s)
+    runs with no delivery of its own; with no wait it is delivered by Celery, as every job was."""
+    settings = make_settings(placeholder_step_s=0.05, worker_take_wait_s=wait_s)
+    start_worker(settings, "--concurrency=1")
+    async with api_client(settings) as api:
+        warm = (await api.post("/v1/jobs", json={"prompt": "warm", "max_tokens": 2})).json()["id"]
+        assert (await api.get(f"/v1/jobs/{warm}", params={"wait": 30})).json()["status"] == "succeeded"
+        # The thread that ran it now waits on the queue itself (or, with no wait, went back to Celery).
+        job_id = (await api.post("/v1/jobs", json={"prompt": "next", "max_tokens": 30})).json()["id"]
+        await wait_until_running(redis_client, [job_id])
+        tag = redis_client.hget(keys.job(job_id), "delivery_tag")
+        delivered = tag in redis_client.hkeys(keys.KOMBU_UNACKED)  # kombu's record of a delivery
+        assert (await api.get(f"/v1/jobs/{job_id}", params={"wait": 30})).json()["status"] == "succeeded"
+    assert delivered is (wait_s == 0)
