@@ -24,8 +24,8 @@ class WorkerSettings(BaseModel):
     step, and with none waiting the thread waits worker_take_wait_s for one. A worker's CPU per
     job with a zero-cost model and 16 or more clients: 1.7-1.9 -> 0.6-0.8 ms (bench/machinery.py).
     The order (priority steps, oldest first) and the bound (one job per thread) are the delivery's,
-    and a taken job is covered by its lease as a delivered one is. Off: every job is a Celery task of its own, as Flower's
-    task view then shows them."""
+    and a taken job is covered by its lease as a delivered one is. Off: every job is a Celery task
+    of its own, as Flower's task view then shows them."""
 
     worker_take_wait_s: float = Field(0.5, ge=0.0, le=5.0)
     """How long a task thread whose job ended waits on the empty queue for the next job before it
