@@ -6,8 +6,15 @@ local job, job_id = KEYS[1], ARGV[2]
 -- Everything read of the record up front, once (the fields written below are the worker's
 -- outcome, never these).
 local rec = redis.call('HMGET', job, 'status', 'worker', 'queue', 'owner', 'cache_key',
-                       'webhook_message:completed')
+                       'webhook_message:completed', 'delivery_tag')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
+-- The broker's record of the message the job was delivered with (kombu's unacked entry) is spent
+-- now: a worker that dies before Celery's ack, or whose task thread goes on taking jobs
+-- (workers/intake.py), leaves none behind to be delivered again. (A taken job's tag is in none.)
+if rec[7] and rec[7] ~= '' then
+  redis.call('HDEL', K.unacked, rec[7])
+  redis.call('ZREM', K.unacked_index, rec[7])
+end
 redis.call('HSET', job, unpack(ARGV, 4))
 ended(job, job_id, {status = 'running', queue = rec[3], owner = rec[4], hook = rec[6]}, 'delivery_tag')
 if KEYS[2] ~= '' then

@@ -64,7 +64,13 @@ async def test_flower_lists_the_worker_and_a_finished_task(
             job = (await api.post("/v1/jobs", json={"prompt": "for flower", "max_tokens": 2},
                                   headers={"Prefer": "wait=30"})).json()  # fmt: skip
         assert job["status"] == "succeeded"
-        tasks = _wait_for(lambda: httpx.get(f"{base}/api/tasks", auth=auth).json().get(job["id"]))
+
+        def ended() -> dict[str, str]:
+            task: dict[str, str] = httpx.get(f"{base}/api/tasks", auth=auth).json().get(job["id"]) or {}
+            # The task ends once its thread found no next job (GENQ_WORKER_TAKE_WAIT_S after the job).
+            return task if task.get("state") != "STARTED" else {}
+
+        tasks = _wait_for(ended)
         assert tasks["state"] == "SUCCESS" and tasks["name"] == "genq.generate"
         assert "flower_events_total" in httpx.get(f"{base}/metrics", auth=auth).text
     finally:
