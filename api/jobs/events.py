@@ -67,6 +67,10 @@ class JobEvents:
                 log.warning("job_events_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # anything may have finished while we were away
                 await asyncio.sleep(0.5)
+            except Exception:  # anything else (a message it cannot read) must not end the listener
+                log.exception("job_events_failed")
+                self._wake_all()
+                await asyncio.sleep(0.5)
 
     async def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

@@ -96,6 +96,10 @@ class StreamHub:
                 log.warning("stream_hub_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # followers fall back on their own reads until Redis is back
                 await asyncio.sleep(RECONNECT_S)
+            except Exception:  # anything else (a message it cannot read) must not end the hub
+                log.exception("stream_hub_failed")
+                self._wake_all()
+                await asyncio.sleep(RECONNECT_S)
             if not self._wanted():
                 self._someone.clear()  # the next follow() subscribes again (Redis down: no retries)
 

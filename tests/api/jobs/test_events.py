@@ -93,3 +93,20 @@ async def test_set_within_returns_at_the_set_or_the_timeout_and_leaves_cancellat
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+async def test_a_message_it_cannot_read_does_not_end_the_listener(
+    events: JobEvents, redis_client: redis.Redis
+) -> None:
+    """Bytes that are no job id (no UTF-8) on the channel: long-polls and streams must still learn
+    of their jobs' ends, not wait for their rechecks."""
+    await subscribed(redis_client)
+    kwargs = redis_client.connection_pool.connection_kwargs
+    raw = redis.Redis(host=kwargs["host"], port=kwargs["port"])  # sends the bytes as they are
+    raw.publish(keys.JOB_EVENTS_CHANNEL, b"\xff\xfe")
+    raw.close()
+    await asyncio.sleep(0.2)
+    await subscribed(redis_client)  # again, should it have subscribed anew
+    with events.watch(JOB_A) as ended:
+        redis_client.publish(keys.JOB_EVENTS_CHANNEL, JOB_A)
+        assert await woken(ended)

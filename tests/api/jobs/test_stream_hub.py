@@ -145,3 +145,23 @@ async def test_with_redis_down_followers_are_woken_and_retries_end_with_the_last
         assert not hub.subscribed
     finally:
         await hub.stop()
+
+
+async def test_a_message_the_hub_cannot_read_does_not_end_it(
+    hub: StreamHub, redis_client: redis.Redis
+) -> None:
+    """Anyone who can PUBLISH can send bytes that are no job id (no UTF-8, here): the hub must go on
+    waking followers, or every stream of the process would wait for its job's end."""
+    event = asyncio.Event()
+    with hub.follow(JOB_A, event):
+        await subscribed(hub, event)
+        kwargs = redis_client.connection_pool.connection_kwargs
+        raw = redis.Redis(host=kwargs["host"], port=kwargs["port"])  # sends the bytes as they are
+        raw.publish(keys.JOB_OUTPUT_CHANNEL, b"\xff\xfe")
+        await asyncio.sleep(0.2)
+        event.clear()
+        for _ in range(2):  # the next messages still wake the job's followers
+            redis_client.publish(keys.JOB_OUTPUT_CHANNEL, JOB_A)
+            assert await woken(event)
+            event.clear()
+        raw.close()
