@@ -20,12 +20,9 @@ import redis
 
 from shared import keys
 from shared.logging import fields
-from workers.jobs import ClaimOutcome, WorkerJobs
+from workers.jobs import ClaimOutcome, Taken, WorkerJobs
 
 log = logging.getLogger("genq.worker")
-
-#: A claimed job: its id and its record as the claim left it.
-Taken = tuple[str, dict[str, str]]
 
 
 class Intake:
@@ -42,7 +39,7 @@ class Intake:
         self._redis = client
         self._worker_id = worker_id
         #: In the order the worker's BRPOP names them (priority 0 first).
-        self.queue_lists = queue_lists
+        self._lists = queue_lists
         self._wait_s = wait_s
         self._closing = closing
 
@@ -51,10 +48,10 @@ class Intake:
         within wait_s; None when none came, the worker is closing, or a message is not a job's
         (it stays where it was, for Celery's delivery)."""
         while not self._closing.is_set():
-            taken = self._jobs.take(self._worker_id, self.queue_lists)
+            taken = self._jobs.take(self._worker_id, self._lists)
             if taken is not None or self._wait_s <= 0:
                 return taken
-            popped = self._redis.brpop(self.queue_lists, timeout=self._wait_s)
+            popped = self._redis.brpop(self._lists, timeout=self._wait_s)
             if popped is None:
                 return None
             claimed, go_on = self._claim(*popped)

@@ -19,6 +19,9 @@ from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record,
 #: dropped on the way, and a long run of them must not make one long script.
 TAKE_LOOKS = 16
 
+#: A job claimed without a delivery: its id and its record as the claim left it.
+Taken = tuple[str, dict[str, str]]
+
 
 class ClaimOutcome(enum.StrEnum):
     """What the claim script decided about a delivered job."""
@@ -67,7 +70,7 @@ class WorkerJobs:
         )  # fmt: skip
         return Claim(ClaimOutcome(as_text(outcome)), as_text(status), flat_record(flat))
 
-    def take(self, worker_id: str, queue_lists: list[str]) -> tuple[str, dict[str, str]] | None:
+    def take(self, worker_id: str, queue_lists: list[str]) -> Taken | None:
         """Take the next queued job off the broker's lists (highest priority first) and claim it, in
         one step: (job id, its record as the claim left it), or None when no message waits."""
         flat = self._take(

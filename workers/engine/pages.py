@@ -15,6 +15,7 @@ Linux only (/proc/self/maps, process_vm_readv, madvise); elsewhere nothing is re
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 from collections.abc import Callable
@@ -175,8 +176,13 @@ def _zero_runs(region: Region) -> list[tuple[int, int]]:
     ]
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _process_vm_readv() -> Callable[..., int] | None:
-    readv = getattr(ctypes.CDLL(None, use_errno=True), "process_vm_readv", None)
+    readv = getattr(_libc(), "process_vm_readv", None)
     if readv is None:
         return None
     readv.argtypes = (
@@ -192,8 +198,7 @@ def _process_vm_readv() -> Callable[..., int] | None:
 
 
 def _madvise() -> Callable[..., int] | None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    madvise = getattr(libc, "madvise", None)
+    madvise = getattr(_libc(), "madvise", None)
     if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
         return None
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
