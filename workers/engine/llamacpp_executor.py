@@ -29,8 +29,9 @@ cache would interleave the sequences' cells and hand a step's queries to the til
 can change the float sums); the weights use the plain kernels (no repacked buffers, see
 llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
 `EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows. llama.cpp zeroes
-the whole buffer (all of it resident); once warmed up, its pages that hold only zeros go back to
-the kernel (pages.py), so the cache's memory grows with the cells written, up to that size.
+the whole buffer; its pages that hold only zeros go back to the kernel as the memset passes them
+and once warmed up (pages.py), so the cache's memory grows with the cells written, up to that size,
+and is never all resident at the start.
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
@@ -53,7 +54,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
-from workers.engine.pages import anonymous_mappings, new_large_regions, release_zero_pages
+from workers.engine.pages import ZeroPageWatch
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
@@ -87,7 +88,7 @@ class LlamaCppExecutor:
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
         self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
-        self._released = 0  # bytes of the context's zeroed buffers handed back to the kernel
+        self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -148,10 +149,10 @@ class LlamaCppExecutor:
 
     @property
     def released_bytes(self) -> int:
-        """Bytes of the context's buffers that held only zeros once the engine was warmed up (the
-        KV streams, and compute-buffer pages never written, resident or not), handed back to the
-        kernel until something is written there."""
-        return self._released
+        """Bytes of resident pages of the context's buffers that held only zeros, handed back to
+        the kernel while it was created, warmed up and once warmed up (the KV streams zeroed twice
+        count twice)."""
+        return self._pages.released if self._pages is not None else 0
 
     @property
     def copies(self) -> int:
@@ -176,23 +177,24 @@ class LlamaCppExecutor:
         self._threads = self.threads
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
-        # Before the KV cache is allocated (and zeroed: all of it resident), so the peak holds
-        # only what stays: parsing the tokenizer's JSON leaves freed pages behind.
+        # Before the KV cache is allocated, so the peak holds only what stays: parsing the
+        # tokenizer's JSON leaves freed pages behind.
         return_freed_memory()
-        before = anonymous_mappings()
-        self._context = llama.llama_init_from_model(model.handle, self._context_params())
+        # The chunks glibc maps for the context (the KV streams' buffer, compute buffers), never
+        # other memory the kernel merged beside them; the constructor zeroes the KV streams, and
+        # their pages go back as the memset passes them (pages.ZeroPageWatch).
+        pages = self._pages = ZeroPageWatch()
+        with pages.meanwhile():
+            self._context = llama.llama_init_from_model(model.handle, self._context_params())
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
-        # The chunks glibc mapped for the context (the KV streams' buffer, compute buffers), never
-        # other memory the kernel merged beside them (pages.new_large_regions).
-        allocated = new_large_regions(before)
         self._memory = llama.llama_get_memory(self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
         self._warm_up()
         # Only this thread calls llama.cpp, and no call runs now: no write can race the release.
-        self._released = release_zero_pages(allocated)
+        pages.release()
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
@@ -256,7 +258,7 @@ class LlamaCppExecutor:
     # ---- llama.cpp calls -------------------------------------------------------------------------
 
     def _context_params(self) -> Any:
-        params = self._llama.llama_context_default_params()
+        params = binding().llama_context_default_params()
         rows = self._config.max_batch_size
         params.n_seq_max = rows
         params.n_ctx = rows * self._config.llamacpp_sequence_tokens
@@ -352,7 +354,10 @@ class LlamaCppExecutor:
             logits = self._logits(rows)
             finite = finite and bool(np.isfinite(logits).all())
             tokens = logits.argmax(axis=-1).tolist()
-        self._llama.llama_memory_clear(self._memory, True)
+        # The cells' metadata only: zeroing the streams again (data=True) would make all of them
+        # resident at once. The warm-up's cells keep finite values that no row reads (a row's
+        # attention masks every cell it has not written), as the constructor's zeros were.
+        self._llama.llama_memory_clear(self._memory, False)
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)

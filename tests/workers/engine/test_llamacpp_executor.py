@@ -10,9 +10,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
@@ -22,6 +24,7 @@ from workers.engine.continuous import TransformersEngine
 from workers.engine.llamacpp_executor import LlamaCppExecutor, physical_cores, return_freed_memory
 from workers.engine.llamacpp_model import LlamaCppModel, binding
 from workers.engine.loading import LoadedModel
+from workers.engine.pages import PAGE_BYTES, ZeroPageWatch
 
 pytestmark = pytest.mark.slow
 
@@ -276,35 +279,72 @@ def test_logprobs_batched_equal_solo_and_near_transformers(
         assert entry.logprob == pytest.approx(float(reference[position - 1, entry.token_id]), abs=0.25)
 
 
+def _status_mib(field: str) -> float:
+    return int(Path("/proc/self/status").read_text().split(f"{field}:")[1].split()[0]) / 1024
+
+
 def _rss_mib() -> float:
-    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+    return _status_mib("VmRSS")
+
+
+def _kv_mib(model: LlamaCppModel, cells: int) -> float:
+    """The size of llama.cpp's 8-bit KV streams for `cells` cells of this model."""
+    llama, handle = binding(), model.handle
+    layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
+    head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
+    return float(layers * 2 * heads_kv * head_dim * cells * (34 / 32) / 2**20)  # q8_0: 34 bytes per 32
 
 
 def test_a_16_row_engine_holds_the_kv_cells_it_wrote_and_no_copy_of_the_weights(
     llamacpp_model: LlamaCppModel, llamacpp_engine: EngineFactory
 ) -> None:
     """The memory a worker's engine takes beyond the mapped model: llama.cpp allocates and zeroes
-    its 8-bit KV streams for every row up front, and once the engine is warmed up the pages that
-    hold only zeros go back to the kernel (workers/engine/pages.py), so what stays resident is the
-    cells written since and small compute buffers (all 383 MiB of streams stayed before); the
-    weights are never dequantized (fp32 would add ~520 MiB for this model's 135M parameters)."""
-    llama = binding()
-    handle = llamacpp_model.handle
-    layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
-    head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
-    cells = 16 * 2048
-    kv_mib = layers * 2 * heads_kv * head_dim * cells * (34 / 32) / 2**20  # q8_0: 34 bytes per 32
+    its 8-bit KV streams for every row up front, and their pages that hold only zeros go back to
+    the kernel as the constructor's memset passes them and once the engine is warmed up
+    (workers/engine/pages.py), so what stays resident is the cells written since and small
+    compute buffers (all 383 MiB of streams stayed before), and the streams were never all
+    resident at once (the peak, VmHWM, reached 383 MiB more before); the weights are never
+    dequantized (fp32 would add ~520 MiB for this model's 135M parameters)."""
+    kv_mib = _kv_mib(llamacpp_model, 16 * 2048)
     return_freed_memory()  # as the engine's start does: what earlier tests freed is not counted
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = _rss_mib()
     engine = llamacpp_engine(max_batch_size=16, llamacpp_sequence_tokens=2048)
+    peak = _status_mib("VmHWM") - before
     released_mib = _executor(engine).released_bytes / 2**20
     for future in [engine.submit(_chat(f"m{i}", PROMPTS[i % 4], max_tokens=8)) for i in range(8)]:
         future.result(60)
     grown = _rss_mib() - before
-    print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident (KV streams {kv_mib:.0f} MiB, "
-          f"{released_mib:.0f} MiB handed back)")  # fmt: skip
+    print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident, +{peak:.0f} MiB at its peak "
+          f"(KV streams {kv_mib:.0f} MiB, {released_mib:.0f} MiB handed back)")  # fmt: skip
     assert kv_mib * 0.95 < released_mib
     assert grown < kv_mib / 4
+    assert peak < kv_mib / 2
+
+
+def test_creating_a_context_writes_nothing_but_zeros_into_the_memory_it_maps(
+    llamacpp_model: LlamaCppModel, model_cache: Path
+) -> None:
+    """What makes handing back zero pages while llama.cpp creates a context safe (ZeroPageWatch
+    .meanwhile in LlamaCppExecutor.prepare): the constructor writes nothing but zeros into the
+    large chunks it maps (the KV streams, compute buffers), so a zero page handed back while it
+    runs loses no write. Checked here on a context created the engine's way with no page handed
+    back: every chunk holds only zeros past its first page (glibc's header). A llama.cpp that
+    initialises its buffers otherwise fails this test, and must not be run with that release."""
+    config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=4)
+    executor = LlamaCppExecutor(replace(config, llamacpp_sequence_tokens=2048), llamacpp_model)
+    llama = binding()
+    watch = ZeroPageWatch()
+    context = llama.llama_init_from_model(llamacpp_model.handle, executor._context_params())
+    try:
+        watch.look()
+        assert sum(chunk.size for chunk in watch.chunks) > _kv_mib(llamacpp_model, 4 * 2048) * 2**20
+        for chunk in watch.chunks:
+            past_header = chunk.start + PAGE_BYTES
+            words = (ctypes.c_uint64 * ((chunk.end - past_header) // 8)).from_address(past_header)
+            assert not np.ctypeslib.as_array(words).any(), f"non-zero bytes in {chunk}"
+    finally:
+        llama.llama_free(context)
 
 
 def test_native_memory_freed_before_the_kv_cache_goes_back_to_the_kernel() -> None:

@@ -4,6 +4,7 @@ their data, and only new mappings that are one allocation each are ever candidat
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 from collections.abc import Iterator
@@ -12,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workers.engine.llamacpp_executor import return_freed_memory
 from workers.engine.pages import (
     PAGE_BYTES,
     Region,
+    ZeroPageWatch,
     anonymous_mappings,
     new_large_regions,
     release_zero_pages,
@@ -108,11 +111,13 @@ def test_pages_holding_only_zeros_go_back_and_still_read_as_zeros(
     assert resident - _resident_bytes(region) == released - PAGE_BYTES
 
 
-def test_a_second_release_finds_the_same_zeros(private_mapping: tuple[Allocation, Region]) -> None:
+def test_a_page_not_resident_is_neither_read_nor_counted(private_mapping: tuple[Allocation, Region]) -> None:
+    """Only resident pages are read: a second release finds the zeros it handed back not resident
+    (reading them would map the zero page for nothing), and the written page still there."""
     memory, region = private_mapping
     memory[PAGE_BYTES] = 1
     assert release_zero_pages({region}) == region.size - 2 * PAGE_BYTES
-    assert release_zero_pages({region}) == region.size - 2 * PAGE_BYTES  # still zeros, still released
+    assert release_zero_pages({region}) == 0
     assert memory[PAGE_BYTES] == 1
 
 
@@ -177,3 +182,59 @@ def test_a_region_no_longer_mapped_is_skipped() -> None:
     region = _region_of(memory)
     memory.close()  # its owner freed it: reading it now would be a segmentation fault
     assert release_zero_pages({region}) == 0
+
+
+def _peak_bytes() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def _only_zeros(start: int, end: int) -> bool:
+    words = (ctypes.c_uint64 * ((end - start) // 8)).from_address(start)
+    return not np.ctypeslib.as_array(words).any()
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["meanwhile", "unwatched"])
+def test_zero_pages_go_back_while_a_memset_of_zeros_runs(watched: bool) -> None:
+    """The watch's thread hands back the pages a memset of zeros has passed while it runs, so the
+    chunk is never all resident at once (the peak, VmHWM, reset before); unwatched, it is."""
+    size = 256 * MIB
+    watch = ZeroPageWatch()
+    return_freed_memory()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    base = _peak_bytes()
+    with watch.meanwhile() if watched else contextlib.nullcontext():
+        # As llama.cpp's constructor does its KV streams: posix_memalign, then one memset of
+        # zeros over all of it (ctypes calls, which run without the GIL).
+        memory = Allocation(size)
+    peak = _peak_bytes() - base
+    try:
+        if not watched:
+            assert peak > size * 0.95
+            return
+        assert watch.chunks == {memory.region}
+        assert watch.released > size / 2
+        assert peak < size / 2, f"peak +{peak / MIB:.0f} MiB for a {size / MIB:.0f} MiB memset"
+        assert _resident_bytes(memory.region) < size / 2
+        assert memory[8] == 0x2  # glibc's header (the size word's low byte: IS_MMAPPED) is kept
+        assert _only_zeros(memory.pointer, memory.region.end)
+    finally:
+        memory.free()
+
+
+def test_a_watch_finds_only_chunks_mapped_after_it_and_keeps_their_data() -> None:
+    """Chunks allocated before the watch are not its own; a chunk it finds keeps every non-zero
+    byte through a release while nothing writes."""
+    earlier = Allocation()
+    watch = ZeroPageWatch()
+    later = Allocation()
+    try:
+        later[7 * PAGE_BYTES + 100] = 0xA5
+        watch.look()
+        assert watch.chunks == {later.region}
+        watch.release()
+        assert watch.released == later.region.size - 2 * PAGE_BYTES  # all but the header and page 7
+        assert later[7 * PAGE_BYTES + 100] == 0xA5
+        assert _resident_bytes(earlier.region) == earlier.region.size
+    finally:
+        earlier.free()
+        later.free()
