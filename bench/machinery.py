@@ -185,7 +185,9 @@ def run_genq(port: int, count: int, concurrency: int, mode: str, max_tokens: int
 
 
 class Receiver:
-    """A local webhook receiver: answers 200 and notes each delivery's job and when it came."""
+    """A local webhook receiver: answers 200 and notes each delivery's job and when it came. It
+    answers HTTP/1.1 and keeps each connection alive for the next request, as real receivers do
+    (http.server's default, HTTP/1.0, closed every connection, which hid a sender's reuse)."""
 
     def __init__(self) -> None:
         self.deliveries: list[tuple[str, str, float]] = []  # (job id, webhook-id, arrival)
@@ -193,6 +195,8 @@ class Receiver:
         deliveries = self.deliveries
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 job_id = str(orjson.loads(body)["data"]["id"])
@@ -206,6 +210,8 @@ class Receiver:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # a kept-alive connection must not hold up close()
+        self.server.block_on_close = False
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

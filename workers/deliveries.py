@@ -153,6 +153,17 @@ class Frozen:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """What one attempt sends, and what Deliveries.prepare() read for it in one round trip."""
+
+    frozen: Frozen
+    #: This attempt's number (1 for the first).
+    attempt: int
+    #: The owner's signing secrets as MGET read them (shared/key_secrets.py signing_keys).
+    stored_secrets: list[object]
+
+
+@dataclass(frozen=True, slots=True)
 class Sight:
     """What Deliveries.look() read for one attempt."""
 
@@ -237,13 +248,15 @@ class Deliveries:
     # --- claims and records -------------------------------------------------------------------
     def claim(self, delivery: Delivery, generation: int) -> tuple[Claim, float]:
         """The claim's outcome, and the end of the lease that decided it."""
-        now = time.time()
-        lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         outcome, held_until = self._claim(
-            keys=[delivery.key, delivery.record_key],
-            args=[generation, repr(now), repr(lease), self._settings.job_ttl_s],
+            keys=[delivery.key, delivery.record_key], args=self._claim_args(generation)
         )
         return Claim(_text(outcome)), float(_text(held_until))
+
+    def _claim_args(self, generation: int) -> list[int | str]:
+        now = time.time()
+        lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
+        return [generation, repr(now), repr(lease), self._settings.job_ttl_s]
 
     def record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
@@ -270,15 +283,39 @@ class Deliveries:
 
     # --- what an attempt needs to know ---------------------------------------------------------
     def look(self, delivery: Delivery) -> Sight:
-        """Everything order_wait() and freeze() read, in one round trip."""
+        """Everything order_wait() and prepare() read, in one round trip."""
         pipe = self._redis.pipeline(transaction=False)
+        self._queue_look(pipe, delivery)
+        return self._sight(pipe.execute())
+
+    def claim_and_look(self, delivery: Delivery, generation: int) -> tuple[Claim, float, Sight]:
+        """claim() and then look(), in one round trip: the reads run right after the claim script
+        (wasted only on a copy that is dropped). The script goes by its SHA; a Redis that lost its
+        script cache (a restart) makes the two calls apart, which loads it again."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.evalsha(self._claim.sha, 2, delivery.key, delivery.record_key, *self._claim_args(generation))
+        self._queue_look(pipe, delivery)
+        (claimed, *looked) = pipe.execute(raise_on_error=False)
+        if isinstance(claimed, redis.exceptions.NoScriptError):
+            return (*self.claim(delivery, generation), self.look(delivery))
+        for reply in (claimed, *looked):
+            if isinstance(reply, Exception):
+                raise reply
+        outcome, held_until = claimed
+        return Claim(_text(outcome)), float(_text(held_until)), self._sight(looked)
+
+    @staticmethod
+    def _queue_look(pipe: redis.client.Pipeline, delivery: Delivery) -> None:
         pipe.hmget(delivery.key, "url", "body", "owner")
         pipe.hgetall(delivery.record_key)
         if delivery.follows_start:
             start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
             pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
             pipe.hmget(start.key, "outcome", "next_at")
-        (url, body, owner), record, *start_state = pipe.execute()
+
+    @staticmethod
+    def _sight(replies: list[Any]) -> Sight:
+        (url, body, owner), record, *start_state = replies
         known = url is not None and body is not None
         frozen = Frozen(str(url), str(body).encode(), str(owner or "")) if known else None
         if not start_state:
@@ -314,25 +351,47 @@ class Deliveries:
         return time.time() - since > bound
 
     # --- one attempt ----------------------------------------------------------------------------
-    def freeze(self, delivery: Delivery, sight: Sight) -> Frozen | None:
-        """The delivery's URL and body, built at its first attempt and kept for every retry.
-        None when there is nothing to send (the job record expired, or an `output` notice found
-        the job already over: its `completed` delivery carries the final state)."""
+    def prepare(self, delivery: Delivery, sight: Sight) -> Prepared | None:
+        """Freeze the delivery's URL and body (at its first attempt), count this attempt and read
+        its owner's signing keys, in one round trip. None when there is nothing to send (the job
+        record expired, or an `output` notice found the job already over: its `completed`
+        delivery carries the final state)."""
         if sight.frozen is not None:
-            return sight.frozen
+            return self._count_attempt(delivery, sight.frozen)
+        built = self._freeze_fields(delivery, sight)
+        if built is None:
+            return None
+        url, body, owner = built
+        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hsetnx(delivery.key, "url", url)
+        pipe.hsetnx(delivery.key, "body", body)
+        pipe.hsetnx(delivery.key, "owner", owner)
+        pipe.hmget(delivery.key, "url", "body", "owner")
+        pipe.hincrby(delivery.key, "attempts", 1)
+        pipe.mget(keys.webhook_key_secrets(owner))
+        *_, (frozen_url, frozen_body, frozen_owner), attempts, stored = pipe.execute()
+        frozen = Frozen(str(frozen_url), str(frozen_body).encode(), str(frozen_owner or ""))
+        if frozen.owner != owner:  # frozen by an earlier copy for another owner: its keys sign
+            stored = self._redis.mget(keys.webhook_key_secrets(frozen.owner))
+        return Prepared(frozen, int(attempts), stored)
+
+    def _count_attempt(self, delivery: Delivery, frozen: Frozen) -> Prepared:
+        pipe = self._redis.pipeline(transaction=False)  # one round trip for both
+        pipe.hincrby(delivery.key, "attempts", 1)
+        pipe.mget(keys.webhook_key_secrets(frozen.owner))
+        attempts, stored = pipe.execute()
+        return Prepared(frozen, int(attempts), stored)
+
+    def _freeze_fields(self, delivery: Delivery, sight: Sight) -> tuple[str, bytes, str] | None:
+        """The url, body and owner a first attempt freezes (kept for every retry); None when
+        there is nothing to send."""
         build = self._batch_event if delivery.batch else self._job_event
         built = build(delivery, sight.record)
         if built is None:
             return None
         url, payload, owner = built
-        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hsetnx(delivery.key, "url", url)
-        pipe.hsetnx(delivery.key, "body", orjson.dumps(payload))
-        pipe.hsetnx(delivery.key, "owner", owner)
-        pipe.hmget(delivery.key, "url", "body", "owner")
-        url, body, owner = pipe.execute()[-1]
-        return Frozen(str(url), str(body).encode(), str(owner or ""))
+        return url, orjson.dumps(payload), owner
 
     @staticmethod
     def _job_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:
@@ -353,19 +412,16 @@ class Deliveries:
         payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
         return record["webhook_url"], payload, record["owner"]
 
-    def attempt(self, delivery: Delivery, frozen: Frozen) -> tuple[int, webhook_http.AttemptResult]:
-        """Send the frozen body once; the attempt's number and result."""
-        pipe = self._redis.pipeline(transaction=False)  # one round trip for both
-        pipe.hincrby(delivery.key, "attempts", 1)
-        pipe.mget(keys.webhook_key_secrets(frozen.owner))
-        attempts, stored = pipe.execute()
-        attempt = int(attempts)
-        secrets = key_secrets.signing_keys(stored, frozen.owner, self._settings, self._secrets)
+    def attempt(self, delivery: Delivery, prepared: Prepared) -> webhook_http.AttemptResult:
+        """Send the frozen body once, signed (no Redis: prepare() read what it needs)."""
+        frozen = prepared.frozen
+        secrets = key_secrets.signing_keys(
+            prepared.stored_secrets, frozen.owner, self._settings, self._secrets
+        )
         headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), frozen.body)
-        result = webhook_http.post(
+        return webhook_http.post(
             frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s
         )
-        return attempt, result
 
     def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
         return verdict(result, attempt, self._delays)

@@ -4,12 +4,14 @@ The target is resolved afresh for every attempt and every address is checked (sh
 the request then connects to a checked address, never to a second resolution of the name, so a
 DNS answer that changes between the check and the connection (rebinding) cannot redirect it. The
 URL's host is replaced by that address while the Host header and, for https, the TLS SNI name
-(httpx's `sni_hostname` extension) stay the original name, and the certificate is verified
+(httpcore's `sni_hostname` extension) stay the original name, and the certificate is verified
 against that name. Redirects are never followed, proxies from the environment are ignored (they
 would connect elsewhere), at most RESPONSE_CAP_BYTES of the answer are read, and every network
-wait (connect, send, answer) is cut at the attempt timeout. Each attempt has its own client, so no
-connection, verified for one host name, ever serves another; the TLS settings and trust roots they
-share are built once (_tls_context).
+wait (connect, send, answer) is cut at the attempt timeout. A connection is kept alive for the
+next attempt only to the same scheme, host name, port and checked address, and one the receiver
+closed in between costs no failed attempt (workers/webhook_connections.py, which says why it is
+not httpx's pool); no connection verified for one host name ever serves another. The TLS settings
+and trust roots every connection shares are built once (_tls_context).
 """
 
 from __future__ import annotations
@@ -20,15 +22,22 @@ import ssl
 import time
 from dataclasses import dataclass
 
+import httpcore
 import httpx
 
 from shared import ssrf
 from shared.errors import InvalidRequest
+from workers.webhook_connections import Connection, Pool, Route
 
 #: Most bytes of a receiver's answer read (then the connection is closed): the status is all
 #: that matters, and a receiver streaming a large answer must not hold the worker.
 RESPONSE_CAP_BYTES = 4096
 USER_AGENT = "genq-webhooks/1"
+#: Network trouble that ends an attempt as an error (timeouts are told apart).
+NETWORK_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError)
+
+#: The kept-alive connections of every attempt this process makes.
+_POOL = Pool()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +78,9 @@ def post(
         return result(status_code=_post_pinned(url, addresses, body, headers, timeout_s))
     except Refused as exc:
         return result(error=f"refused: {exc}", refused=True)
-    except httpx.TimeoutException:
+    except httpcore.TimeoutException:
         return result(error=f"timeout: no answer within {timeout_s:g} s")
-    except (httpx.HTTPError, OSError) as exc:
+    except NETWORK_ERRORS as exc:
         return result(error=f"{type(exc).__name__}: {exc}"[:300])
 
 
@@ -91,44 +100,95 @@ def checked_addresses(url: str, policy: ssrf.TargetPolicy) -> list[str]:
         raise Refused(exc.message) from None
 
 
+@dataclass(frozen=True, slots=True)
+class _Url:
+    """What an attempt needs of its URL, parsed once per URL (they repeat: one per receiver)."""
+
+    scheme: str
+    #: The host name (IDNA-encoded), without brackets for an IPv6 literal.
+    host: str
+    port: int
+    #: The Host header: the name, and the port when it is not the scheme's default.
+    netloc: bytes
+    #: Path and query, as sent.
+    target: bytes
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(url: str) -> _Url:
+    parsed = httpx.URL(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, parsed.netloc, parsed.raw_path)
+
+
 def _post_pinned(
     url: str, addresses: list[str], body: bytes, headers: dict[str, str], timeout_s: float
 ) -> int:
     """POST to each checked address in turn until one accepts the connection; its status."""
-    original = httpx.URL(url)
+    parsed = _parse(url)
     request_headers = {
         **headers,
-        "host": original.netloc.decode("ascii"),
+        "host": parsed.netloc.decode("ascii"),
+        "accept": "*/*",
         "content-type": "application/json",
+        "content-length": str(len(body)),
         "user-agent": USER_AGENT,
     }
-    sni = {"sni_hostname": original.raw_host.decode("ascii")}
+    failure: httpcore.ConnectError | None = None
+    for address in addresses:
+        route = Route(parsed.scheme, parsed.host, parsed.port, address.split("%", 1)[0])
+        try:
+            return _send(route, parsed.target, body, request_headers, timeout_s)
+        except httpcore.ConnectError as exc:
+            failure = exc
+    raise failure or httpcore.ConnectError("no address to connect to")
+
+
+def _send(route: Route, target: bytes, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """The status of one POST on a kept connection to `route`, or on a new one. A kept one the
+    receiver closed as the request went out (it failed before any byte of an answer) gets the
+    request once more on a new connection, as a receiver that had closed it earlier would have."""
     tls = _tls_context()
-    with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, verify=tls) as client:
-        failure: httpx.ConnectError | None = None
-        for address in addresses:
-            pinned = original.copy_with(host=address.split("%", 1)[0])
-            request = client.build_request(
-                "POST", pinned, content=body, headers=request_headers, extensions=sni
-            )
-            try:
-                response = client.send(request, stream=True)
-            except httpx.ConnectError as exc:
-                failure = exc
-                continue
-            try:
-                _read_capped(response, time.monotonic() + timeout_s)
-            finally:
-                response.close()
-            return response.status_code
-        raise failure or httpx.ConnectError("no address to connect to")
+    connection = _POOL.take(route, tls)
+    answered = connection.received
+    try:
+        return _exchange(connection, target, body, headers, timeout_s)
+    except (httpcore.NetworkError, httpcore.RemoteProtocolError):
+        if not connection.reused or connection.received != answered:
+            raise
+    return _exchange(Connection(route, tls), target, body, headers, timeout_s)
 
 
-def _read_capped(response: httpx.Response, deadline: float) -> None:
+def _exchange(
+    connection: Connection, target: bytes, body: bytes, headers: dict[str, str], timeout_s: float
+) -> int:
+    """Send the request on `connection`, read at most the cap of its answer, and give the
+    connection back (kept only when the answer was read to its end)."""
+    route = connection.route
+    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=target)
+    extensions = {
+        "timeout": {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s},
+        "sni_hostname": route.host,
+    }
+    request = httpcore.Request(
+        b"POST", url, headers=list(headers.items()), content=body, extensions=extensions
+    )
+    try:
+        response = connection.http.handle_request(request)
+        try:
+            _read_capped(response, time.monotonic() + timeout_s)
+        finally:
+            response.close()
+        return response.status
+    finally:
+        _POOL.give_back(connection)
+
+
+def _read_capped(response: httpcore.Response, deadline: float) -> None:
     """Read at most RESPONSE_CAP_BYTES, and stop at the deadline (a receiver that answers its
     status and then drips its body keeps nobody waiting)."""
     received = 0
-    for chunk in response.iter_raw():  # as each read arrives: a chunk size would wait to fill it
+    for chunk in response.iter_stream():  # as each read arrives: a chunk size would wait to fill it
         received += len(chunk)
         if received >= RESPONSE_CAP_BYTES or time.monotonic() > deadline:
             return

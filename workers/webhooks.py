@@ -81,7 +81,7 @@ def _deliver_patiently(task: Task, delivery: Delivery, due_at: float | None) -> 
 def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     deliveries = _deliveries()
     generation = int(task.request.retries)
-    claim, held_until = patiently(lambda: deliveries.claim(delivery, generation))
+    claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
     if claim is Claim.BUSY:  # maybe its holder died: look again when the holder's lease ends
         _look_again_later(task, deliveries, delivery, generation, held_until)
     if claim is not Claim.CLAIMED:
@@ -95,17 +95,16 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
         _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
         return
-    sight = patiently(lambda: deliveries.look(delivery))
     wait = patiently(lambda: deliveries.order_wait(delivery, sight))
     if wait is not None:
         _retry_then_record(task, deliveries, delivery, generation, wait, {})
         return
-    frozen = patiently(lambda: deliveries.freeze(delivery, sight))
-    if frozen is None:
+    prepared = patiently(lambda: deliveries.prepare(delivery, sight))
+    if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
         patiently(lambda: deliveries.record(delivery, generation, {"outcome": Outcome.SKIPPED}, None))
         return
-    attempt, result = patiently(lambda: deliveries.attempt(delivery, frozen))
+    attempt, result = prepared.attempt, deliveries.attempt(delivery, prepared)
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
     metrics.WEBHOOK_ATTEMPTS.labels(delivery.event, outcome.outcome).inc()

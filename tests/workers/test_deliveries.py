@@ -6,12 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
+from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import JITTER_FRACTION, Deliveries, Delivery, Outcome, Verdict, verdict
+from workers.deliveries import JITTER_FRACTION, Deliveries, Delivery, Outcome, Sight, Verdict, verdict
 from workers.webhook_http import AttemptResult
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
@@ -88,3 +90,110 @@ def test_a_failed_attempt_is_retried_on_schedule_with_jitter_then_fails() -> Non
             assert retry.outcome is Outcome.RETRYING
             assert delay <= (retry.retry_in or 0) <= delay * (1 + JITTER_FRACTION)
         assert verdict(result, 3, [5.0, 300.0]).outcome is Outcome.FAILED
+
+
+# --- prepare: freeze, count the attempt, read the owner's signing keys (one round trip) ----------
+
+BATCH = Delivery.of_batch("batch-1", "batch.completed")
+BATCH_RECORD = {"id": "batch-1", "endpoint": "/v1/chat/completions", "input_file_id": "file-1",
+                "completion_window": "24h", "status": "completed", "created_at": "1", "owner": "alice",
+                "webhook_url": "http://127.0.0.1:9/hook"}  # fmt: skip
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in client.info("commandstats").items()}
+
+
+@pytest.mark.parametrize(
+    ("before", "owner", "attempt"),
+    [
+        ({}, "alice", 1),  # a first attempt freezes the body it builds
+        ({"url": "http://elsewhere/", "body": '{"frozen":1}', "owner": "bob", "attempts": "1"}, "bob", 2),
+    ],
+    ids=["first attempt", "an earlier copy froze it first"],
+)
+def test_prepare_freezes_counts_and_reads_the_freezing_owners_keys(
+    deliveries: Deliveries, redis_client: redis.Redis, before: dict[str, str], owner: str, attempt: int
+) -> None:
+    """State before (the delivery's hash), prepare() with a sight that saw nothing frozen, state
+    after: the body frozen first is kept, the attempt counted, and the keys read are those of the
+    owner the frozen body belongs to."""
+    for name, value in before.items():
+        redis_client.hset(BATCH.key, name, value)
+    for name in ("alice", "bob"):
+        redis_client.set(keys.webhook_key_secrets(name)[0], f"secret-of-{name}")
+    prepared = deliveries.prepare(BATCH, Sight(BATCH_RECORD, None))
+    assert prepared is not None and (prepared.frozen.owner, prepared.attempt) == (owner, attempt)
+    assert prepared.stored_secrets[0] == f"secret-of-{owner}"
+    assert redis_client.hget(BATCH.key, "attempts") == str(attempt)
+    if before:
+        assert prepared.frozen.body == b'{"frozen":1}' and prepared.frozen.url == "http://elsewhere/"
+    else:
+        assert orjson.loads(prepared.frozen.body)["data"]["id"] == "batch-1"
+
+
+def test_a_first_attempt_is_prepared_in_one_round_trip(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    """One MULTI/EXEC freezes the body, counts the attempt and reads the keys; a retry's
+    prepare reads no body again and is one pipeline too."""
+    before = _commands(redis_client)
+    first = deliveries.prepare(BATCH, Sight(BATCH_RECORD, None))
+    after = _commands(redis_client)
+    assert first is not None and after["exec"] - before.get("exec", 0) == 1
+    assert after["mget"] - before.get("mget", 0) == 1
+    retry = deliveries.prepare(BATCH, Sight(BATCH_RECORD, first.frozen))
+    assert retry is not None and (retry.frozen, retry.attempt) == (first.frozen, 2)
+
+
+def test_nothing_is_prepared_for_a_record_that_expired(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    assert deliveries.prepare(BATCH, Sight({}, None)) is None
+    assert redis_client.exists(BATCH.key) == 0
+
+
+# --- claim_and_look: the claim and the attempt's reads in one round trip -----------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "generation", "claim"),
+    [
+        ({}, 0, "claimed"),
+        ({"outcome": "pending", "generation": "0", "lease": "0"}, 1, "claimed"),
+        ({"outcome": "pending", "generation": "1", "lease": "0"}, 0, "stale"),
+        ({"outcome": "pending", "generation": "0", "lease": "9999999999"}, 0, "busy"),
+        ({"outcome": "pending", "generation": "0", "lease": "1"}, 0, "claimed"),  # its holder's lease ran out
+        ({"outcome": "delivered", "generation": "0", "lease": "0"}, 1, "over"),
+    ],
+)
+def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
+    deliveries: Deliveries, redis_client: redis.Redis, before: dict[str, str], generation: int, claim: str
+) -> None:
+    """State before, claim_and_look(), state after: the claim's outcome and the delivery's
+    generation are the script's; the sight is what look() reads after it."""
+    for name, value in {**before, "url": "http://x/", "body": "{}", "owner": "alice"}.items():
+        redis_client.hset(DELIVERY.key, name, value)
+    redis_client.hset(DELIVERY.record_key, "status", "succeeded")
+    outcome, _, sight = deliveries.claim_and_look(DELIVERY, generation)
+    assert outcome == claim
+    expected_generation = str(generation) if claim == "claimed" else before.get("generation")
+    assert redis_client.hget(DELIVERY.key, "generation") == expected_generation
+    assert sight == deliveries.look(DELIVERY) and sight.frozen is not None and sight.frozen.owner == "alice"
+    assert sight.record == {"status": "succeeded"}
+
+
+def test_claim_and_look_is_one_round_trip_and_survives_a_lost_script_cache(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    """No SCRIPT EXISTS before the pipeline (redis-py's Script in a pipeline would send one); a
+    Redis whose script cache was flushed (as after a restart) still gets the claim made."""
+    deliveries.claim(DELIVERY, 0)  # the script is loaded
+    before = _commands(redis_client)
+    assert deliveries.claim_and_look(DELIVERY, 1)[0] == "claimed"
+    after = _commands(redis_client)
+    spent = {name: after.get(name, 0) - before.get(name, 0) for name in ("evalsha", "script|exists")}
+    assert spent == {"evalsha": 1, "script|exists": 0}
+    redis_client.script_flush()
+    assert deliveries.claim_and_look(DELIVERY, 2)[0] == "claimed"
+    assert redis_client.hget(DELIVERY.key, "generation") == "2"

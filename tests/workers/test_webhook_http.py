@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
+import httpcore
 import pytest
 import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
 from workers import webhook_http
+from workers.webhook_connections import Connection, Pool, Route
 from workers.webhook_http import USER_AGENT, post
 
 OPEN = TargetPolicy(allow_private=True, allowed_ports=frozenset())
@@ -133,10 +135,12 @@ def trusted_ca() -> Iterator[trustme.CA]:
     webhook_http._tls_context.cache_clear()
 
 
-def _https_receiver(ca: trustme.CA, name: str) -> tuple[ThreadingHTTPServer, int]:
+def _https_receiver(
+    ca: trustme.CA, name: str, handler: type[BaseHTTPRequestHandler] = Receiver
+) -> tuple[ThreadingHTTPServer, int]:
     """A receiver on 127.0.0.1 whose certificate `ca` issued for `name`."""
     Receiver.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert(name).configure_cert(tls)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
@@ -173,3 +177,218 @@ def test_an_https_receiver_whose_certificate_does_not_hold_is_never_sent_the_bod
         server.shutdown()
         server.server_close()
     assert Receiver.seen == []
+
+
+# --- kept-alive connections ------------------------------------------------------------------------
+
+
+class KeptAliveReceiver(BaseHTTPRequestHandler):
+    """Answers 200 over HTTP/1.1 keep-alive, as real receivers do."""
+
+    protocol_version = "HTTP/1.1"
+    hosts: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        KeptAliveReceiver.hosts.append(str(self.headers["host"]))
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *_: object) -> None:
+        return None
+
+
+class CountingServer(ThreadingHTTPServer):
+    """Counts the TCP connections it accepts."""
+
+    daemon_threads = True
+    block_on_close = False
+    accepted = 0
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        request = super().get_request()
+        self.accepted += 1
+        return request
+
+
+@pytest.fixture
+def servers() -> Iterator[list[CountingServer]]:
+    """Started CountingServers (append), shut down after the test, with every kept connection."""
+    KeptAliveReceiver.hosts = []
+    started: list[CountingServer] = []
+    yield started
+    webhook_http._POOL.close()
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def _serve(servers: list[CountingServer], address: str = "127.0.0.1", port: int = 0) -> CountingServer:
+    server = CountingServer((address, port), KeptAliveReceiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers.append(server)
+    return server
+
+
+def _ok(url: str, addresses: list[str] | None = None) -> None:
+    if addresses is None:
+        result = post(url, b"{}", {}, OPEN, timeout_s=5)
+        assert (result.status_code, result.error) == (200, None)
+    else:  # as if the SSRF check had returned these addresses
+        assert webhook_http._post_pinned(url, addresses, b"{}", {}, 5) == 200
+
+
+def test_attempts_to_one_receiver_share_one_kept_alive_connection(servers: list[CountingServer]) -> None:
+    server = _serve(servers)
+    for _ in range(3):
+        _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
+    assert server.accepted == 1 and len(KeptAliveReceiver.hosts) == 3
+
+
+def test_another_host_name_or_checked_address_never_takes_the_connection(
+    servers: list[CountingServer],
+) -> None:
+    """The same address under two names, and the same name checked to two addresses: each its own
+    connection (the second server listens on 127.0.0.2, same port)."""
+    first = _serve(servers)
+    port = first.server_address[1]
+    second = _serve(servers, "127.0.0.2", port)
+    _ok(f"http://127.0.0.1:{port}/hook")
+    _ok(f"http://localhost:{port}/hook", ["127.0.0.1"])
+    _ok(f"http://localhost:{port}/hook", ["127.0.0.2"])
+    _ok(f"http://localhost:{port}/hook", ["127.0.0.1"])  # the kept one of this name and address
+    assert (first.accepted, second.accepted) == (2, 1)
+    assert KeptAliveReceiver.hosts == [f"127.0.0.1:{port}"] + [f"localhost:{port}"] * 3
+
+
+def test_a_connection_the_receiver_closed_while_idle_is_not_a_failed_attempt(
+    servers: list[CountingServer],
+) -> None:
+    server = _serve(servers)
+    KeptAliveReceiver.timeout = 0.2  # the receiver's idle timeout: it closes the connection
+    try:
+        _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
+        time.sleep(0.6)
+        _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
+    finally:
+        KeptAliveReceiver.timeout = None
+    assert server.accepted == 2 and len(KeptAliveReceiver.hosts) == 2
+
+
+def test_a_connection_closed_as_the_request_goes_out_gets_it_again_on_a_new_one() -> None:
+    """The race a receiver's idle timeout makes: the kept connection was open when taken, and the
+    receiver closes it on reading the next request, before any answer. The attempt is made once
+    more on a new connection: one delivery, no failed attempt."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+    requests: list[int] = []  # per connection, the requests it was sent
+
+    def serve() -> None:
+        kept, _ = listener.accept()
+        kept.recv(65536)
+        requests.append(1)
+        kept.sendall(answer)
+        kept.recv(65536)  # the next request arrives: closed unanswered
+        requests.append(2)
+        kept.close()
+        fresh, _ = listener.accept()
+        fresh.recv(65536)
+        requests.append(1)
+        fresh.sendall(answer)
+        fresh.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            result = post(f"http://127.0.0.1:{port}/", b"{}", {}, OPEN, timeout_s=5)
+            assert (result.status_code, result.error) == (200, None)
+        thread.join(5)
+        assert requests == [1, 2, 1]
+    finally:
+        listener.close()
+        webhook_http._POOL.close()
+
+
+def test_threads_never_share_a_connection(servers: list[CountingServer]) -> None:
+    """8 threads, 5 attempts each, at once: every one answered, on at most 8 connections."""
+    server = _serve(servers)
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+
+    def attempts() -> None:
+        for _ in range(5):
+            _ok(url)
+
+    threads = [threading.Thread(target=attempts) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(KeptAliveReceiver.hosts) == 40 and 1 <= server.accepted <= 8
+
+
+def test_idle_connections_are_bounded_in_number_and_age(servers: list[CountingServer]) -> None:
+    server = _serve(servers)
+    port = server.server_address[1]
+    pool = Pool(max_idle=1, idle_s=0.3)
+    tls = webhook_http._tls_context()
+    routes = [Route("http", name, port, "127.0.0.1") for name in ("127.0.0.1", "localhost")]
+    taken = [pool.take(route, tls) for route in routes]
+    for connection in taken:
+        _use(pool, connection)
+    assert pool.idle_count() == 1 and taken[0].http.is_closed()  # the oldest went
+    assert pool.take(routes[1], tls) is taken[1]
+    _use(pool, taken[1])
+    time.sleep(0.5)
+    fresh = pool.take(routes[1], tls)
+    assert not fresh.reused and taken[1].http.is_closed()  # too old: closed, not reused
+    _use(pool, fresh)
+    assert server.accepted == 3
+    pool.close()
+
+
+def _use(pool: Pool, connection: Connection) -> None:
+    """One POST on `connection`, its answer read, and the connection given back to `pool`."""
+    route = connection.route
+    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=b"/")
+    headers = [(b"host", route.host.encode()), (b"content-length", b"2")]
+    response = connection.http.handle_request(httpcore.Request(b"POST", url, headers=headers, content=b"{}"))
+    response.read()
+    response.close()
+    pool.give_back(connection)
+
+
+def test_an_https_connection_kept_for_one_name_never_serves_another(trusted_ca: trustme.CA) -> None:
+    """Two attempts to https://localhost share one verified connection; an attempt to the same
+    address by a name the certificate does not hold gets its own, and fails verification."""
+    KeptAliveReceiver.hosts = []
+    server, port = _https_receiver(trusted_ca, "localhost", KeptAliveReceiver)
+    accepted = _count_accepts(server)
+    try:
+        for _ in range(2):
+            result = post(f"https://localhost:{port}/hook", b"{}", {}, OPEN, timeout_s=5)
+            assert (result.status_code, result.error) == (200, None)
+        other = post(f"https://127.0.0.1:{port}/hook", b"{}", {}, OPEN, timeout_s=5)
+        assert other.status_code is None and "CERTIFICATE_VERIFY_FAILED" in (other.error or "")
+    finally:
+        webhook_http._POOL.close()
+        server.shutdown()
+        server.server_close()
+    assert KeptAliveReceiver.hosts == [f"localhost:{port}"] * 2 and len(accepted) == 1
+
+
+def _count_accepts(server: ThreadingHTTPServer) -> list[object]:
+    """The connections `server` accepts from now on (TLS handshakes included)."""
+    accepted: list[object] = []
+    accept = server.get_request
+
+    def counted() -> tuple[socket.socket, object]:
+        request = accept()
+        accepted.append(request[1])
+        return request
+
+    server.get_request = counted  # type: ignore[method-assign]
+    return accepted
