@@ -14,14 +14,13 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
-import httpcore
 import pytest
 import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
+from tests.workers.conftest import CountingServer, KeptAliveReceiver, serve
 from workers import webhook_http
-from workers.webhook_connections import Connection, Pool, Route
 from workers.webhook_http import USER_AGENT, post
 
 OPEN = TargetPolicy(allow_private=True, allowed_ports=frozenset())
@@ -182,56 +181,6 @@ def test_an_https_receiver_whose_certificate_does_not_hold_is_never_sent_the_bod
 # --- kept-alive connections ------------------------------------------------------------------------
 
 
-class KeptAliveReceiver(BaseHTTPRequestHandler):
-    """Answers 200 over HTTP/1.1 keep-alive, as real receivers do."""
-
-    protocol_version = "HTTP/1.1"
-    hosts: ClassVar[list[str]] = []
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        KeptAliveReceiver.hosts.append(str(self.headers["host"]))
-        self.send_response(200)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *_: object) -> None:
-        return None
-
-
-class CountingServer(ThreadingHTTPServer):
-    """Counts the TCP connections it accepts."""
-
-    daemon_threads = True
-    block_on_close = False
-    accepted = 0
-
-    def get_request(self) -> tuple[socket.socket, object]:
-        request = super().get_request()
-        self.accepted += 1
-        return request
-
-
-@pytest.fixture
-def servers() -> Iterator[list[CountingServer]]:
-    """Started CountingServers (append), shut down after the test, with every kept connection."""
-    KeptAliveReceiver.hosts = []
-    started: list[CountingServer] = []
-    yield started
-    webhook_http._POOL.close()
-    for server in started:
-        server.shutdown()
-        server.server_close()
-
-
-def _serve(servers: list[CountingServer], address: str = "127.0.0.1", port: int = 0) -> CountingServer:
-    server = CountingServer((address, port), KeptAliveReceiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    servers.append(server)
-    return server
-
-
 def _ok(url: str, addresses: list[str] | None = None) -> None:
     if addresses is None:
         result = post(url, b"{}", {}, OPEN, timeout_s=5)
@@ -241,7 +190,7 @@ def _ok(url: str, addresses: list[str] | None = None) -> None:
 
 
 def test_attempts_to_one_receiver_share_one_kept_alive_connection(servers: list[CountingServer]) -> None:
-    server = _serve(servers)
+    server = serve(servers)
     for _ in range(3):
         _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
     assert server.accepted == 1 and len(KeptAliveReceiver.hosts) == 3
@@ -252,9 +201,9 @@ def test_another_host_name_or_checked_address_never_takes_the_connection(
 ) -> None:
     """The same address under two names, and the same name checked to two addresses: each its own
     connection (the second server listens on 127.0.0.2, same port)."""
-    first = _serve(servers)
+    first = serve(servers)
     port = first.server_address[1]
-    second = _serve(servers, "127.0.0.2", port)
+    second = serve(servers, "127.0.0.2", port)
     _ok(f"http://127.0.0.1:{port}/hook")
     _ok(f"http://localhost:{port}/hook", ["127.0.0.1"])
     _ok(f"http://localhost:{port}/hook", ["127.0.0.2"])
@@ -266,7 +215,7 @@ def test_another_host_name_or_checked_address_never_takes_the_connection(
 def test_a_connection_the_receiver_closed_while_idle_is_not_a_failed_attempt(
     servers: list[CountingServer],
 ) -> None:
-    server = _serve(servers)
+    server = serve(servers)
     KeptAliveReceiver.timeout = 0.2  # the receiver's idle timeout: it closes the connection
     try:
         _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
@@ -315,7 +264,7 @@ def test_a_connection_closed_as_the_request_goes_out_gets_it_again_on_a_new_one(
 
 def test_threads_never_share_a_connection(servers: list[CountingServer]) -> None:
     """8 threads, 5 attempts each, at once: every one answered, on at most 8 connections."""
-    server = _serve(servers)
+    server = serve(servers)
     url = f"http://127.0.0.1:{server.server_address[1]}/hook"
 
     def attempts() -> None:
@@ -328,37 +277,6 @@ def test_threads_never_share_a_connection(servers: list[CountingServer]) -> None
     for thread in threads:
         thread.join(30)
     assert len(KeptAliveReceiver.hosts) == 40 and 1 <= server.accepted <= 8
-
-
-def test_idle_connections_are_bounded_in_number_and_age(servers: list[CountingServer]) -> None:
-    server = _serve(servers)
-    port = server.server_address[1]
-    pool = Pool(max_idle=1, idle_s=0.3)
-    tls = webhook_http._tls_context()
-    routes = [Route("http", name, port, "127.0.0.1") for name in ("127.0.0.1", "localhost")]
-    taken = [pool.take(route, tls) for route in routes]
-    for connection in taken:
-        _use(pool, connection)
-    assert pool.idle_count() == 1 and taken[0].http.is_closed()  # the oldest went
-    assert pool.take(routes[1], tls) is taken[1]
-    _use(pool, taken[1])
-    time.sleep(0.5)
-    fresh = pool.take(routes[1], tls)
-    assert not fresh.reused and taken[1].http.is_closed()  # too old: closed, not reused
-    _use(pool, fresh)
-    assert server.accepted == 3
-    pool.close()
-
-
-def _use(pool: Pool, connection: Connection) -> None:
-    """One POST on `connection`, its answer read, and the connection given back to `pool`."""
-    route = connection.route
-    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=b"/")
-    headers = [(b"host", route.host.encode()), (b"content-length", b"2")]
-    response = connection.http.handle_request(httpcore.Request(b"POST", url, headers=headers, content=b"{}"))
-    response.read()
-    response.close()
-    pool.give_back(connection)
 
 
 def test_an_https_connection_kept_for_one_name_never_serves_another(trusted_ca: trustme.CA) -> None:
