@@ -38,7 +38,6 @@ from __future__ import annotations
 import datetime
 import enum
 import math
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,27 +53,13 @@ from shared.messages import task_message
 from shared.schemas import JobStatus, WebhookEvent
 from shared.store import public_job, rfc3339
 from workers import webhook_http
+from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
 
 DELIVERY = keys.WEBHOOK_DELIVERY
 #: The broker's list of the webhook queue (deliveries are all published at priority 0).
 WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
 
 EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
-
-
-class Outcome(enum.StrEnum):
-    """A delivery's `outcome` (its state's field and the delivery log's), or one attempt's."""
-
-    PENDING = "pending"
-    RETRYING = "retrying"  # an attempt's only: the delivery stays pending
-    DELIVERED = "delivered"
-    FAILED = "failed"
-    GONE = "gone"
-    REFUSED = "refused"
-    SKIPPED = "skipped"
-
-
-FINAL_OUTCOMES = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.RETRYING})
 
 
 class Claim(enum.StrEnum):
@@ -90,9 +75,6 @@ class Claim(enum.StrEnum):
 ORDER_RECHECK_S = 1.0
 #: A claim outlives the attempt timeout by this much before another copy may take it over.
 LEASE_MARGIN_S = 30.0
-#: Retry delays get up to this fraction added at random, so receivers that failed together are
-#: not all retried in the same second.
-JITTER_FRACTION = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,33 +160,8 @@ class Sight:
     start_next_at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    outcome: Outcome
-    #: Seconds until the next attempt; None when the delivery is over.
-    retry_in: float | None
-
-
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def retry_delays(settings: Settings) -> list[float]:
-    return [float(delay) for delay in settings.webhook_retry_delays_s]
-
-
-def verdict(result: webhook_http.AttemptResult, attempt: int, delays: list[float]) -> Verdict:
-    """What one attempt's result means for the delivery."""
-    if result.refused:
-        return Verdict(Outcome.REFUSED, None)
-    if result.status_code is not None and 200 <= result.status_code < 300:
-        return Verdict(Outcome.DELIVERED, None)
-    if result.status_code == 410:
-        return Verdict(Outcome.GONE, None)
-    if attempt <= len(delays):
-        delay = delays[attempt - 1]
-        return Verdict(Outcome.RETRYING, delay + random.uniform(0, delay * JITTER_FRACTION))
-    return Verdict(Outcome.FAILED, None)
 
 
 def publish(
@@ -295,13 +252,10 @@ class Deliveries:
         pipe = self._redis.pipeline(transaction=False)
         pipe.evalsha(self._claim.sha, 2, delivery.key, delivery.record_key, *self._claim_args(generation))
         self._queue_look(pipe, delivery)
-        (claimed, *looked) = pipe.execute(raise_on_error=False)
-        if isinstance(claimed, redis.exceptions.NoScriptError):
+        try:
+            (outcome, held_until), *looked = pipe.execute()
+        except redis.exceptions.NoScriptError:
             return (*self.claim(delivery, generation), self.look(delivery))
-        for reply in (claimed, *looked):
-            if isinstance(reply, Exception):
-                raise reply
-        outcome, held_until = claimed
         return Claim(_text(outcome)), float(_text(held_until)), self._sight(looked)
 
     @staticmethod
@@ -356,34 +310,24 @@ class Deliveries:
         its owner's signing keys, in one round trip. None when there is nothing to send (the job
         record expired, or an `output` notice found the job already over: its `completed`
         delivery carries the final state)."""
-        if sight.frozen is not None:
-            return self._count_attempt(delivery, sight.frozen)
-        built = self._freeze_fields(delivery, sight)
-        if built is None:
+        wanted = sight.frozen or self._to_freeze(delivery, sight)
+        if wanted is None:
             return None
-        url, body, owner = built
-        # HSETNX: a copy that took over an attempt keeps the body the first one froze.
         pipe = self._redis.pipeline(transaction=True)
-        pipe.hsetnx(delivery.key, "url", url)
-        pipe.hsetnx(delivery.key, "body", body)
-        pipe.hsetnx(delivery.key, "owner", owner)
+        if sight.frozen is None:  # HSETNX: a copy that took over an attempt keeps the first body
+            pipe.hsetnx(delivery.key, "url", wanted.url)
+            pipe.hsetnx(delivery.key, "body", wanted.body)
+            pipe.hsetnx(delivery.key, "owner", wanted.owner)
         pipe.hmget(delivery.key, "url", "body", "owner")
         pipe.hincrby(delivery.key, "attempts", 1)
-        pipe.mget(keys.webhook_key_secrets(owner))
-        *_, (frozen_url, frozen_body, frozen_owner), attempts, stored = pipe.execute()
-        frozen = Frozen(str(frozen_url), str(frozen_body).encode(), str(frozen_owner or ""))
-        if frozen.owner != owner:  # frozen by an earlier copy for another owner: its keys sign
+        pipe.mget(keys.webhook_key_secrets(wanted.owner))
+        *_, (url, body, owner), attempts, stored = pipe.execute()
+        frozen = Frozen(str(url), str(body).encode(), str(owner or ""))
+        if frozen.owner != wanted.owner:  # frozen by an earlier copy for another owner: its keys sign
             stored = self._redis.mget(keys.webhook_key_secrets(frozen.owner))
         return Prepared(frozen, int(attempts), stored)
 
-    def _count_attempt(self, delivery: Delivery, frozen: Frozen) -> Prepared:
-        pipe = self._redis.pipeline(transaction=False)  # one round trip for both
-        pipe.hincrby(delivery.key, "attempts", 1)
-        pipe.mget(keys.webhook_key_secrets(frozen.owner))
-        attempts, stored = pipe.execute()
-        return Prepared(frozen, int(attempts), stored)
-
-    def _freeze_fields(self, delivery: Delivery, sight: Sight) -> tuple[str, bytes, str] | None:
+    def _to_freeze(self, delivery: Delivery, sight: Sight) -> Frozen | None:
         """The url, body and owner a first attempt freezes (kept for every retry); None when
         there is nothing to send."""
         build = self._batch_event if delivery.batch else self._job_event
@@ -391,7 +335,7 @@ class Deliveries:
         if built is None:
             return None
         url, payload, owner = built
-        return url, orjson.dumps(payload), owner
+        return Frozen(url, orjson.dumps(payload), owner)
 
     @staticmethod
     def _job_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:

@@ -24,8 +24,9 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers import context, webhook_http
-from workers.deliveries import Claim, Deliveries, Delivery, Outcome, Verdict, log_entry, publish
+from workers.deliveries import Claim, Deliveries, Delivery, log_entry, publish
 from workers.patience import StoreUnavailable, patiently
+from workers.verdicts import Outcome, Verdict
 
 log = logging.getLogger("genq.webhooks")
 

@@ -13,8 +13,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import JITTER_FRACTION, Deliveries, Delivery, Outcome, Sight, Verdict, verdict
-from workers.webhook_http import AttemptResult
+from workers.deliveries import Deliveries, Delivery, Sight
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
@@ -64,32 +63,6 @@ def test_a_deliverys_state_and_log_live_as_long_as_its_job(
     deliveries.record(DELIVERY, 0, {"outcome": "delivered"}, {"attempt": 1})
     for key in (DELIVERY.key, DELIVERY.log_key):
         assert expected - 2 <= redis_client.ttl(key) <= expected
-
-
-# --- what one attempt's result means (verdict) ------------------------------------------------
-
-
-def _attempt(status: int | None = None, error: str | None = None, refused: bool = False) -> AttemptResult:
-    return AttemptResult(status, error, refused, duration_ms=1.0)
-
-
-def test_final_verdicts() -> None:
-    for result, outcome in [
-        (_attempt(200), Outcome.DELIVERED),
-        (_attempt(299), Outcome.DELIVERED),
-        (_attempt(410), Outcome.GONE),
-        (_attempt(None, "refused", True), Outcome.REFUSED),
-    ]:
-        assert verdict(result, 1, [5.0]) == Verdict(outcome, None)
-
-
-def test_a_failed_attempt_is_retried_on_schedule_with_jitter_then_fails() -> None:
-    for result in (_attempt(500), _attempt(301), _attempt(None, "timeout: no answer within 10 s")):
-        for attempt, delay in enumerate([5.0, 300.0], start=1):
-            retry = verdict(result, attempt, [5.0, 300.0])
-            assert retry.outcome is Outcome.RETRYING
-            assert delay <= (retry.retry_in or 0) <= delay * (1 + JITTER_FRACTION)
-        assert verdict(result, 3, [5.0, 300.0]).outcome is Outcome.FAILED
 
 
 # --- prepare: freeze, count the attempt, read the owner's signing keys (one round trip) ----------

@@ -16,7 +16,8 @@ import redis
 from shared.config import Settings
 from shared.key_secrets import SECRET_BYTES
 from tests.conftest import api_client
-from workers.deliveries import Deliveries, Delivery, Outcome, Verdict, log_entry
+from workers.deliveries import Deliveries, Delivery, log_entry
+from workers.verdicts import Outcome, Verdict
 from workers.webhook_http import AttemptResult
 
 pytestmark = pytest.mark.anyio
