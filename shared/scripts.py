@@ -49,6 +49,7 @@ TEMPLATES = {
     "owner_bytes_key": keys.OWNER_BYTES,
     "webhook_delivery_key": keys.WEBHOOK_DELIVERY,
     "batch_webhook_delivery_key": keys.BATCH_WEBHOOK_DELIVERY,
+    "batch_key": keys.BATCH,
 }
 
 

@@ -5,6 +5,7 @@ other (no import circle, no global in the start-up module)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 import redis
@@ -20,6 +21,12 @@ class Runtime(Protocol):
 
     @property
     def inflight(self) -> int: ...
+
+    @property
+    def model_id(self) -> str | None: ...
+
+    @property
+    def closing(self) -> threading.Event: ...
 
     def run(self, job_id: str) -> None: ...
 

@@ -30,7 +30,8 @@ Ordering: `completed` waits (re-queued, not counted as an attempt) while the job
 delivery is still pending, until start was delivered or given up.
 
 
-The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua.
+The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua; a task thread
+whose delivery ended takes the next message itself: workers/delivery_intake.py.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ class Deliveries:
         self._delays = retry_delays(settings)
         #: The longest a delivery message waits for its eta: half the visibility timeout.
         self.max_hop_s = settings.visibility_timeout_s / 2
-        self._claim = client.register_script(scripts.plain("webhook_claim"))
+        self._claim = client.register_script(scripts.source("webhook_claim"))
         self._record = client.register_script(scripts.plain("webhook_record"))
 
     # --- claims and records -------------------------------------------------------------------
@@ -211,9 +212,14 @@ class Deliveries:
         return Claim(_text(outcome)), float(_text(held_until))
 
     def _claim_args(self, generation: int) -> list[int | str]:
+        return [generation, *self.lease_args()]
+
+    def lease_args(self) -> list[int | str]:
+        """A claim's now, lease end (one attempt's timeout and a margin away) and ttl (the
+        state's, when its record has no expiry), as the claim scripts take them."""
         now = time.time()
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
-        return [generation, repr(now), repr(lease), self._settings.job_ttl_s]
+        return [repr(now), repr(lease), self._settings.job_ttl_s]
 
     def record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None

@@ -177,6 +177,11 @@ class WorkerRuntime:
         return self.engine.model_id if self.engine is not None else None
 
     @property
+    def closing(self) -> threading.Event:
+        """Set from the drain on: task threads take no more jobs or deliveries from the queues."""
+        return self._closing
+
+    @property
     def inflight(self) -> int:
         return len(self._inflight)
 

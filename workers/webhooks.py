@@ -1,6 +1,7 @@
 """Webhook deliveries' Celery tasks, `genq.webhook.deliver(job_id, event)` and its batch twin,
 and the `output` notifier. What a delivery is, and its claims, retries and ordering:
-workers/deliveries.py."""
+workers/deliveries.py. A task thread whose delivery ended goes on with the deliveries it takes
+from the queue itself: workers/delivery_intake.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers import context, webhook_http
-from workers.deliveries import Claim, Deliveries, Delivery, log_entry, publish
+from workers.deliveries import Claim, Deliveries, Delivery, Sight, log_entry, publish
+from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
 from workers.patience import StoreUnavailable, patiently
 from workers.verdicts import Outcome, Verdict
 
@@ -58,47 +60,104 @@ def _deliveries() -> Deliveries:
     return Deliveries(runtime.redis, runtime.settings)
 
 
+@functools.cache
+def _intake() -> DeliveryIntake | None:
+    """Where task threads take deliveries without a broker delivery (worker_take_queued). A worker
+    that also runs a model takes only messages already waiting: a thread waiting on the webhook
+    queue is one that could be running a job."""
+    runtime = context.runtime()
+    settings = runtime.settings
+    if not settings.worker_take_queued:
+        return None
+    wait_s = settings.worker_take_wait_s if runtime.model_id is None else 0.0
+    return DeliveryIntake(runtime.redis, _deliveries().lease_args, wait_s, runtime.closing)
+
+
 def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
-    a message that arrives before `due_at` is a hop of a long wait (see the module docstring)."""
-    _deliver_patiently(task, Delivery.of(job_id, event, task.request.id), due_at)
+    a message that arrives before `due_at` is a hop of a long wait (workers/deliveries.py). Then
+    the deliveries this thread takes from the queue itself (_take_queued)."""
+    _deliver_patiently(_delivered(task, Delivery.of(job_id, event, task.request.id)))
+    _take_queued()
 
 
 def _deliver_batch(task: Task, batch_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver a batch's end (batch.completed, .failed, .expired, .cancelled): the same claims,
     retries, hops and signatures as a job's events."""
-    _deliver_patiently(task, Delivery.of_batch(batch_id, event), due_at)
+    _deliver_patiently(_delivered(task, Delivery.of_batch(batch_id, event)))
+    _take_queued()
 
 
-def _deliver_patiently(task: Task, delivery: Delivery, due_at: float | None) -> None:
+def _delivered(task: Task, delivery: Delivery) -> DeliveryMessage:
+    request = task.request
+    return DeliveryMessage(delivery, request.id, int(request.retries), dict(request.kwargs or {}))
+
+
+def _deliver_patiently(message: DeliveryMessage) -> None:
     """Every store call waits out a Redis restart or a full Redis (workers/patience.py); past
     that, the message goes back on the queue rather than being acknowledged unused."""
     try:
-        _deliver_once(task, delivery, due_at)
+        deliveries = _deliveries()
+        delivery, generation = message.delivery, message.generation
+        claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
+        if _claimed(deliveries, message, claim, held_until):
+            _attempt(deliveries, message, sight)
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
 
-def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
-    deliveries = _deliveries()
-    generation = int(task.request.retries)
-    claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
-    if claim is Claim.BUSY:  # maybe its holder died: look again when the holder's lease ends
-        _look_again_later(task, deliveries, delivery, generation, held_until)
-    if claim is not Claim.CLAIMED:
-        # A copy of a message the broker handed out again (see the module docstring), or a
-        # message for a delivery that already has its outcome: nothing to do.
-        dropped = fields(
-            job_id=delivery.job_id, webhook_event=delivery.event, generation=generation, claim=claim
-        )
-        log.info("webhook_copy_dropped", extra=dropped)
-        return
+def _take_queued() -> None:
+    """Deliver what this thread takes from the webhook queue itself (workers/delivery_intake.py),
+    one after another, so that a delivery costs no broker delivery of its own (BRPOP, kombu's
+    unacked record, task dispatch, ack). Ends when none came within the wait, on drain, when the
+    store cannot be reached (a delivery it had claimed is then pushed again by the reaper once its
+    lease runs out), or after half the visibility timeout (kombu would then hand this task's own
+    message out again)."""
+    intake = _intake()
+    until = time.monotonic() + context.runtime().settings.visibility_timeout_s / 2
+    while intake is not None and time.monotonic() < until:
+        try:
+            taken = intake.next()
+            if taken is None:
+                return
+            _deliver_taken(taken)
+        except (StoreUnavailable, redis.exceptions.RedisError) as exc:
+            log.warning("webhook_take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
+            return
+
+
+def _deliver_taken(taken: Taken) -> None:
+    """A message the take claimed (or found not to act on) goes on as a delivered one does."""
+    deliveries, message = _deliveries(), taken.message
+    if _claimed(deliveries, message, taken.claim, taken.held_until):
+        _attempt(deliveries, message, patiently(lambda: deliveries.look(message.delivery)))
+
+
+def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, held_until: float) -> bool:
+    """Whether this message acts for its delivery; a copy that does not is dropped here (a copy of
+    a message handed out again, or one for a delivery that already has its outcome), or comes
+    back when the lease that holds its delivery ends (its holder may have died)."""
+    if claim is Claim.CLAIMED:
+        return True
+    if claim is Claim.BUSY:
+        _look_again_later(deliveries, message, held_until)
+    delivery = message.delivery
+    dropped = fields(job_id=delivery.job_id, webhook_event=delivery.event, generation=message.generation,
+                     claim=claim)  # fmt: skip
+    log.info("webhook_copy_dropped", extra=dropped)
+    return False
+
+
+def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> None:
+    """One attempt of a claimed generation, or its wait (a hop not yet due, `completed` behind its
+    `start`), then the record that ends the generation."""
+    delivery, generation, due_at = message.delivery, message.generation, message.due_at
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
-        _retry_then_record(task, deliveries, delivery, generation, due_at - time.time(), {})
+        _retry_then_record(deliveries, message, due_at - time.time(), {})
         return
     wait = patiently(lambda: deliveries.order_wait(delivery, sight))
     if wait is not None:
-        _retry_then_record(task, deliveries, delivery, generation, wait, {})
+        _retry_then_record(deliveries, message, wait, {})
         return
     prepared = patiently(lambda: deliveries.prepare(delivery, sight))
     if prepared is None:
@@ -116,23 +175,19 @@ def _deliver_once(task: Task, delivery: Delivery, due_at: float | None) -> None:
         patiently(lambda: deliveries.record(delivery, generation, state, entry))
         return
     state["next_at"] = repr(time.time() + outcome.retry_in)
-    _retry_then_record(task, deliveries, delivery, generation, outcome.retry_in, state, entry)
+    _retry_then_record(deliveries, message, outcome.retry_in, state, entry)
 
 
-def _look_again_later(
-    task: Task, deliveries: Deliveries, delivery: Delivery, generation: int, held_until: float
-) -> None:
+def _look_again_later(deliveries: Deliveries, message: DeliveryMessage, held_until: float) -> None:
     """Publish this message again, same generation, for when the lease that holds it ends."""
     countdown = max(0.0, held_until - time.time()) + 1
-    kwargs = dict(task.request.kwargs or {})
-    patiently(lambda: deliveries.publish(delivery, task.request.id, generation, countdown, kwargs))
+    delivery, task_id, generation = message.delivery, message.task_id, message.generation
+    patiently(lambda: deliveries.publish(delivery, task_id, generation, countdown, dict(message.kwargs)))
 
 
 def _retry_then_record(
-    task: Task,
     deliveries: Deliveries,
-    delivery: Delivery,
-    generation: int,
+    message: DeliveryMessage,
     countdown: float,
     fields: dict[str, str],
     entry: dict[str, Any] | None = None,
@@ -142,7 +197,7 @@ def _retry_then_record(
     # carries its due time; a shorter one drops any it had. This message is then acknowledged.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
-    task_id = task.request.id
+    delivery, task_id, generation = message.delivery, message.task_id, message.generation
     patiently(lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop))
     patiently(lambda: deliveries.record(delivery, generation, fields, entry))
 

@@ -1,6 +1,7 @@
 -- Functions every job-store script shares. The prelude before this file (shared/scripts.py)
 -- defines K (every constant key name, from shared/keys.py) and the key builders job_key,
--- followers_key, inflight_key, running_key, queued_key, owner_live_key and owner_bytes_key.
+-- followers_key, inflight_key, running_key, queued_key, owner_live_key, owner_bytes_key, the
+-- webhook delivery keys and batch_key.
 
 local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 
@@ -227,4 +228,28 @@ local function claim_job(job, job_id, worker, c)
   leave_queue(job, job_id, queue)
   push_webhook(job, job_id, 'start', rec[9])
   return 'claimed', status
+end
+
+-- Claim generation `generation` of a webhook delivery (webhook_claim.lua: a delivered message;
+-- webhook_take.lua: one a task thread took from the list itself). `record`: the job's (or
+-- batch's) record, whose expiry the state takes. Returns outcome, lease:
+-- 'claimed': act for this generation; 'over': the delivery has its outcome; 'stale': a copy of
+-- an older generation; 'busy': a copy of the generation another holder's lease still covers (the
+-- holder may have died: the copy looks again when that lease ends, instead of being dropped).
+local function claim_delivery(delivery, record, generation, now, lease_until, ttl)
+  local state = redis.call('HMGET', delivery, 'outcome', 'generation', 'lease')
+  if state[1] and state[1] ~= 'pending' then return 'over', '0' end
+  generation = tonumber(generation)
+  local held = tonumber(state[2] or '-1')
+  local lease = tonumber(state[3] or '0')
+  local abandoned = generation == held and lease > 0 and lease < tonumber(now)
+  if generation > held or abandoned then
+    redis.call('HSET', delivery, 'outcome', 'pending', 'generation', string.format('%d', generation),
+               'lease', lease_until)
+    local ms = redis.call('PTTL', record)  -- the state lives as long as the record
+    redis.call('EXPIRE', delivery, ms > 0 and math.ceil(ms / 1000) or ttl)
+    return 'claimed', lease_until
+  end
+  if generation == held and lease > 0 then return 'busy', state[3] end
+  return 'stale', '0'
 end

@@ -25,12 +25,16 @@ class WorkerSettings(BaseModel):
     job with a zero-cost model and 16 or more clients: 1.7-1.9 -> 0.6-0.8 ms (bench/machinery.py).
     The order (priority steps, oldest first) and the bound (one job per thread) are the delivery's,
     and a taken job is covered by its lease as a delivered one is. Off: every job is a Celery task
-    of its own, as Flower's task view then shows them."""
+    of its own, as Flower's task view then shows them. A webhook worker's threads do the same with
+    deliveries (workers/delivery_intake.py): a waiting first-hand delivery message is popped and
+    its delivery claimed in one step (a retry's, which carries an eta, is left to Celery, which
+    holds it until due)."""
 
     worker_take_wait_s: float = Field(0.5, ge=0.0, le=5.0)
-    """How long a task thread whose job ended waits on the empty queue for the next job before it
-    goes back to Celery (worker_take_queued). A thread that waits keeps its task running (and its
-    message unacknowledged) that long; 0: it only takes a job already waiting."""
+    """How long a task thread whose job (or delivery) ended waits on the empty queue for the next
+    one before it goes back to Celery (worker_take_queued). A thread that waits keeps its task
+    running (and its message unacknowledged) that long; 0: it only takes one already waiting. A
+    worker that runs a model never waits on the webhook queue (its threads are the jobs')."""
 
     worker_task_events: bool = False
     """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off

@@ -572,3 +572,29 @@ def test_wants_output_reads_the_webhook_and_its_filter() -> None:
     assert not wants_output({"webhook": hook, "webhook_events_filter": None})
     assert not wants_output({"webhook": None, "webhook_events_filter": ["output"]})
     assert not wants_output({"prompt": "no webhook fields at all"})
+
+
+async def test_a_webhook_worker_takes_waiting_deliveries_without_a_broker_delivery_each(
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+    receivers: Callable[..., Receiver],
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """Deliveries waiting in the queue when a webhook worker starts: each is made once, and its
+    two task threads take most of them from the list themselves (workers/delivery_intake.py)
+    rather than each being a Celery task of its own."""
+    receiver = receivers()
+    url = redis_server.url[:-1] + "3"
+    redis.Redis.from_url(url).flushdb()
+    settings = hook_settings(url, tmp_path / "genq")
+    async with api_client(settings) as api:
+        ids = [await submit(api, receiver.url, ["completed"]) for _ in range(30)]
+        for job_id in ids:  # no model worker here: a cancel sends `completed`
+            assert (await api.post(f"/v1/jobs/{job_id}/cancel")).status_code == 200
+    worker = start_worker(settings, "--queues=webhooks", "--concurrency=2")
+    await until(lambda: len(receiver.received) >= len(ids), what="every delivery")
+    await asyncio.sleep(0.5)  # a second delivery of any of them would have come by now
+    assert sorted(r.payload["data"]["id"] for r in receiver.received) == sorted(ids)
+    log_lines = worker.log_path.read_text().splitlines()
+    celery_deliveries = [line for line in log_lines if "genq.webhook.deliver[" in line and "received" in line]
+    assert 0 < len(celery_deliveries) <= 10  # without the take: 30

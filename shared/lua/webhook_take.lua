@@ -1,0 +1,70 @@
+-- A webhook worker's task thread, its delivery over, takes the next delivery message straight
+-- from the webhook queue's list and claims the delivery's generation in the same step (as take.lua
+-- does for jobs): no message is out of the list without its claim's lease, which the reaper
+-- (reap_delivery.lua) counts as held, and once the lease runs out with the attempt unrecorded (the
+-- thread died) the reaper pushes the message again, as for a message kombu lost.
+-- Only a due first-hand message is taken: one carrying an eta (a retry, a hop, a look-again) goes
+-- back where it was, as does anything that is not a delivery message, and the take ends: Celery's
+-- own consumer then receives it and keeps it until due.
+-- ARGV: now, lease until, ttl (the state's, when the record has no expiry), the job delivery
+-- task's name, the batch delivery task's name, the `output` event's name, and a message the
+-- thread popped itself while it waited (BRPOP), or '' to pop the next one here.
+-- Returns {} (the list is empty), {'untaken'} (the message went back), or {outcome, lease,
+-- message}: claim_delivery's outcome (common.lua).
+local message = ARGV[7]
+if message == '' then
+  message = redis.call('RPOP', K.webhook_queue)
+  if not message then return {} end
+end
+
+local ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+local SIXBITS = {}
+for i = 1, 64 do SIXBITS[string.byte(ALPHABET, i)] = i - 1 end
+SIXBITS[61] = 0  -- '=' pads
+
+-- kombu's base64 body (standard alphabet, padded); nil when it is not that.
+local function unbase64(text)
+  if #text % 4 ~= 0 then return nil end
+  local out = {}
+  for i = 1, #text, 4 do
+    local a, b, c, d = string.byte(text, i, i + 3)
+    if not (SIXBITS[a] and SIXBITS[b] and SIXBITS[c] and SIXBITS[d]) then return nil end
+    local n = ((SIXBITS[a] * 64 + SIXBITS[b]) * 64 + SIXBITS[c]) * 64 + SIXBITS[d]
+    local x, y, z = math.floor(n / 65536), math.floor(n / 256) % 256, n % 256
+    if c == 61 then out[#out + 1] = string.char(x)
+    elseif d == 61 then out[#out + 1] = string.char(x, y)
+    else out[#out + 1] = string.char(x, y, z) end
+  end
+  return table.concat(out)
+end
+
+-- The delivery a message is for: its state key, its record's key, its generation; nil when the
+-- message is not a due delivery message.
+local function delivery_of(raw)
+  local ok, decoded = pcall(cjson.decode, raw)
+  if not ok or type(decoded) ~= 'table' then return nil end
+  local headers, properties = decoded['headers'], decoded['properties']
+  if type(headers) ~= 'table' or type(properties) ~= 'table' or type(decoded['body']) ~= 'string' then return nil end
+  local task, id, eta = headers['task'], headers['id'], headers['eta']
+  if (task ~= ARGV[4] and task ~= ARGV[5]) or type(id) ~= 'string' then return nil end
+  if (eta ~= nil and eta ~= cjson.null) or properties['body_encoding'] ~= 'base64' then return nil end
+  local generation = tonumber(headers['retries'] or 0)
+  local text = unbase64(decoded['body'])
+  if not generation or not text then return nil end
+  local parsed, body = pcall(cjson.decode, text)
+  local args = parsed and type(body) == 'table' and body[1]
+  if type(args) ~= 'table' or type(args[1]) ~= 'string' or type(args[2]) ~= 'string' then return nil end
+  if task == ARGV[5] then
+    return batch_webhook_delivery_key(args[1], args[2]), batch_key(args[1]), generation
+  end
+  local name = args[2] == ARGV[6] and (args[2] .. ':' .. id) or args[2]
+  return webhook_delivery_key(args[1], name), job_key(args[1]), generation
+end
+
+local delivery, record, generation = delivery_of(message)
+if not delivery then
+  redis.call('RPUSH', K.webhook_queue, message)
+  return {'untaken'}
+end
+local outcome, lease = claim_delivery(delivery, record, generation, ARGV[1], ARGV[2], ARGV[3])
+return {outcome, lease, message}

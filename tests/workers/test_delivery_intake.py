@@ -1,0 +1,203 @@
+"""workers/delivery_intake.py and shared/lua/webhook_take.lua: a task thread's next webhook
+delivery without a broker delivery, against a real Redis. Messages are published the way the job
+scripts and the delivery tasks publish them (workers.deliveries.publish); what a taken delivery
+then does end to end is in tests/workers/test_webhooks.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from cli.redis_server import EmbeddedRedis
+from shared import keys
+from shared.messages import task_message
+from shared.reaper import Reaper
+from tests.workers.test_webhook_orphans import recheck_at
+from tests.workers.test_webhooks import hook_settings
+from workers.deliveries import WEBHOOK_LIST, Claim, Deliveries, Delivery
+from workers.delivery_intake import DeliveryIntake, DeliveryMessage
+
+COMPLETED = Delivery.of("job-1", "completed", "task-1")
+
+
+@pytest.fixture
+def deliveries(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> Deliveries:
+    for record in (keys.job("job-1"), keys.job("job-22"), keys.batch("batch-1")):
+        redis_client.hset(record, "status", "succeeded")  # the delivery state lives as long as it
+        redis_client.expire(record, 3600)
+    return Deliveries(redis_client, hook_settings(redis_server.url, tmp_path / "genq"))
+
+
+@pytest.fixture
+def intake(redis_client: redis.Redis, deliveries: Deliveries) -> Callable[..., DeliveryIntake]:
+    def make(wait_s: float = 0.0, closing: threading.Event | None = None) -> DeliveryIntake:
+        return DeliveryIntake(redis_client, deliveries.lease_args, wait_s, closing or threading.Event())
+
+    return make
+
+
+def publish(deliveries: Deliveries, delivery: Delivery, task_id: str = "task-1", generation: int = 0,
+            countdown: float = 0.0) -> None:  # fmt: skip
+    deliveries.publish(delivery, task_id, generation, countdown, {})
+
+
+def test_a_waiting_message_is_taken_with_its_generation_claimed(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    publish(deliveries, COMPLETED, generation=2)
+    before = time.time()
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.CLAIMED
+    assert taken.message == DeliveryMessage(COMPLETED, "task-1", 2, {})
+    assert redis_client.llen(WEBHOOK_LIST) == 0
+    state = redis_client.hgetall(COMPLETED.key)
+    assert (state["outcome"], state["generation"]) == ("pending", "2")
+    assert float(state["lease"]) == taken.held_until > before
+    assert 0 < redis_client.ttl(COMPLETED.key) <= 3600  # as long as the job record
+
+
+@pytest.mark.parametrize(
+    "delivery",
+    [
+        Delivery.of("job-1", "output", "task-9"),  # one of a job's many output notices
+        Delivery.of("job-22", "start", "task-9"),
+        Delivery.of_batch("batch-1", "batch.completed"),
+    ],
+    ids=["output", "start", "batch"],
+)
+def test_the_script_names_the_delivery_python_names(
+    redis_client: redis.Redis,
+    deliveries: Deliveries,
+    intake: Callable[..., DeliveryIntake],
+    delivery: Delivery,
+) -> None:
+    # The script decodes the base64 body itself; job ids of other lengths pad it differently.
+    publish(deliveries, delivery, task_id="task-9")
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == delivery
+    assert redis_client.hget(delivery.key, "generation") == "0"
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 4])
+def test_every_padding_of_the_body_decodes(
+    redis_client: redis.Redis, intake: Callable[..., DeliveryIntake], length: int
+) -> None:
+    job_id = "j" * length
+    redis_client.hset(keys.job(job_id), "status", "succeeded")
+    message = task_message(keys.WEBHOOK_TASK, "task-1", [job_id, "completed"], keys.WEBHOOK_QUEUE, 0)
+    redis_client.lpush(WEBHOOK_LIST, message)
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.CLAIMED
+    assert redis_client.hget(Delivery.of(job_id, "completed", "task-1").key, "outcome") == "pending"
+
+
+def test_a_message_with_an_eta_stays_first_in_line_for_celery(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    publish(deliveries, COMPLETED, generation=1, countdown=0.2)  # a retry: Celery holds it until due
+    publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
+    listed = redis_client.lrange(WEBHOOK_LIST, 0, -1)
+    assert intake(wait_s=1.0).next() is None  # no wait either: the next message is Celery's
+    assert redis_client.lrange(WEBHOOK_LIST, 0, -1) == listed
+    assert redis_client.hget(COMPLETED.key, "outcome") is None  # not claimed
+
+
+def test_a_message_of_another_task_goes_back(
+    redis_client: redis.Redis, intake: Callable[..., DeliveryIntake]
+) -> None:
+    for message in (
+        task_message(keys.GENERATE_TASK, "job-1", ["job-1"], keys.WEBHOOK_QUEUE, 0),
+        b"not json",
+        orjson.dumps({"headers": {"task": keys.WEBHOOK_TASK, "id": "t"}, "properties": {}, "body": "!!"}),
+    ):
+        redis_client.delete(WEBHOOK_LIST)
+        redis_client.lpush(WEBHOOK_LIST, message)
+        assert intake().next() is None
+        assert redis_client.lrange(WEBHOOK_LIST, 0, -1) == [message.decode()]
+
+
+@pytest.mark.parametrize(
+    ("state", "claim"),
+    [(["outcome", "delivered"], Claim.OVER), (["outcome", "pending", "generation", "3"], Claim.STALE)],
+)
+def test_a_copy_that_may_not_act_is_taken_off_the_list_unclaimed(
+    redis_client: redis.Redis,
+    deliveries: Deliveries,
+    intake: Callable[..., DeliveryIntake],
+    state: list[str],
+    claim: Claim,
+) -> None:
+    publish(deliveries, COMPLETED, generation=1)
+    redis_client.hset(COMPLETED.key, items=state)
+    taken = intake().next()
+    assert taken is not None and taken.claim is claim and redis_client.llen(WEBHOOK_LIST) == 0
+    assert redis_client.hget(COMPLETED.key, "outcome") == state[1]  # unchanged
+
+
+def test_a_copy_of_a_generation_under_a_live_lease_is_busy_until_it_ends(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    held_until = time.time() + 60
+    redis_client.hset(
+        COMPLETED.key, mapping={"outcome": "pending", "generation": "1", "lease": repr(held_until)}
+    )
+    publish(deliveries, COMPLETED, generation=1)
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.BUSY and taken.held_until == pytest.approx(held_until)
+    assert float(redis_client.hget(COMPLETED.key, "lease") or 0) == pytest.approx(
+        held_until
+    )  # not taken over
+
+
+def test_a_message_published_during_the_wait_is_taken(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    threading.Timer(0.2, lambda: publish(deliveries, COMPLETED)).start()
+    taken = intake(wait_s=5.0).next()
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == COMPLETED
+    assert redis_client.llen(WEBHOOK_LIST) == 0
+
+
+def test_nothing_within_the_wait_gives_the_thread_back(intake: Callable[..., DeliveryIntake]) -> None:
+    started = time.monotonic()
+    assert intake(wait_s=0.3).next() is None
+    assert 0.25 < time.monotonic() - started < 2.0
+
+
+def test_a_closing_worker_takes_nothing(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    closing = threading.Event()
+    closing.set()
+    publish(deliveries, COMPLETED)
+    assert intake(closing=closing).next() is None and redis_client.llen(WEBHOOK_LIST) == 1
+
+
+def test_a_delivery_taken_by_a_thread_that_died_is_pushed_again_once_its_lease_ran_out(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    publish(deliveries, COMPLETED)
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.CLAIMED  # ... and the thread dies here
+    reaper = Reaper(redis_client, 3, 600.0, 1.0)
+
+    def reap(now: float) -> dict[str, int]:
+        redis_client.delete(keys.REAPER_LOCK)
+        return reaper.run_once(now)
+
+    during, after = taken.held_until - 1, recheck_at(taken.held_until)  # rechecked past the lease
+    assert reap(during) == {}  # its lease holds it: the attempt may be under way
+    assert redis_client.hget(COMPLETED.key, "missing_since") is None
+    assert reap(after) == {} and redis_client.hget(COMPLETED.key, "missing_since") is not None
+    assert reap(recheck_at(after)) == {"webhook_repushed": 1}
+    # The copy carries the same generation: once the lease has run out (set back here, as time
+    # would), it takes the attempt over.
+    redis_client.hset(COMPLETED.key, "lease", repr(time.time() - 1))
+    again = intake().next()
+    assert again is not None and again.claim is Claim.CLAIMED and again.message.generation == 0

@@ -1,0 +1,122 @@
+"""The next webhook delivery of a task thread whose delivery ended, without a broker delivery of
+its own (what workers/intake.py does for jobs).
+
+A waiting delivery message is taken at once: shared/lua/webhook_take.lua pops it and claims the
+delivery's generation in one script, so no message is out of the list without a claim whose lease
+the reaper counts as held (and once that lease runs out with the attempt unrecorded, the reaper
+pushes the message again). With none waiting, the thread waits on the list itself (BRPOP, up to
+worker_take_wait_s) and hands what it gets to the same script: a worker that died between the two
+leaves the delivery pending with its message nowhere, which the reaper pushes again
+(ORPHAN_CHECK_S, then ORPHAN_RECHECK_S), as when kombu's own BRPOP and unacked record are split by
+a death. Only due first-hand messages are taken; one with an eta (a retry, a hop), or any other
+message, goes back where it was and the take ends, so Celery's consumer receives it next and keeps
+it until due.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from shared import keys, scripts
+from shared.schemas import WebhookEvent
+from workers.deliveries import WEBHOOK_LIST, Claim, Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryMessage:
+    """A delivery message as a task thread acts on it: one Celery delivered, or one it took."""
+
+    delivery: Delivery
+    #: The Celery task id (every generation of a delivery keeps it).
+    task_id: str
+    #: Celery's retry count: which attempt-in-waiting of the delivery this message is.
+    generation: int
+    #: The message's keyword arguments (`due_at`: the due time of a hop's attempt).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def due_at(self) -> float | None:
+        due_at = self.kwargs.get("due_at")
+        return float(due_at) if due_at is not None else None
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> DeliveryMessage:
+        """A delivery task's message as kombu's Redis transport holds it (shared/messages.py)."""
+        envelope = orjson.loads(raw)
+        headers = envelope["headers"]
+        args, kwargs, _ = orjson.loads(base64.b64decode(envelope["body"]))
+        task_id = str(headers["id"])
+        if headers["task"] == keys.BATCH_WEBHOOK_TASK:
+            delivery = Delivery.of_batch(str(args[0]), str(args[1]))
+        else:
+            delivery = Delivery.of(str(args[0]), str(args[1]), task_id)
+        return cls(delivery, task_id, int(headers.get("retries") or 0), dict(kwargs or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A message taken from the list, and what claiming its delivery's generation said."""
+
+    message: DeliveryMessage
+    claim: Claim
+    #: The end of the lease that decided the claim (this thread's own when CLAIMED).
+    held_until: float
+
+
+class DeliveryIntake:
+    def __init__(
+        self,
+        client: redis.Redis,
+        lease_args: Callable[[], list[str | int]],
+        wait_s: float,
+        closing: threading.Event,
+    ) -> None:
+        self._redis = client
+        #: now, lease until, ttl (Deliveries.lease_args).
+        self._lease_args = lease_args
+        self._wait_s = wait_s
+        self._closing = closing
+        self._take = client.register_script(scripts.source("webhook_take"))
+
+    def next(self) -> Taken | None:
+        """The next due delivery message, its generation claimed when it could be: one waiting
+        now, else the first to come within wait_s; None when none came, the worker is closing,
+        or the next message is not one to take (it stays first in line, for Celery's consumer)."""
+        if self._closing.is_set():
+            return None
+        reply = self._take_one("")
+        if reply or self._wait_s <= 0:
+            return _taken(reply)
+        popped = self._redis.brpop([WEBHOOK_LIST], timeout=self._wait_s)
+        if popped is None:
+            return None
+        message = _text(popped[1])
+        if self._closing.is_set():
+            self._redis.rpush(WEBHOOK_LIST, message)
+            return None
+        return _taken(self._take_one(message))
+
+    def _take_one(self, popped: str) -> list[Any]:
+        """The take script's reply for `popped`, or for the list's next message when "" (see
+        shared/lua/webhook_take.lua)."""
+        task_names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, WebhookEvent.OUTPUT]
+        return list(self._take(args=[*self._lease_args(), *task_names, popped]))
+
+
+def _taken(reply: list[Any]) -> Taken | None:
+    """The Taken of a take script's reply; None for an empty list or a message that went back."""
+    if len(reply) != 3:
+        return None
+    outcome, held_until, message = (_text(item) for item in reply)
+    return Taken(DeliveryMessage.parse(message), Claim(outcome), float(held_until))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
