@@ -45,7 +45,6 @@ from typing import Any
 
 import orjson
 import redis
-import redis.exceptions
 
 from shared import key_secrets, keys, scripts, signing
 from shared.batches import public_batch
@@ -57,6 +56,8 @@ from workers import webhook_http
 from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
 
 DELIVERY = keys.WEBHOOK_DELIVERY
+#: The job record's field that holds its `start` delivery's message until it is sent.
+START_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.START)
 #: The broker's list of the webhook queue (deliveries are all published at priority 0).
 WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
 
@@ -148,7 +149,8 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class Sight:
-    """What Deliveries.look() read for one attempt."""
+    """What an attempt reads of its delivery when it claims it (look_delivery in
+    shared/lua/common.lua), for order_wait() and prepare()."""
 
     #: The job's (or batch's) record; empty when it expired.
     record: dict[str, str]
@@ -163,6 +165,26 @@ class Sight:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def claimed(reply: list[Any]) -> tuple[Claim, float, Sight | None]:
+    """The claim's outcome, the end of the lease that decided it, and the Sight, of a reply of
+    common.lua's claim_and_look (webhook_claim.lua, or webhook_take.lua without its message)."""
+    outcome, held_until, *looked = reply
+    return Claim(_text(outcome)), float(_text(held_until)), sight(looked[0]) if looked else None
+
+
+def sight(looked: list[Any]) -> Sight:
+    """A Sight of what look_delivery (shared/lua/common.lua) read."""
+    (url, body, owner), flat_record, *start_state = looked
+    pairs = zip(flat_record[::2], flat_record[1::2], strict=True)
+    record = {_text(name): _text(value) for name, value in pairs}
+    known = url is not None and body is not None
+    frozen = Frozen(_text(url), _text(body).encode(), _text(owner or "")) if known else None
+    if not start_state:
+        return Sight(record, frozen)
+    start_never_sent, (start_outcome, start_next_at) = start_state
+    return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at)
 
 
 def publish(
@@ -204,12 +226,14 @@ class Deliveries:
         self._record = client.register_script(scripts.plain("webhook_record"))
 
     # --- claims and records -------------------------------------------------------------------
-    def claim(self, delivery: Delivery, generation: int) -> tuple[Claim, float]:
-        """The claim's outcome, and the end of the lease that decided it."""
-        outcome, held_until = self._claim(
-            keys=[delivery.key, delivery.record_key], args=self._claim_args(generation)
-        )
-        return Claim(_text(outcome)), float(_text(held_until))
+    def claim_and_look(self, delivery: Delivery, generation: int) -> tuple[Claim, float, Sight | None]:
+        """Claim `generation` of `delivery` (what the outcome means: Claim) and, when claimed,
+        read what its attempt needs, in one script: the outcome, the end of the lease that
+        decided it, and the Sight (None unless claimed)."""
+        start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
+        state_keys = [delivery.key, delivery.record_key, *([start.key] if delivery.follows_start else [])]
+        reply = self._claim(keys=state_keys, args=[*self._claim_args(generation), START_MESSAGE_FIELD])
+        return claimed(reply)
 
     def _claim_args(self, generation: int) -> list[int | str]:
         return [generation, *self.lease_args()]
@@ -243,45 +267,6 @@ class Deliveries:
         """The job's (or batch's) remaining TTL: delivery state and log live as long as it."""
         remaining_ms = int(self._redis.pttl(delivery.record_key))
         return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
-
-    # --- what an attempt needs to know ---------------------------------------------------------
-    def look(self, delivery: Delivery) -> Sight:
-        """Everything order_wait() and prepare() read, in one round trip."""
-        pipe = self._redis.pipeline(transaction=False)
-        self._queue_look(pipe, delivery)
-        return self._sight(pipe.execute())
-
-    def claim_and_look(self, delivery: Delivery, generation: int) -> tuple[Claim, float, Sight]:
-        """claim() and then look(), in one round trip: the reads run right after the claim script
-        (wasted only on a copy that is dropped). The script goes by its SHA; a Redis that lost its
-        script cache (a restart) makes the two calls apart, which loads it again."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.evalsha(self._claim.sha, 2, delivery.key, delivery.record_key, *self._claim_args(generation))
-        self._queue_look(pipe, delivery)
-        try:
-            (outcome, held_until), *looked = pipe.execute()
-        except redis.exceptions.NoScriptError:
-            return (*self.claim(delivery, generation), self.look(delivery))
-        return Claim(_text(outcome)), float(_text(held_until)), self._sight(looked)
-
-    @staticmethod
-    def _queue_look(pipe: redis.client.Pipeline, delivery: Delivery) -> None:
-        pipe.hmget(delivery.key, "url", "body", "owner")
-        pipe.hgetall(delivery.record_key)
-        if delivery.follows_start:
-            start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
-            pipe.hexists(keys.job(delivery.job_id), keys.webhook_message_field(WebhookEvent.START))
-            pipe.hmget(start.key, "outcome", "next_at")
-
-    @staticmethod
-    def _sight(replies: list[Any]) -> Sight:
-        (url, body, owner), record, *start_state = replies
-        known = url is not None and body is not None
-        frozen = Frozen(str(url), str(body).encode(), str(owner or "")) if known else None
-        if not start_state:
-            return Sight(record, frozen)
-        start_never_sent, (start_outcome, start_next_at) = start_state
-        return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at)
 
     # --- ordering -------------------------------------------------------------------------------
     def order_wait(self, delivery: Delivery, sight: Sight) -> float | None:

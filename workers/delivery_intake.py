@@ -26,7 +26,7 @@ import redis
 
 from shared import keys, scripts
 from shared.schemas import WebhookEvent
-from workers.deliveries import WEBHOOK_LIST, Claim, Delivery
+from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Delivery, Sight, claimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +62,15 @@ class DeliveryMessage:
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """A message taken from the list, and what claiming its delivery's generation said."""
+    """A message taken from the list, what claiming its delivery's generation said, and what its
+    attempt reads (read in the same script when claimed)."""
 
     message: DeliveryMessage
     claim: Claim
     #: The end of the lease that decided the claim (this thread's own when CLAIMED).
     held_until: float
+    #: What the attempt needs to know; None unless CLAIMED.
+    sight: Sight | None = None
 
 
 class DeliveryIntake:
@@ -106,16 +109,22 @@ class DeliveryIntake:
     def _take_one(self, popped: str) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "" (see
         shared/lua/webhook_take.lua)."""
-        task_names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, WebhookEvent.OUTPUT]
-        return list(self._take(args=[*self._lease_args(), *task_names, popped]))
+        names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
+        return list(self._take(args=[*self._lease_args(), *names, popped]))
+
+
+#: The events the take script tells apart: `output` (a delivery per notice), `completed` (reads
+#: its job's `start` delivery) and `start`.
+EVENT_NAMES = [WebhookEvent.OUTPUT, WebhookEvent.COMPLETED, WebhookEvent.START]
 
 
 def _taken(reply: list[Any]) -> Taken | None:
     """The Taken of a take script's reply; None for an empty list or a message that went back."""
-    if len(reply) != 3:
+    if len(reply) < 3:
         return None
-    outcome, held_until, message = (_text(item) for item in reply)
-    return Taken(DeliveryMessage.parse(message), Claim(outcome), float(held_until))
+    outcome, held_until, message, *looked = reply
+    claim, lease_end, sight = claimed([outcome, held_until, *looked])
+    return Taken(DeliveryMessage.parse(_text(message)), claim, lease_end, sight)
 
 
 def _text(value: bytes | str) -> str:

@@ -100,7 +100,7 @@ def _deliver_patiently(message: DeliveryMessage) -> None:
         deliveries = _deliveries()
         delivery, generation = message.delivery, message.generation
         claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
-        if _claimed(deliveries, message, claim, held_until):
+        if _claimed(deliveries, message, claim, held_until) and sight is not None:
             _attempt(deliveries, message, sight)
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
@@ -129,8 +129,8 @@ def _take_queued() -> None:
 def _deliver_taken(taken: Taken) -> None:
     """A message the take claimed (or found not to act on) goes on as a delivered one does."""
     deliveries, message = _deliveries(), taken.message
-    if _claimed(deliveries, message, taken.claim, taken.held_until):
-        _attempt(deliveries, message, patiently(lambda: deliveries.look(message.delivery)))
+    if _claimed(deliveries, message, taken.claim, taken.held_until) and taken.sight is not None:
+        _attempt(deliveries, message, taken.sight)
 
 
 def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, held_until: float) -> bool:

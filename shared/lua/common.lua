@@ -253,3 +253,24 @@ local function claim_delivery(delivery, record, generation, now, lease_until, tt
   if generation == held and lease > 0 then return 'busy', state[3] end
   return 'stale', '0'
 end
+
+-- What an attempt of a claimed delivery reads (Deliveries.sight in workers/deliveries.py says
+-- what each part means): the url, body and owner an earlier attempt froze, the job's (or
+-- batch's) record, and for a job's `completed` (`start_delivery` is that job's `start` delivery
+-- state; '' for any other delivery) whether the record still holds its `start` message
+-- (`start_field`: never sent) and the `start` delivery's outcome and next attempt.
+local function look_delivery(delivery, record, start_delivery, start_field)
+  local seen = {redis.call('HMGET', delivery, 'url', 'body', 'owner'), redis.call('HGETALL', record)}
+  if start_delivery ~= '' then
+    seen[3] = redis.call('HEXISTS', record, start_field)
+    seen[4] = redis.call('HMGET', start_delivery, 'outcome', 'next_at')
+  end
+  return seen
+end
+
+-- claim_delivery's outcome and lease, then look_delivery's reads when the claim was made.
+local function claim_and_look(delivery, record, generation, now, lease_until, ttl, start_delivery, start_field)
+  local outcome, lease = claim_delivery(delivery, record, generation, now, lease_until, ttl)
+  if outcome ~= 'claimed' then return {outcome, lease} end
+  return {outcome, lease, look_delivery(delivery, record, start_delivery, start_field)}
+end

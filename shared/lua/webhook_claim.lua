@@ -1,6 +1,8 @@
--- Claims a webhook delivery's generation for a message Celery delivered (workers/deliveries.py;
--- claim_delivery in common.lua says what each outcome means).
--- KEYS: delivery state, the job's (or batch's) record. ARGV: generation, now, lease until, ttl
--- (the state's, when the record has no expiry). Returns {outcome, lease}.
-local outcome, lease = claim_delivery(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-return {outcome, lease}
+-- Claims a webhook delivery's generation for a message Celery delivered and, when claimed, reads
+-- what its attempt needs (workers/deliveries.py; claim_delivery and look_delivery in common.lua
+-- say what each outcome and read means).
+-- KEYS: delivery state, the job's (or batch's) record, and for a job's `completed` its `start`
+-- delivery state. ARGV: generation, now, lease until, ttl (the state's, when the record has no
+-- expiry), the record's field of a `start` message never sent.
+-- Returns {outcome, lease} or, claimed, {outcome, lease, look}.
+return claim_and_look(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], KEYS[3] or '', ARGV[5])

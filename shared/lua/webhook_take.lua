@@ -6,12 +6,15 @@
 -- Only a due first-hand message is taken: one carrying an eta (a retry, a hop, a look-again) goes
 -- back where it was, as does anything that is not a delivery message, and the take ends: Celery's
 -- own consumer then receives it and keeps it until due.
+-- A claimed delivery's reads come back with it (look_delivery in common.lua), as the claim of a
+-- delivered message does (webhook_claim.lua): the attempt needs no round trip of its own to look.
 -- ARGV: now, lease until, ttl (the state's, when the record has no expiry), the job delivery
--- task's name, the batch delivery task's name, the `output` event's name, and a message the
--- thread popped itself while it waited (BRPOP), or '' to pop the next one here.
+-- task's name, the batch delivery task's name, the `output`, `completed` and `start` events'
+-- names, the job record's field of a `start` message never sent, and a message the thread popped
+-- itself while it waited (BRPOP), or '' to pop the next one here.
 -- Returns {} (the list is empty), {'untaken'} (the message went back), or {outcome, lease,
--- message}: claim_delivery's outcome (common.lua).
-local message = ARGV[7]
+-- message} and, claimed, the look after them: claim_and_look's reply (common.lua) with the message.
+local message = ARGV[10]
 if message == '' then
   message = redis.call('RPOP', K.webhook_queue)
   if not message then return {} end
@@ -38,8 +41,9 @@ local function unbase64(text)
   return table.concat(out)
 end
 
--- The delivery a message is for: its state key, its record's key, its generation; nil when the
--- message is not a due delivery message.
+-- The delivery a message is for: its state key, its record's key, its generation, and for a job's
+-- `completed` its `start` delivery's state key ('' for any other); nil when the message is not a
+-- due delivery message.
 local function delivery_of(raw)
   local ok, decoded = pcall(cjson.decode, raw)
   if not ok or type(decoded) ~= 'table' then return nil end
@@ -55,16 +59,18 @@ local function delivery_of(raw)
   local args = parsed and type(body) == 'table' and body[1]
   if type(args) ~= 'table' or type(args[1]) ~= 'string' or type(args[2]) ~= 'string' then return nil end
   if task == ARGV[5] then
-    return batch_webhook_delivery_key(args[1], args[2]), batch_key(args[1]), generation
+    return batch_webhook_delivery_key(args[1], args[2]), batch_key(args[1]), generation, ''
   end
   local name = args[2] == ARGV[6] and (args[2] .. ':' .. id) or args[2]
-  return webhook_delivery_key(args[1], name), job_key(args[1]), generation
+  local start = args[2] == ARGV[7] and webhook_delivery_key(args[1], ARGV[8]) or ''
+  return webhook_delivery_key(args[1], name), job_key(args[1]), generation, start
 end
 
-local delivery, record, generation = delivery_of(message)
+local delivery, record, generation, start = delivery_of(message)
 if not delivery then
   redis.call('RPUSH', K.webhook_queue, message)
   return {'untaken'}
 end
-local outcome, lease = claim_delivery(delivery, record, generation, ARGV[1], ARGV[2], ARGV[3])
-return {outcome, lease, message}
+local claimed = claim_and_look(delivery, record, generation, ARGV[1], ARGV[2], ARGV[3], start, ARGV[9])
+table.insert(claimed, 3, message)
+return claimed

@@ -13,7 +13,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import Deliveries, Delivery, Sight
+from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Frozen, Sight
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
@@ -24,9 +24,9 @@ def deliveries(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path:
 
 
 def test_the_first_message_of_a_generation_claims_it(deliveries: Deliveries) -> None:
-    assert deliveries.claim(DELIVERY, 0)[0] == "claimed"
-    assert deliveries.claim(DELIVERY, 1)[0] == "claimed"  # the next retry
-    assert deliveries.claim(DELIVERY, 0)[0] == "stale"  # a late copy of an older one
+    assert deliveries.claim_and_look(DELIVERY, 0)[0] == "claimed"
+    assert deliveries.claim_and_look(DELIVERY, 1)[0] == "claimed"  # the next retry
+    assert deliveries.claim_and_look(DELIVERY, 0)[0] == "stale"  # a late copy of an older one
 
 
 def test_a_copy_under_a_live_lease_waits_for_it_instead_of_being_dropped(
@@ -34,18 +34,18 @@ def test_a_copy_under_a_live_lease_waits_for_it_instead_of_being_dropped(
 ) -> None:
     """The broker handed the message out again (its first holder may have died mid-attempt):
     'busy' until the holder's lease ends, then the copy takes the attempt over."""
-    _, lease = deliveries.claim(DELIVERY, 0)
-    outcome, held_until = deliveries.claim(DELIVERY, 0)
-    assert (outcome, held_until) == ("busy", lease) and lease > time.time()
+    _, lease, _ = deliveries.claim_and_look(DELIVERY, 0)
+    outcome, held_until, sight = deliveries.claim_and_look(DELIVERY, 0)
+    assert (outcome, held_until, sight) == ("busy", lease, None) and lease > time.time()
     redis_client.hset(DELIVERY.key, "lease", repr(time.time() - 1))  # the holder never came back
-    assert deliveries.claim(DELIVERY, 0)[0] == "claimed"
+    assert deliveries.claim_and_look(DELIVERY, 0)[0] == "claimed"
 
 
 def test_a_delivery_with_its_outcome_takes_no_copy(deliveries: Deliveries) -> None:
-    deliveries.claim(DELIVERY, 0)
+    deliveries.claim_and_look(DELIVERY, 0)
     deliveries.record(DELIVERY, 0, {"outcome": "delivered"}, None)
-    assert deliveries.claim(DELIVERY, 0)[0] == "over"
-    assert deliveries.claim(DELIVERY, 1)[0] == "over"
+    assert deliveries.claim_and_look(DELIVERY, 0)[0] == "over"
+    assert deliveries.claim_and_look(DELIVERY, 1)[0] == "over"
 
 
 @pytest.mark.parametrize("record_ttl_s", [3_600, None], ids=["record expiring", "no record"])
@@ -59,7 +59,7 @@ def test_a_deliverys_state_and_log_live_as_long_as_its_job(
         redis_client.hset(DELIVERY.record_key, "status", "succeeded")
         redis_client.expire(DELIVERY.record_key, record_ttl_s)
     expected = record_ttl_s or hook_settings(redis_server.url, tmp_path / "genq").job_ttl_s
-    deliveries.claim(DELIVERY, 0)
+    deliveries.claim_and_look(DELIVERY, 0)
     deliveries.record(DELIVERY, 0, {"outcome": "delivered"}, {"attempt": 1})
     for key in (DELIVERY.key, DELIVERY.log_key):
         assert expected - 2 <= redis_client.ttl(key) <= expected
@@ -126,7 +126,7 @@ def test_nothing_is_prepared_for_a_record_that_expired(
     assert redis_client.exists(BATCH.key) == 0
 
 
-# --- claim_and_look: the claim and the attempt's reads in one round trip -----------------------
+# --- claim_and_look: the claim and the attempt's reads in one script --------------------------
 
 
 @pytest.mark.parametrize(
@@ -144,29 +144,61 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
     deliveries: Deliveries, redis_client: redis.Redis, before: dict[str, str], generation: int, claim: str
 ) -> None:
     """State before, claim_and_look(), state after: the claim's outcome and the delivery's
-    generation are the script's; the sight is what look() reads after it."""
+    generation are the script's; a claimed generation comes with what its attempt reads (the
+    frozen body, the record, the `start` delivery a `completed` one waits for), any other
+    outcome with nothing read."""
     for name, value in {**before, "url": "http://x/", "body": "{}", "owner": "alice"}.items():
         redis_client.hset(DELIVERY.key, name, value)
-    redis_client.hset(DELIVERY.record_key, "status", "succeeded")
+    redis_client.hset(DELIVERY.record_key, mapping={"status": "succeeded", START_MESSAGE_FIELD: "m"})
+    start = Delivery.of("job-1", "start", "")
+    redis_client.hset(start.key, mapping={"outcome": "pending", "next_at": "12.5"})
     outcome, _, sight = deliveries.claim_and_look(DELIVERY, generation)
     assert outcome == claim
     expected_generation = str(generation) if claim == "claimed" else before.get("generation")
     assert redis_client.hget(DELIVERY.key, "generation") == expected_generation
-    assert sight == deliveries.look(DELIVERY) and sight.frozen is not None and sight.frozen.owner == "alice"
-    assert sight.record == {"status": "succeeded"}
+    if claim != "claimed":
+        assert sight is None
+        return
+    record = {"status": "succeeded", START_MESSAGE_FIELD: "m"}
+    assert sight == Sight(record, Frozen("http://x/", b"{}", "alice"), True, "pending", "12.5")
+
+
+@pytest.mark.parametrize(
+    ("delivery", "start_state"),
+    [
+        (DELIVERY, (True, "failed", "12.5")),
+        (Delivery.of("job-2", "start", "task-1"), (False, None, None)),  # no ordering to read
+        (Delivery.of("job-1", "output", "task-1"), (False, None, None)),
+        (Delivery.of_batch("batch-1", "batch.completed"), (False, None, None)),
+    ],
+    ids=["completed", "start", "output", "batch"],
+)
+def test_a_first_attempt_sees_no_frozen_body_and_only_a_completed_sees_its_start(
+    deliveries: Deliveries, redis_client: redis.Redis, delivery: Delivery, start_state: tuple[object, ...]
+) -> None:
+    for job_id in ("job-1", "job-2"):  # both records still hold their start's message
+        redis_client.hset(keys.job(job_id), mapping={"status": "succeeded", START_MESSAGE_FIELD: "m"})
+    redis_client.hset(keys.batch("batch-1"), "status", "completed")
+    redis_client.hset(Delivery.of("job-1", "start", "").key, mapping={"outcome": "failed", "next_at": "12.5"})
+    outcome, _, sight = deliveries.claim_and_look(delivery, 0)
+    assert outcome == "claimed" and sight is not None
+    assert sight.frozen is None and sight.record == redis_client.hgetall(delivery.record_key)
+    assert (sight.start_never_sent, sight.start_outcome, sight.start_next_at) == start_state
 
 
 def test_claim_and_look_is_one_round_trip_and_survives_a_lost_script_cache(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
-    """No SCRIPT EXISTS before the pipeline (redis-py's Script in a pipeline would send one); a
-    Redis whose script cache was flushed (as after a restart) still gets the claim made."""
-    deliveries.claim(DELIVERY, 0)  # the script is loaded
+    """One EVALSHA, and nothing from the client beside it (Redis counts the script's own calls
+    too: they are listed here); a Redis whose script cache was flushed (as after a restart) still
+    gets the claim made."""
+    deliveries.claim_and_look(DELIVERY, 0)  # the script is loaded
     before = _commands(redis_client)
     assert deliveries.claim_and_look(DELIVERY, 1)[0] == "claimed"
     after = _commands(redis_client)
-    spent = {name: after.get(name, 0) - before.get(name, 0) for name in ("evalsha", "script|exists")}
-    assert spent == {"evalsha": 1, "script|exists": 0}
+    spent = {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
+    in_script = {"hmget": 3, "hset": 1, "pttl": 1, "expire": 1, "hgetall": 1, "hexists": 1}
+    assert spent == {"evalsha": 1, **in_script, "info": 1}  # the INFO is the `before` reading
     redis_client.script_flush()
     assert deliveries.claim_and_look(DELIVERY, 2)[0] == "claimed"
     assert redis_client.hget(DELIVERY.key, "generation") == "2"

@@ -20,7 +20,7 @@ from shared.messages import task_message
 from shared.reaper import Reaper
 from tests.workers.test_webhook_orphans import recheck_at
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import WEBHOOK_LIST, Claim, Deliveries, Delivery
+from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Frozen
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
@@ -84,6 +84,33 @@ def test_the_script_names_the_delivery_python_names(
     assert redis_client.hget(delivery.key, "generation") == "0"
 
 
+@pytest.mark.parametrize(
+    "delivery",
+    [COMPLETED, Delivery.of("job-22", "start", "task-1"), Delivery.of_batch("batch-1", "batch.failed")],
+    ids=["completed", "start", "batch"],
+)
+def test_a_taken_delivery_comes_with_what_a_delivered_ones_claim_reads(
+    redis_client: redis.Redis,
+    deliveries: Deliveries,
+    intake: Callable[..., DeliveryIntake],
+    delivery: Delivery,
+) -> None:
+    """The take reads what the attempt needs in the same script (no round trip to look), and
+    reads it as the claim of a message Celery delivered does (Deliveries.claim_and_look)."""
+    for job_id in ("job-1", "job-22"):  # both records still hold their start's message
+        redis_client.hset(keys.job(job_id), mapping={"input": "{}", START_MESSAGE_FIELD: "m"})
+    start = Delivery.of("job-1", "start", "")
+    redis_client.hset(start.key, mapping={"outcome": "retrying", "next_at": "9.5"})
+    redis_client.hset(delivery.key, mapping={"url": "http://x/", "body": "{}", "owner": "alice"})
+    publish(deliveries, delivery)
+    taken = intake().next()
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.sight is not None
+    assert taken.sight.frozen == Frozen("http://x/", b"{}", "alice")
+    assert taken.sight.record == redis_client.hgetall(delivery.record_key)
+    assert taken.sight == deliveries.claim_and_look(delivery, 1)[2]  # the next generation's claim
+    assert taken.sight.start_never_sent is (delivery == COMPLETED)
+
+
 @pytest.mark.parametrize("length", [1, 2, 3, 4])
 def test_every_padding_of_the_body_decodes(
     redis_client: redis.Redis, intake: Callable[..., DeliveryIntake], length: int
@@ -137,6 +164,7 @@ def test_a_copy_that_may_not_act_is_taken_off_the_list_unclaimed(
     redis_client.hset(COMPLETED.key, items=state)
     taken = intake().next()
     assert taken is not None and taken.claim is claim and redis_client.llen(WEBHOOK_LIST) == 0
+    assert taken.sight is None  # nothing read for a copy that does not act
     assert redis_client.hget(COMPLETED.key, "outcome") == state[1]  # unchanged
 
 
