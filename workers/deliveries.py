@@ -148,6 +148,14 @@ class Prepared:
 
 
 @dataclass(frozen=True, slots=True)
+class Ending:
+    """The end of a generation (Deliveries.ending) as webhook_record.lua takes it."""
+
+    keys: list[str]
+    args: list[str | int | bytes]
+
+
+@dataclass(frozen=True, slots=True)
 class Sight:
     """What an attempt reads of its delivery when it claims it (look_delivery in
     shared/lua/common.lua), for order_wait() and prepare()."""
@@ -223,7 +231,7 @@ class Deliveries:
         #: The longest a delivery message waits for its eta: half the visibility timeout.
         self.max_hop_s = settings.visibility_timeout_s / 2
         self._claim = client.register_script(scripts.source("webhook_claim"))
-        self._record = client.register_script(scripts.plain("webhook_record"))
+        self._record = client.register_script(scripts.source("webhook_record"))
 
     # --- claims and records -------------------------------------------------------------------
     def claim_and_look(self, delivery: Delivery, generation: int) -> tuple[Claim, float, Sight | None]:
@@ -248,14 +256,22 @@ class Deliveries:
     def record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
     ) -> None:
-        """End this generation: release the claim, set fields, append the attempt to the log."""
+        """End this generation now (ending() says what that does)."""
+        self.end(self.ending(delivery, generation, fields, entry))
+
+    def ending(
+        self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
+    ) -> Ending:
+        """The end of this generation, to make with end() or with a thread's next take
+        (workers/delivery_intake.py): release the claim, set fields, append the attempt to the log."""
         flat = [item for pair in fields.items() for item in pair]
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""
-        self._record(
-            keys=[delivery.key, delivery.log_key, keys.WEBHOOK_PENDING, delivery.record_key],
-            args=[generation, self._settings.job_ttl_s, log_entry, drop_body, *flat],
-        )
+        state_keys = [delivery.key, delivery.log_key, keys.WEBHOOK_PENDING, delivery.record_key]
+        return Ending(state_keys, [generation, self._settings.job_ttl_s, log_entry, drop_body, *flat])
+
+    def end(self, ending: Ending) -> None:
+        self._record(keys=ending.keys, args=ending.args)
 
     def publish(
         self, delivery: Delivery, task_id: str, generation: int, countdown: float, kwargs: dict[str, float]

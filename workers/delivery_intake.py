@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,16 @@ import redis
 
 from shared import keys, scripts
 from shared.schemas import WebhookEvent
-from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Delivery, Sight, claimed
+from workers.deliveries import (
+    START_MESSAGE_FIELD,
+    WEBHOOK_LIST,
+    Claim,
+    Deliveries,
+    Delivery,
+    Ending,
+    Sight,
+    claimed,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,26 +83,25 @@ class Taken:
 
 class DeliveryIntake:
     def __init__(
-        self,
-        client: redis.Redis,
-        lease_args: Callable[[], list[str | int]],
-        wait_s: float,
-        closing: threading.Event,
+        self, client: redis.Redis, deliveries: Deliveries, wait_s: float, closing: threading.Event
     ) -> None:
         self._redis = client
-        #: now, lease until, ttl (Deliveries.lease_args).
-        self._lease_args = lease_args
+        self._deliveries = deliveries
         self._wait_s = wait_s
         self._closing = closing
         self._take = client.register_script(scripts.source("webhook_take"))
 
-    def next(self) -> Taken | None:
+    def next(self, ending: Ending | None = None) -> Taken | None:
         """The next due delivery message, its generation claimed when it could be: one waiting
         now, else the first to come within wait_s; None when none came, the worker is closing,
-        or the next message is not one to take (it stays first in line, for Celery's consumer)."""
+        or the next message is not one to take (it stays first in line, for Celery's consumer).
+        `ending`, the end of the delivery this thread just made, is made first, in the same
+        round trip: once next() returns, it is recorded."""
         if self._closing.is_set():
+            if ending is not None:
+                self._deliveries.end(ending)
             return None
-        reply = self._take_one("")
+        reply = self._take_one("", ending)
         if reply or self._wait_s <= 0:
             return _taken(reply)
         popped = self._redis.brpop([WEBHOOK_LIST], timeout=self._wait_s)
@@ -106,11 +113,14 @@ class DeliveryIntake:
             return None
         return _taken(self._take_one(message))
 
-    def _take_one(self, popped: str) -> list[Any]:
-        """The take script's reply for `popped`, or for the list's next message when "" (see
-        shared/lua/webhook_take.lua)."""
+    def _take_one(self, popped: str, ending: Ending | None = None) -> list[Any]:
+        """The take script's reply for `popped`, or for the list's next message when "", after
+        `ending` is made (see shared/lua/webhook_take.lua)."""
         names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
-        return list(self._take(args=[*self._lease_args(), *names, popped]))
+        args = [*self._deliveries.lease_args(), *names, popped]
+        if ending is None:
+            return list(self._take(args=args))
+        return list(self._take(keys=ending.keys, args=[*args, *ending.args]))
 
 
 #: The events the take script tells apart: `output` (a delivery per notice), `completed` (reads

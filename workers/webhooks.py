@@ -25,7 +25,7 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers import context, webhook_http
-from workers.deliveries import Claim, Deliveries, Delivery, Sight, log_entry, publish
+from workers.deliveries import Claim, Deliveries, Delivery, Ending, Sight, log_entry, publish
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
 from workers.patience import StoreUnavailable, patiently
 from workers.verdicts import Outcome, Verdict
@@ -70,7 +70,7 @@ def _intake() -> DeliveryIntake | None:
     if not settings.worker_take_queued:
         return None
     wait_s = settings.worker_take_wait_s if runtime.model_id is None else 0.0
-    return DeliveryIntake(runtime.redis, _deliveries().lease_args, wait_s, runtime.closing)
+    return DeliveryIntake(runtime.redis, _deliveries(), wait_s, runtime.closing)
 
 
 def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
@@ -101,7 +101,8 @@ def _deliver_patiently(message: DeliveryMessage) -> None:
         delivery, generation = message.delivery, message.generation
         claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
         if _claimed(deliveries, message, claim, held_until) and sight is not None:
-            _attempt(deliveries, message, sight)
+            ending = _attempt(deliveries, message, sight)
+            patiently(lambda: deliveries.end(ending))
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
@@ -109,28 +110,48 @@ def _deliver_patiently(message: DeliveryMessage) -> None:
 def _take_queued() -> None:
     """Deliver what this thread takes from the webhook queue itself (workers/delivery_intake.py),
     one after another, so that a delivery costs no broker delivery of its own (BRPOP, kombu's
-    unacked record, task dispatch, ack). Ends when none came within the wait, on drain, when the
-    store cannot be reached (a delivery it had claimed is then pushed again by the reaper once its
-    lease runs out), or after half the visibility timeout (kombu would then hand this task's own
-    message out again)."""
+    unacked record, task dispatch, ack), and its end is recorded in the next take's round trip.
+    Ends when none came within the wait, on drain, when the store cannot be reached (a delivery it
+    had claimed is then pushed again by the reaper once its lease runs out), or after half the
+    visibility timeout (kombu would then hand this task's own message out again)."""
     intake = _intake()
+    if intake is None:
+        return
     until = time.monotonic() + context.runtime().settings.visibility_timeout_s / 2
-    while intake is not None and time.monotonic() < until:
-        try:
-            taken = intake.next()
+    ending: Ending | None = None
+    try:
+        while time.monotonic() < until:
+            taken = intake.next(ending)
+            ending = None  # recorded
             if taken is None:
                 return
-            _deliver_taken(taken)
-        except (StoreUnavailable, redis.exceptions.RedisError) as exc:
-            log.warning("webhook_take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
-            return
+            ending = _deliver_taken(taken)
+    except (StoreUnavailable, redis.exceptions.RedisError) as exc:
+        log.warning("webhook_take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
+    finally:
+        _end_patiently(ending)
 
 
-def _deliver_taken(taken: Taken) -> None:
-    """A message the take claimed (or found not to act on) goes on as a delivered one does."""
+def _deliver_taken(taken: Taken) -> Ending | None:
+    """A message the take claimed (or found not to act on) goes on as a delivered one does; the
+    end of its attempt, when it made one."""
     deliveries, message = _deliveries(), taken.message
     if _claimed(deliveries, message, taken.claim, taken.held_until) and taken.sight is not None:
-        _attempt(deliveries, message, taken.sight)
+        return _attempt(deliveries, message, taken.sight)
+    return None
+
+
+def _end_patiently(ending: Ending | None) -> None:
+    """Record an attempt that no take carried (the thread stopped taking). Recording it twice,
+    when a take that failed had made it, only repeats its log entry; never recording it would
+    repeat the attempt, once the reaper pushes the delivery again."""
+    if ending is None:
+        return
+    deliveries = _deliveries()
+    try:
+        patiently(lambda: deliveries.end(ending))
+    except StoreUnavailable as exc:
+        log.warning("webhook_end_unrecorded", extra=fields(error=str(exc)))
 
 
 def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, held_until: float) -> bool:
@@ -148,22 +169,19 @@ def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, hel
     return False
 
 
-def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> None:
+def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> Ending:
     """One attempt of a claimed generation, or its wait (a hop not yet due, `completed` behind its
-    `start`), then the record that ends the generation."""
+    `start`); then the end of the generation, for the caller to record."""
     delivery, generation, due_at = message.delivery, message.generation, message.due_at
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
-        _retry_then_record(deliveries, message, due_at - time.time(), {})
-        return
+        return _retry(deliveries, message, due_at - time.time(), {})
     wait = patiently(lambda: deliveries.order_wait(delivery, sight))
     if wait is not None:
-        _retry_then_record(deliveries, message, wait, {})
-        return
+        return _retry(deliveries, message, wait, {})
     prepared = patiently(lambda: deliveries.prepare(delivery, sight))
     if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
-        patiently(lambda: deliveries.record(delivery, generation, {"outcome": Outcome.SKIPPED}, None))
-        return
+        return deliveries.ending(delivery, generation, {"outcome": Outcome.SKIPPED}, None)
     attempt, result = prepared.attempt, deliveries.attempt(delivery, prepared)
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
@@ -172,10 +190,9 @@ def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> 
     state: dict[str, str] = {"outcome": Outcome.PENDING if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
-        patiently(lambda: deliveries.record(delivery, generation, state, entry))
-        return
+        return deliveries.ending(delivery, generation, state, entry)
     state["next_at"] = repr(time.time() + outcome.retry_in)
-    _retry_then_record(deliveries, message, outcome.retry_in, state, entry)
+    return _retry(deliveries, message, outcome.retry_in, state, entry)
 
 
 def _look_again_later(deliveries: Deliveries, message: DeliveryMessage, held_until: float) -> None:
@@ -185,21 +202,21 @@ def _look_again_later(deliveries: Deliveries, message: DeliveryMessage, held_unt
     patiently(lambda: deliveries.publish(delivery, task_id, generation, countdown, dict(message.kwargs)))
 
 
-def _retry_then_record(
+def _retry(
     deliveries: Deliveries,
     message: DeliveryMessage,
     countdown: float,
     fields: dict[str, str],
     entry: dict[str, Any] | None = None,
-) -> None:
-    # Publish the next generation first: a crash before the record below repeats this attempt
-    # (its claim's lease runs out) instead of losing the delivery. A wait longer than a hop
-    # carries its due time; a shorter one drops any it had. This message is then acknowledged.
+) -> Ending:
+    # Publish the next generation before this one's end is recorded: a crash in between repeats
+    # this attempt (its claim's lease runs out) instead of losing the delivery. A wait longer than
+    # a hop carries its due time; a shorter one drops any it had. This message is then acknowledged.
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
     delivery, task_id, generation = message.delivery, message.task_id, message.generation
     patiently(lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop))
-    patiently(lambda: deliveries.record(delivery, generation, fields, entry))
+    return deliveries.ending(delivery, generation, fields, entry)
 
 
 def _delivery_task(name: str, run: Callable[..., None]) -> Task:

@@ -274,3 +274,24 @@ local function claim_and_look(delivery, record, generation, now, lease_until, tt
   if outcome ~= 'claimed' then return {outcome, lease} end
   return {outcome, lease, look_delivery(delivery, record, start_delivery, start_field)}
 end
+
+-- Ends a webhook delivery's generation (webhook_record.lua: a delivered message's; webhook_take.lua:
+-- the one its thread just made, in the take's call): releases its claim, sets fields, appends to
+-- the delivery log; a final outcome also drops the body and takes the delivery out of the
+-- reaper's index. `at`: the delivery state, the delivery log, the pending index, the job's (or
+-- batch's) record. `args`: generation, ttl (the log's, when the record has no expiry), log entry
+-- ('' for none), final ('1'/'0'), then the fields as name, value...
+local function record_delivery(at, args)
+  if redis.call('HGET', at[1], 'generation') == args[1] then
+    redis.call('HSET', at[1], 'lease', '0', unpack(args, 5))
+    if args[4] == '1' then
+      redis.call('HDEL', at[1], 'body', 'message')
+      redis.call('ZREM', at[3], at[1])
+    end
+  end
+  if args[3] ~= '' then
+    redis.call('RPUSH', at[2], args[3])
+    local ms = redis.call('PTTL', at[4])  -- the log lives as long as the record
+    redis.call('EXPIRE', at[2], ms > 0 and math.ceil(ms / 1000) or args[2])
+  end
+end

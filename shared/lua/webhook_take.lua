@@ -12,8 +12,13 @@
 -- task's name, the batch delivery task's name, the `output`, `completed` and `start` events'
 -- names, the job record's field of a `start` message never sent, and a message the thread popped
 -- itself while it waited (BRPOP), or '' to pop the next one here.
+-- KEYS, and ARGV past those: none, or the end of the generation the thread just made, as
+-- webhook_record.lua takes them; it is recorded first, whatever the take then finds, so a thread
+-- going on to its next delivery spends no round trip on ending the last.
 -- Returns {} (the list is empty), {'untaken'} (the message went back), or {outcome, lease,
 -- message} and, claimed, the look after them: claim_and_look's reply (common.lua) with the message.
+if #KEYS > 0 then record_delivery(KEYS, {unpack(ARGV, 11)}) end
+
 local message = ARGV[10]
 if message == '' then
   message = redis.call('RPOP', K.webhook_queue)

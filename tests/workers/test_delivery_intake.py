@@ -20,7 +20,7 @@ from shared.messages import task_message
 from shared.reaper import Reaper
 from tests.workers.test_webhook_orphans import recheck_at
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Frozen
+from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Ending, Frozen
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
@@ -37,7 +37,7 @@ def deliveries(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path:
 @pytest.fixture
 def intake(redis_client: redis.Redis, deliveries: Deliveries) -> Callable[..., DeliveryIntake]:
     def make(wait_s: float = 0.0, closing: threading.Event | None = None) -> DeliveryIntake:
-        return DeliveryIntake(redis_client, deliveries.lease_args, wait_s, closing or threading.Event())
+        return DeliveryIntake(redis_client, deliveries, wait_s, closing or threading.Event())
 
     return make
 
@@ -229,3 +229,85 @@ def test_a_delivery_taken_by_a_thread_that_died_is_pushed_again_once_its_lease_r
     redis_client.hset(COMPLETED.key, "lease", repr(time.time() - 1))
     again = intake().next()
     assert again is not None and again.claim is Claim.CLAIMED and again.message.generation == 0
+
+
+# --- the end of the thread's last delivery, made in the next take's round trip ----------------
+
+
+def _claim_and_end(deliveries: Deliveries, intake: DeliveryIntake, outcome: str) -> Ending:
+    """COMPLETED taken (generation 0, with a frozen body) and the end of an attempt at it."""
+    publish(deliveries, COMPLETED)
+    taken = intake.next()
+    assert taken is not None and taken.claim is Claim.CLAIMED
+    fields = {"outcome": outcome, **({"next_at": "99.5"} if outcome == "pending" else {})}
+    return deliveries.ending(COMPLETED, 0, fields, {"attempt": 1, "outcome": outcome})
+
+
+def _state(client: redis.Redis) -> tuple[dict[str, str], list[str], bool]:
+    """The delivery's state (its message: whether it has one), log and place in the index."""
+    state = {str(name): str(value) for name, value in client.hgetall(COMPLETED.key).items()}
+    state["message"] = str("message" in state)
+    log = [str(entry) for entry in client.lrange(keys.webhook_log("job-1"), 0, -1)]
+    return state, log, client.zscore(keys.WEBHOOK_PENDING, COMPLETED.key) is not None
+
+
+@pytest.mark.parametrize("outcome", ["delivered", "pending", "failed"])
+def test_an_ending_made_by_the_take_leaves_what_recording_it_alone_leaves(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake], outcome: str
+) -> None:
+    """State after a take carrying the ending equals state after webhook_record.lua alone (the
+    claim released, fields set, the body dropped and the index left on a final outcome, the log
+    entry appended), and the next delivery is taken in the same call."""
+    redis_client.hset(COMPLETED.key, mapping={"url": "http://x/", "body": "{}", "owner": ""})
+    ending = _claim_and_end(deliveries, intake(), outcome)
+    deliveries.end(ending)
+    alone = _state(redis_client)
+    redis_client.flushdb()
+    for record in (keys.job("job-1"), keys.job("job-22")):
+        redis_client.hset(record, "status", "succeeded")
+        redis_client.expire(record, 3600)
+    redis_client.hset(COMPLETED.key, mapping={"url": "http://x/", "body": "{}", "owner": ""})
+    ending = _claim_and_end(deliveries, intake(), outcome)
+    following = Delivery.of("job-22", "completed", "task-2")
+    publish(deliveries, following, task_id="task-2")
+    taken = intake().next(ending)
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == following
+    with_take = _state(redis_client)
+    assert with_take[0].pop("lease") == alone[0].pop("lease") == "0"
+    assert with_take == alone
+    assert ("body" in alone[0], alone[2]) == ((False, False) if outcome != "pending" else (True, True))
+
+
+def test_the_ending_costs_no_round_trip_of_its_own(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    taker = intake()
+    ending = _claim_and_end(deliveries, taker, "delivered")
+    publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
+    sent = ("evalsha", "eval", "script|load", "script|exists")
+
+    def calls() -> dict[str, int]:
+        stats = redis_client.info("commandstats")
+        return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in sent}
+
+    before = calls()
+    assert taker.next(ending) is not None
+    spent = {name: count - before[name] for name, count in calls().items()}
+    assert spent == {"evalsha": 1, "eval": 0, "script|load": 0, "script|exists": 0}  # by its SHA
+    assert redis_client.hget(COMPLETED.key, "outcome") == "delivered"
+
+
+@pytest.mark.parametrize("situation", ["empty list", "closing"])
+def test_the_ending_is_made_when_nothing_is_taken(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake], situation: str
+) -> None:
+    closing = threading.Event()
+    taker = intake(wait_s=0.2, closing=closing)
+    ending = _claim_and_end(deliveries, taker, "delivered")
+    if situation == "closing":
+        closing.set()
+        publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
+    assert taker.next(ending) is None
+    assert redis_client.hget(COMPLETED.key, "outcome") == "delivered"
+    assert redis_client.llen(keys.webhook_log("job-1")) == 1
+    assert redis_client.llen(WEBHOOK_LIST) == (1 if situation == "closing" else 0)

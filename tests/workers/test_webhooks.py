@@ -24,9 +24,11 @@ import redis
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from cli.redis_server import EmbeddedRedis
+from shared import keys
 from shared.config import Settings
 from shared.signing import headers, parse_secrets
 from tests.conftest import WorkerProcess, api_client, suite_settings
+from workers.deliveries import Delivery
 from workers.webhooks import OutputWebhooks, wants_output
 
 pytestmark = pytest.mark.anyio
@@ -598,3 +600,14 @@ async def test_a_webhook_worker_takes_waiting_deliveries_without_a_broker_delive
     log_lines = worker.log_path.read_text().splitlines()
     celery_deliveries = [line for line in log_lines if "genq.webhook.deliver[" in line and "received" in line]
     assert 0 < len(celery_deliveries) <= 10  # without the take: 30
+    # Each ended as recorded (most in the round trip of their thread's next take): outcome set,
+    # claim released, one log entry, out of the reaper's index.
+    client = redis.Redis.from_url(url, decode_responses=True)
+    for job_id in ids:
+        state = client.hgetall(Delivery.of(job_id, "completed", "").key)
+        assert (state["outcome"], state["lease"], client.llen(keys.webhook_log(job_id))) == (
+            "delivered",
+            "0",
+            1,
+        )
+    assert client.zcard(keys.WEBHOOK_PENDING) == 0
