@@ -30,8 +30,10 @@ Ordering: `completed` waits (re-queued, not counted as an attempt) while the job
 delivery is still pending, until start was delivered or given up.
 
 
-The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua; a task thread
-whose delivery ended takes the next message itself: workers/delivery_intake.py.
+The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua (their logic:
+claim_delivery, look_delivery and record_delivery in common.lua); a task thread whose delivery
+ended takes the next message itself, recording the last in the same script:
+workers/delivery_intake.py.
 """
 
 from __future__ import annotations

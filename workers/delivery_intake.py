@@ -11,6 +11,10 @@ leaves the delivery pending with its message nowhere, which the reaper pushes ag
 a death. Only due first-hand messages are taken; one with an eta (a retry, a hop), or any other
 message, goes back where it was and the take ends, so Celery's consumer receives it next and keeps
 it until due.
+
+The same script first records the end of the thread's previous attempt (an Ending) and, once the
+claim is made, reads what the attempt needs (a Sight): a taken delivery's only other round trip
+is the attempt's own preparation.
 """
 
 from __future__ import annotations
