@@ -13,6 +13,10 @@ protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own, plus on
 lacks: a connection that has not finished sending a request's headers within `header_timeout_s`
 of starting it (or of connecting) is closed. uvicorn only times out idle keep-alive connections,
 so a client that connects and trickles header bytes (slowloris) held a connection forever.
+
+And one ASGI extension, CLIENT_GONE: each request's scope carries its connection's future that
+is done once the client has gone, so an event stream ends when its client leaves by a callback
+(api/routes/stream.py EventStream) rather than by a task waiting on `receive` for that.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: The scope extension ({"future": asyncio.Future}) done when the request's client has gone.
+CLIENT_GONE = "genq.client_gone"
 
 
 class OneWriteTransport:
@@ -83,10 +90,13 @@ class OneWriteHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # Reads and flow control (pause/resume reading) stay on the real transport.
         self.transport = OneWriteTransport(transport, self.loop)  # type: ignore[assignment]
+        self._client_gone: asyncio.Future[None] = self.loop.create_future()
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        extensions = self.scope.setdefault("extensions", {})
+        extensions[CLIENT_GONE] = {"future": self._client_gone}
         self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
@@ -95,6 +105,8 @@ class OneWriteHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if not self._client_gone.done():
+            self._client_gone.set_result(None)
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
+import uvicorn
+from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.edge.server import OneWriteTransport
+from api.edge.server import CLIENT_GONE, OneWriteHttpProtocol, OneWriteTransport
+from api.routes.stream import EventStream
 from shared.config import Settings
 from tests.api.live_server import live_server
 from tests.conftest import ApiProcess
@@ -131,3 +137,67 @@ def test_genq_api_runs_this_protocol(
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: local")  # and never the rest
         assert slow.recv(1) == b""  # closed by the server
         assert 0.4 < time.monotonic() - started < 3
+
+
+def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receive() -> None:
+    """The CLIENT_GONE extension: an event stream (api/routes/stream.py EventStream) whose client
+    closes the connection mid-stream is cancelled, its body's `finally` and its background task
+    run, and `receive` was never called for it (Starlette's own way waits on `receive` in a task
+    group of its own for every stream)."""
+    ended = threading.Event()
+    released = threading.Event()
+    receive_calls: list[str] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b"event: output\ndata: {}\n\n"
+            await asyncio.Event().wait()  # a job that never ends
+        finally:
+            ended.set()
+
+    async def release() -> None:
+        released.set()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+
+        async def counted() -> Message:
+            receive_calls.append(scope["path"])
+            return await receive()
+
+        assert CLIENT_GONE in scope["extensions"]
+        await EventStream(body(), media_type="text/event-stream", background=BackgroundTask(release))(
+            scope, counted, send
+        )
+
+    with _server(app) as (host, port), socket.create_connection((host, port), timeout=10) as stream:
+        stream.sendall(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        received = b""
+        while b"data: {}" not in received:
+            received += stream.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200 OK")
+        stream.close()
+        assert ended.wait(5) and released.wait(5)
+    assert receive_calls == []
+
+
+@contextmanager
+def _server(app: ASGIApp) -> Iterator[tuple[str, int]]:
+    """`app` under uvicorn with genq's protocol, in a thread, on a free loopback port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", http=OneWriteHttpProtocol)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
