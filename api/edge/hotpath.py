@@ -12,8 +12,8 @@ What it does: a request of exactly the common shape is answered here through the
 FastAPI routes run: `serve()` (api/edge/pipeline.py: the caller, the rate limit its route declares, the
 error mapping) around `accept_job` or `read_job`, inside the same `HttpMetrics` (request id,
 metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits:
-how clients wait for a job), and a job's event stream (its route's `open_stream`, sent by
-Starlette's own StreamingResponse: FastAPI's routing and dependency solving were ~16% of the API's
+how clients wait for a job), and a job's event stream (its route's `open_stream`, sent by its
+EventStream, api/routes/stream.py: FastAPI's routing and dependency solving were ~16% of the API's
 CPU with 256 streams open). Anything else goes on, untouched, to FastAPI: another path or method,
 any other query string, a chunked or over-long body, a body that is not plain JSON or does not
 validate, an over-long header. So every error response that depends on parsing, every other
@@ -140,7 +140,7 @@ class HotPaths:
             return await open_stream(state.queue, job_id, await caller.owner(), _text(last_event_id))
 
         response = await self._served(scope, headers, self.stream_route, work)
-        await response(scope, receive, send)  # Starlette's: it also ends the stream if the client leaves
+        await response(scope, receive, send)  # EventStream: it also ends the stream if the client leaves
         return True
 
     async def _answer(
