@@ -255,17 +255,12 @@ class Deliveries:
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         return [repr(now), repr(lease), self._settings.job_ttl_s]
 
-    def record(
-        self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
-    ) -> None:
-        """End this generation now (ending() says what that does)."""
-        self.end(self.ending(delivery, generation, fields, entry))
-
     def ending(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
     ) -> Ending:
         """The end of this generation, to make with end() or with a thread's next take
-        (workers/delivery_intake.py): release the claim, set fields, append the attempt to the log."""
+        (workers/delivery_intake.py): release the claim, set fields, append the attempt to the log
+        (shared/lua/common.lua record_delivery)."""
         flat = [item for pair in fields.items() for item in pair]
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""

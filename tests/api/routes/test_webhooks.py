@@ -45,7 +45,8 @@ def record_attempt(
     delivery = Delivery.of(job_id, event, "")
     verdict = Verdict(Outcome.DELIVERED, None) if status_code < 300 else Verdict(Outcome.RETRYING, 5.0)
     entry = log_entry(delivery, 1, AttemptResult(status_code, None, False, 12.5), verdict)
-    Deliveries(client, settings).record(delivery, 0, {"outcome": verdict.outcome}, entry)
+    deliveries = Deliveries(client, settings)
+    deliveries.end(deliveries.ending(delivery, 0, {"outcome": verdict.outcome}, entry))
 
 
 async def test_the_owner_sees_each_attempt_oldest_first(
