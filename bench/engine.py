@@ -45,7 +45,7 @@ import torch
 
 from bench.common import parse_args, percentile, write_report
 from workers.engine import GenerationRequest, SamplingParams, StepStats, build_engine
-from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
+from workers.engine.config import DEFAULT_MODEL, KV_CELL_TYPES, RANDOM_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.loading import LoadedModel, load_model
 
@@ -389,6 +389,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         "on the default GGUF (builds them once; writes engine_reference.json/png; --threads default 2)",
     )  # fmt: skip
     parser.add_argument(
+        "--kv-cells", choices=sorted(KV_CELL_TYPES), default="q8_0",
+        help="--backends, --reference: genq's llama.cpp K/V cell type (GENQ_LLAMACPP_KV_CELLS)",
+    )  # fmt: skip
+    parser.add_argument(
         "--llamacpp-dir", type=Path, default=None,
         help="--reference: a llama.cpp build folder holding the reference tools (default: found or built)",
     )  # fmt: skip
@@ -505,6 +509,7 @@ def gguf_config(args: argparse.Namespace, concurrency: Sequence[int], threads: i
         max_batch_tokens=32768,
         torch_threads=threads,
         llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
+        llamacpp_kv_cells=args.kv_cells,
         # Every round runs the same prompts, and llama-batched-bench (and torch) prefill each one:
         # kept prefixes would skip most of genq's prefills. The HTTP half measures the prefix cache.
         llamacpp_prefix_cache=False,

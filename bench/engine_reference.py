@@ -14,9 +14,9 @@ after the chat template, about 40 as in the issue) and 64 generated tokens per s
   - llama-batched-bench `-npp P -ntg 64 -npl 1,4,16,32`: C random prompts prefilled in one batch,
     then 64 decode steps of C tokens. Twice: with llama.cpp's defaults (repacked weights, f16 K
     and V, a context of the model's training length) and with the context genq gives llama.cpp
-    (`-nr` no repacking, `-ctk q8_0 -ctv q8_0`, `-no-kvu` one KV stream per sequence, genq's
-    cells and batch), so the report separates what llama.cpp's defaults give from what genq's
-    settings cost.
+    (`-nr` no repacking, `-ctk`/`-ctv` genq's K/V cell type (`--kv-cells`, default q8_0), `-no-kvu`
+    one KV stream per sequence, genq's cells and batch), so the report separates what llama.cpp's
+    defaults give from what genq's settings cost.
   - genq's engine, the llama.cpp backend (EngineConfig as `--backends` builds it): the C prompts
     submitted at once, 64 tokens each (ignore_eos), so the shapes match batched-bench's.
 Per run: the generation rate (llama.cpp's S_TG; genq's tokens of the steps after its last prefill
@@ -122,7 +122,8 @@ def batched_bench_argv(
             "-ntg", str(sizes.tokens), "-npl", batches, "--output-format", "jsonl", "-lv", "4"]  # fmt: skip
     if run == "llamacpp_genq_settings":
         cells = config.max_batch_size * config.llamacpp_sequence_tokens
-        argv += ["-nr", "-ctk", "q8_0", "-ctv", "q8_0", "-no-kvu", "-c", str(cells),
+        kv = config.llamacpp_kv_cells
+        argv += ["-nr", "-ctk", kv, "-ctv", kv, "-no-kvu", "-c", str(cells),
                  "-b", str(GENQ_BATCH_TOKENS), "-ub", str(GENQ_BATCH_TOKENS)]  # fmt: skip
     return argv
 
@@ -259,6 +260,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "max_batch_size": config.max_batch_size,
             "llamacpp_sequence_tokens": config.llamacpp_sequence_tokens,
             "llamacpp_prefix_cache": config.llamacpp_prefix_cache,
+            "llamacpp_kv_cells": config.llamacpp_kv_cells,
             "threads": config.torch_threads,
         },
         "rounds": [],

@@ -130,6 +130,7 @@ def start_genq(
         "MAX_BATCH_SIZE": str(SLOTS),
         "LLAMACPP_SEQUENCE_TOKENS": str(SLOT_TOKENS),
         "LLAMACPP_PREFIX_CACHE": str(prefix_cache).lower(),
+        "LLAMACPP_KV_CELLS": config.llamacpp_kv_cells,
         "CACHE_ENABLED": "false",
         "MAX_WAIT_S": "300",
     }

@@ -45,6 +45,7 @@ def engine_config(
         torch_threads=settings.torch_threads,
         backend=settings.engine_backend,
         llamacpp_sequence_tokens=settings.llamacpp_sequence_tokens,
+        llamacpp_kv_cells=settings.llamacpp_kv_cells,
         llamacpp_prefix_cache=settings.llamacpp_prefix_cache,
         placeholder_step_s=settings.placeholder_step_s,
         on_step=_observe_step(settings.model),

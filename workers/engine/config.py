@@ -13,6 +13,8 @@ RANDOM_MODEL = "random-tiny"
 PLACEHOLDER_MODEL = "placeholder-echo"
 #: EngineConfig.backend's values.
 BACKENDS = ("auto", "torch", "llamacpp")
+#: The llama.cpp K/V cell types a worker may choose, as ggml's type numbers (ggml.h's ggml_type).
+KV_CELL_TYPES = {"q8_0": 8, "f16": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class EngineConfig:
     #: Under llama.cpp: KV cells of each row's own stream, the most tokens (prompt + completion) one
     #: sequence holds; all max_batch_size streams are allocated at start.
     llamacpp_sequence_tokens: int = 2048
+    #: Under llama.cpp: the K and V cells' type, "q8_0" or "f16" (half the memory, or faster).
+    llamacpp_kv_cells: str = "q8_0"
     #: Under llama.cpp: a released row keeps its KV cells, and a later prompt starting with the same
     #: tokens reuses them instead of prefilling them again (llamacpp_executor.py). Off: every prompt
     #: is prefilled whole.
@@ -75,6 +79,10 @@ class EngineConfig:
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.llamacpp_kv_cells not in KV_CELL_TYPES:
+            raise ValueError(
+                f"llamacpp_kv_cells must be one of {sorted(KV_CELL_TYPES)}, got {self.llamacpp_kv_cells!r}"
+            )
         if self.llamacpp_sequence_tokens < 64:
             raise ValueError(f"llamacpp_sequence_tokens must be >= 64, got {self.llamacpp_sequence_tokens}")
         if self.output_interval_s < 0:

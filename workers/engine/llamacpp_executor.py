@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from workers.engine.choice import TokenChooser
-from workers.engine.config import EngineConfig
+from workers.engine.config import KV_CELL_TYPES, EngineConfig
 from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
@@ -62,8 +62,6 @@ from workers.engine.types import FatalEngineError
 #: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
 #: physical batch, so its compute buffers stay small.
 _BATCH_TOKENS = 512
-#: ggml's type id of 8-bit blocks (ggml.h), for the KV cache.
-_GGML_TYPE_Q8_0 = 8
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
 
@@ -265,9 +263,9 @@ class LlamaCppExecutor:
         params.n_batch = params.n_ubatch = _BATCH_TOKENS
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = False
-        # 8-bit K and V (llama.cpp's flash attention reads them): half the cells' memory, which
-        # llama.cpp allocates (and zeroes) for every row up front.
-        params.type_k = params.type_v = _GGML_TYPE_Q8_0
+        # By default 8-bit K and V (llama.cpp's flash attention reads them): half f16's memory for
+        # the cells, which llama.cpp allocates for every row up front.
+        params.type_k = params.type_v = KV_CELL_TYPES[self._config.llamacpp_kv_cells]
         params.no_perf = True
         return params
 

@@ -89,6 +89,17 @@ def test_a_short_job_joins_long_ones_and_a_canceled_row_is_reused(llamacpp_engin
         long_jobs[1].result(10)
 
 
+def test_with_f16_cells_batched_greedy_output_equals_solo(llamacpp_engine: EngineFactory) -> None:
+    """GENQ_LLAMACPP_KV_CELLS=f16 keeps what the engine guarantees: each row its own stream, so a
+    job's greedy text batched beside others is its solo text."""
+    engine = llamacpp_engine(max_batch_size=4, llamacpp_kv_cells="f16")
+    solo = [engine.submit(_chat(f"solo{i}", p, max_tokens=12)).result(60).text for i, p in enumerate(PROMPTS)]
+    batched = [engine.submit(_chat(f"batched{i}", p, max_tokens=12)) for i, p in enumerate(PROMPTS)]
+    results = [future.result(60) for future in batched]
+    assert [result.text for result in results] == solo
+    assert max(result.batch_size for result in results) > 1
+
+
 class _RecordingExecutor(LlamaCppExecutor):
     """The real executor; each llama_decode's seq_ids, in batch order, are kept for the test."""
 
@@ -287,12 +298,16 @@ def _rss_mib() -> float:
     return _status_mib("VmRSS")
 
 
-def _kv_mib(model: LlamaCppModel, cells: int) -> float:
-    """The size of llama.cpp's 8-bit KV streams for `cells` cells of this model."""
+#: Bytes per K or V element of each cell type: q8_0 holds 32 in 34 bytes.
+CELL_BYTES = {"q8_0": 34 / 32, "f16": 2.0}
+
+
+def _kv_mib(model: LlamaCppModel, cells: int, kind: str = "q8_0") -> float:
+    """The size of llama.cpp's KV streams of cell type `kind` for `cells` cells of this model."""
     llama, handle = binding(), model.handle
     layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
     head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
-    return float(layers * 2 * heads_kv * head_dim * cells * (34 / 32) / 2**20)  # q8_0: 34 bytes per 32
+    return float(layers * 2 * heads_kv * head_dim * cells * CELL_BYTES[kind] / 2**20)
 
 
 def test_a_16_row_engine_holds_the_kv_cells_it_wrote_and_no_copy_of_the_weights(
@@ -322,23 +337,28 @@ def test_a_16_row_engine_holds_the_kv_cells_it_wrote_and_no_copy_of_the_weights(
     assert peak < kv_mib / 2
 
 
+@pytest.mark.parametrize("cells", ["q8_0", "f16"])
 def test_creating_a_context_writes_nothing_but_zeros_into_the_memory_it_maps(
-    llamacpp_model: LlamaCppModel, model_cache: Path
+    llamacpp_model: LlamaCppModel, model_cache: Path, cells: str
 ) -> None:
     """What makes handing back zero pages while llama.cpp creates a context safe (ZeroPageWatch
     .meanwhile in LlamaCppExecutor.prepare): the constructor writes nothing but zeros into the
     large chunks it maps (the KV streams, compute buffers), so a zero page handed back while it
     runs loses no write. Checked here on a context created the engine's way with no page handed
     back: every chunk holds only zeros past its first page (glibc's header). A llama.cpp that
-    initialises its buffers otherwise fails this test, and must not be run with that release."""
+    initialises its buffers otherwise fails this test, and must not be run with that release. For
+    each K/V cell type (GENQ_LLAMACPP_KV_CELLS), whose streams take the size that type has."""
     config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=4)
-    executor = LlamaCppExecutor(replace(config, llamacpp_sequence_tokens=2048), llamacpp_model)
+    config = replace(config, llamacpp_sequence_tokens=2048, llamacpp_kv_cells=cells)
+    executor = LlamaCppExecutor(config, llamacpp_model)
     llama = binding()
     watch = ZeroPageWatch()
     context = llama.llama_init_from_model(llamacpp_model.handle, executor._context_params())
     try:
         watch.look()
-        assert sum(chunk.size for chunk in watch.chunks) > _kv_mib(llamacpp_model, 4 * 2048) * 2**20
+        mapped_mib = sum(chunk.size for chunk in watch.chunks) / 2**20
+        kv_mib = _kv_mib(llamacpp_model, 4 * 2048, cells)
+        assert kv_mib < mapped_mib < kv_mib + 128  # streams of that type, and compute buffers (~100 MiB)
         for chunk in watch.chunks:
             past_header = chunk.start + PAGE_BYTES
             words = (ctypes.c_uint64 * ((chunk.end - past_header) // 8)).from_address(past_header)
