@@ -9,9 +9,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Literal
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 from api.edge.server import OneWriteHttpProtocol
 from shared.config import Settings
@@ -22,14 +24,20 @@ def live_server(settings: Settings) -> Iterator[str]:
     """Serves create_app(settings) until the block ends; yields its base URL."""
     from api.app import create_app
 
+    with serve(create_app(settings), lifespan="on") as base_url:
+        yield base_url
+
+
+@contextmanager
+def serve(app: ASGIApp, lifespan: Literal["on", "off"] = "off") -> Iterator[str]:
+    """Serves `app` with genq's HTTP protocol until the block ends; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(settings), log_level="warning", timeout_graceful_shutdown=2, lifespan="on",
-        http=OneWriteHttpProtocol,
-    )  # fmt: skip
+        app, log_level="warning", timeout_graceful_shutdown=2, lifespan=lifespan, http=OneWriteHttpProtocol
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

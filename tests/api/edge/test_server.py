@@ -9,19 +9,17 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis
-import uvicorn
 from starlette.background import BackgroundTask
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from api.edge.server import CLIENT_GONE, OneWriteHttpProtocol, OneWriteTransport
+from api.edge.server import CLIENT_GONE, OneWriteTransport
 from api.routes.stream import EventStream
 from shared.config import Settings
-from tests.api.live_server import live_server
+from tests.api.live_server import live_server, serve
 from tests.conftest import ApiProcess
 
 pytestmark = pytest.mark.anyio
@@ -171,7 +169,7 @@ def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receiv
             scope, counted, send
         )
 
-    with _server(app) as (host, port), socket.create_connection((host, port), timeout=10) as stream:
+    with serve(app) as base_url, socket.create_connection(_address(base_url), timeout=10) as stream:
         stream.sendall(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
         received = b""
         while b"data: {}" not in received:
@@ -182,22 +180,6 @@ def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receiv
     assert receive_calls == []
 
 
-@contextmanager
-def _server(app: ASGIApp) -> Iterator[tuple[str, int]]:
-    """`app` under uvicorn with genq's protocol, in a thread, on a free loopback port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", http=OneWriteHttpProtocol)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield sock.getsockname()
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+def _address(base_url: str) -> tuple[str, int]:
+    host, port = base_url.removeprefix("http://").split(":")
+    return host, int(port)
