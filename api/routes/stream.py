@@ -78,9 +78,9 @@ class EventStream(StreamingResponse):
     """Starlette's StreamingResponse, ended when its client leaves by a callback on the
     connection's CLIENT_GONE future (api/edge/server.py) where the server offers one. Starlette's
     own way, an anyio task group with a task waiting on `receive` for the disconnect, cost the API
-    ~0.1 ms of CPU per stream (measured with bench/machinery.py's `sse` clients: 0.53-0.60 against
-    0.44-0.46 ms per job at C = 16 without it). Elsewhere (other servers, in-process test clients)
-    it is Starlette's."""
+    ~0.07 ms of CPU per stream (bench/machinery.py's `sse` clients at C = 16: 0.50-0.53 ms per job
+    with it, 0.43-0.48 with this; bench/results/machinery_sse_client_gone_ab.json). Elsewhere
+    (other servers, in-process test clients) it is Starlette's."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone: asyncio.Future[None] | None = scope.get("extensions", {}).get(CLIENT_GONE, {}).get("future")
