@@ -26,11 +26,14 @@ class JobEvents:
         self._redis = client
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Set by stop(): the task ends at its next turn even if redis-py lost the cancel.
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen_forever(), name="genq-job-events")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             # Bounded: a cancel that lands mid-subscribe can leave redis-py's pubsub close waiting
@@ -60,10 +63,13 @@ class JobEvents:
             self._wake(job_id)
 
     async def _listen_forever(self) -> None:
-        while True:
+        # Not `while True`: see StreamHub._listen_forever (api/jobs/stream_hub.py).
+        while not self._stopping:
             try:
                 await self._listen()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                if self._stopping:
+                    return
                 log.warning("job_events_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # anything may have finished while we were away
                 await asyncio.sleep(0.5)
@@ -77,7 +83,7 @@ class JobEvents:
         try:
             await pubsub.subscribe(keys.JOB_EVENTS_CHANNEL)
             self._wake_all()
-            while True:
+            while not self._stopping:
                 message = await pubsub.get_message(timeout=5.0)
                 if message is not None:
                     data = message["data"]

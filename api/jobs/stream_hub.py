@@ -49,11 +49,14 @@ class StreamHub:
         #: When the last follower left (loop time): the subscription ends LINGER_S later.
         self._idle_since = 0.0
         self._task: asyncio.Task[None] | None = None
+        #: Set by stop(): the task ends at its next turn even if redis-py lost the cancel.
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen_forever(), name="genq-stream-hub")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             # Bounded, as JobEvents.stop: a cancel mid-subscribe can leave the pubsub close waiting.
@@ -87,11 +90,16 @@ class StreamHub:
                 self._idle_since = asyncio.get_running_loop().time()
 
     async def _listen_forever(self) -> None:
-        while True:
+        # Not `while True`: a cancel that lands in redis-py's subscribe or close can come out as a
+        # ConnectionError once stop() closes the client, and the loop would then reconnect and
+        # hold the process's shutdown (seen once in the suite: a 300 s teardown).
+        while not self._stopping:
             await self._someone.wait()
             try:
                 await self._listen()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                if self._stopping:
+                    return
                 # OSError includes TimeoutError: Redis never confirmed the subscription.
                 log.warning("stream_hub_reconnect", extra=fields(error=type(exc).__name__))
                 self._wake_all()  # followers fall back on their own reads until Redis is back
@@ -111,7 +119,7 @@ class StreamHub:
             await _confirmed(pubsub)
             # Only now: a follower's read sent before Redis ran the SUBSCRIBE may have missed news.
             self._wake_all()
-            while self._wanted():
+            while self._wanted() and not self._stopping:
                 message = await pubsub.get_message(timeout=POLL_S)
                 if message is not None and message["type"] == "message":
                     data = message["data"]
