@@ -240,8 +240,9 @@ class Deliveries:
         """Claim `generation` of `delivery` (what the outcome means: Claim) and, when claimed,
         read what its attempt needs, in one script: the outcome, the end of the lease that
         decided it, and the Sight (None unless claimed)."""
-        start = Delivery.of(delivery.job_id, WebhookEvent.START, "")
-        state_keys = [delivery.key, delivery.record_key, *([start.key] if delivery.follows_start else [])]
+        state_keys = [delivery.key, delivery.record_key]
+        if delivery.follows_start:  # its reads include the job's `start` delivery
+            state_keys.append(Delivery.of(delivery.job_id, WebhookEvent.START, "").key)
         reply = self._claim(keys=state_keys, args=[*self._claim_args(generation), START_MESSAGE_FIELD])
         return claimed(reply)
 
