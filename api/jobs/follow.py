@@ -14,6 +14,7 @@ text as one last `Output` with id FINAL_ID.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -77,13 +78,50 @@ class Ping:
 StreamEvent = Output | Done | Failure | Ping
 
 
+class Watched:
+    """A job read after its follower's wake-ups were registered: where a stream starts. Reading
+    after registering is what makes the first read enough (a job that ends during it still wakes
+    the follower), so a route that must answer 404 before its stream starts (api/routes/stream.py)
+    opens this and hands it to follow() instead of reading the record a second time.
+
+    close() unregisters the wake-ups; it may run more than once (the stream's end, and a response
+    whose body never started)."""
+
+    def __init__(self, owner: str, job: JobView, woken: asyncio.Event, moved: Relay, ended: Relay) -> None:
+        self.owner, self.job = owner, job
+        #: Set by either hub; `moved` (new stream entries) and `ended` (the record may be
+        #: terminal) say which.
+        self.woken, self.moved, self.ended = woken, moved, ended
+        self.registered = contextlib.ExitStack()
+
+    def close(self) -> None:
+        self.registered.close()
+
+
+async def watched(queue: JobQueue, job_id: str, owner: str) -> Watched:
+    """Registers a follower's wake-ups with both hubs, then reads the job: NotFound (unknown, or
+    someone else's) leaves nothing registered."""
+    woken = asyncio.Event()
+    moved, ended = Relay(woken), Relay(woken)
+    with contextlib.ExitStack() as registering:
+        registering.enter_context(queue.watch(job_id, ended))
+        registering.enter_context(queue.follow_stream(job_id, moved))
+        watching = Watched(owner, await queue.get(job_id, owner), woken, moved, ended)
+        watching.registered = registering.pop_all()
+    return watching
+
+
 async def follow(
-    queue: JobQueue, job_id: str, owner: str, after_id: str = START_ID
+    queue: JobQueue, job_id: str, owner: str, after_id: str = START_ID, watching: Watched | None = None
 ) -> AsyncIterator[StreamEvent]:
-    """The job's output after entry `after_id`, then `Done`, or a `Failure` that ends it."""
+    """The job's output after entry `after_id`, then `Done`, or a `Failure` that ends it. From
+    `watching` when the caller opened it (and then this closes it), else from a fresh one."""
     try:
-        async for event in _follow(queue, job_id, owner, after_id):
-            yield event
+        if watching is None:
+            watching = await watched(queue, job_id, owner)
+        with contextlib.closing(watching):
+            async for event in _follow(queue, watching, after_id):
+                yield event
     except NotFound:
         yield Failure("not_found", f"job {job_id!r} no longer exists (it expired or was removed)")
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -91,45 +129,42 @@ async def follow(
         yield Failure("unavailable", "the job store (Redis) is unreachable; reconnect with Last-Event-ID")
 
 
-async def _follow(queue: JobQueue, job_id: str, owner: str, after_id: str) -> AsyncIterator[StreamEvent]:
+async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIterator[StreamEvent]:
     loop = asyncio.get_running_loop()
-    cursor = after_id
-    woken = asyncio.Event()
-    # Each hub sets its own: new entries are read from the stream, a possible end from the record.
-    moved, ended = Relay(woken), Relay(woken)
-    with queue.watch(job_id, ended), queue.follow_stream(job_id, moved):
-        job = await queue.get(job_id, owner)
-        if cursor == FINAL_ID and not job["status"].is_terminal():
-            cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
-        next_check = loop.time() + _recheck_s()
-        quiet_since = loop.time()
-        moved.set()  # what the stream holds already (a late join)
-        while not job["status"].is_terminal():
-            if loop.time() >= next_check:  # no news for a while: read both, lest a message was lost
-                moved.set()
-                ended.set()
-                next_check = loop.time() + _recheck_s()
-            if moved.is_set():
-                moved.clear()  # before the read: an entry added during it sets it again
-                entries = await queue.stream_entries(job_id, cursor)
-                for entry in entries:
-                    cursor = entry.id
-                    quiet_since = loop.time()
-                    yield _output(entry)
-                if len(entries) >= READ_COUNT:
-                    moved.set()  # a full page: there may be more
-            if ended.is_set():
-                ended.clear()
-                job = await queue.get(job_id, owner)
-                continue
-            # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
-            woken.clear()
-            while not (moved.is_set() or ended.is_set() or loop.time() >= next_check):
-                wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
-                await set_within(woken, wake_in)
-                if loop.time() - quiet_since >= HEARTBEAT_S:
-                    quiet_since = loop.time()
-                    yield Ping()
+    job, cursor = watching.job, after_id
+    job_id, owner = job["id"], watching.owner
+    woken, moved, ended = watching.woken, watching.moved, watching.ended
+    if cursor == FINAL_ID and not job["status"].is_terminal():
+        cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
+    next_check = loop.time() + _recheck_s()
+    quiet_since = loop.time()
+    moved.set()  # what the stream holds already (a late join)
+    while not job["status"].is_terminal():
+        if loop.time() >= next_check:  # no news for a while: read both, lest a message was lost
+            moved.set()
+            ended.set()
+            next_check = loop.time() + _recheck_s()
+        if moved.is_set():
+            moved.clear()  # before the read: an entry added during it sets it again
+            entries = await queue.stream_entries(job_id, cursor)
+            for entry in entries:
+                cursor = entry.id
+                quiet_since = loop.time()
+                yield _output(entry)
+            if len(entries) >= READ_COUNT:
+                moved.set()  # a full page: there may be more
+        if ended.is_set():
+            ended.clear()
+            job = await queue.get(job_id, owner)
+            continue
+        # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
+        woken.clear()
+        while not (moved.is_set() or ended.is_set() or loop.time() >= next_check):
+            wake_in = min(next_check, quiet_since + HEARTBEAT_S) - loop.time()
+            await set_within(woken, wake_in)
+            if loop.time() - quiet_since >= HEARTBEAT_S:
+                quiet_since = loop.time()
+                yield Ping()
     async for event in _finish(queue, job, cursor):
         yield event
 

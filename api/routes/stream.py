@@ -22,7 +22,7 @@ from api.edge.concurrency import Slot
 from api.edge.deps import QueueDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit
 from api.edge.server import CLIENT_GONE
-from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, follow
+from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, Watched, follow, watched
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID, is_entry_id
 from api.routes.jobs import ERRORS, JobId
@@ -104,20 +104,25 @@ class EventStream(StreamingResponse):
             await self.background()
 
 
-def held_stream(frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str]) -> StreamingResponse:
-    """An SSE response that gives its stream slot back however it ends (the body's own `finally`
-    does not run when a client leaves before the first byte: the background task then does)."""
+def held_stream(
+    frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str], watching: Watched | None = None
+) -> StreamingResponse:
+    """An SSE response that gives its stream slot back, and unregisters the follower's wake-ups
+    it was opened with, however it ends (the body's own `finally` does not run when a client
+    leaves before the first byte: the background task then does)."""
     return EventStream(
         frames,
         media_type="text/event-stream",
         headers=SSE_HEADERS | headers,
         # An async callable: Starlette runs a plain function on its thread pool, a thread hop per stream.
-        background=BackgroundTask(_release, slot),
+        background=BackgroundTask(_release, slot, watching),
     )
 
 
-async def _release(slot: Slot) -> None:
+async def _release(slot: Slot, watching: Watched | None) -> None:
     slot.release()
+    if watching is not None:
+        watching.close()
 
 
 @router.get(
@@ -142,6 +147,13 @@ async def open_stream(
 ) -> StreamingResponse:
     """The stream's response (the route's work, and the hot path's: api/edge/hotpath.py)."""
     after_id = _resume_after(last_event_id)
-    await queue.get(job_id, owner)  # unknown or someone else's: a 404 before the stream starts
-    slot = queue.hold(owner, "streams")
-    return held_stream(_frames(follow(queue, job_id, owner, after_id), slot), slot, {})
+    # Unknown or someone else's: a 404 before the stream starts. The stream starts from this read
+    # (one read of the record, not one here and another in follow()).
+    watching = await watched(queue, job_id, owner)
+    try:
+        slot = queue.hold(owner, "streams")
+    except BaseException:
+        watching.close()
+        raise
+    events = follow(queue, job_id, owner, after_id, watching)
+    return held_stream(_frames(events, slot), slot, {}, watching)

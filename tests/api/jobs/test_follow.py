@@ -9,10 +9,13 @@ import time
 import pytest
 import redis
 
+from api.edge.concurrency import Slot
 from api.jobs.follow import FINAL_ID, Done, Failure, Output, StreamEvent, follow
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID
+from api.routes.stream import open_stream
 from shared import keys
+from shared.errors import ConcurrencyLimited, NotFound
 from shared.schemas import JobStatus
 from tests.api.conftest import OWNER, ScriptedWorker, submitted
 
@@ -162,3 +165,77 @@ async def test_a_job_that_vanishes_or_is_not_the_callers_ends_in_not_found(
     redis_client.delete(keys.job(job_id))
     events = await all_events(queue, job_id)
     assert len(events) == 1 and isinstance(events[0], Failure) and events[0].type == "not_found"
+
+
+def registered(queue: JobQueue, job_id: str) -> bool:
+    """Whether either hub still holds a wake-up for the job. Their registries are private; a
+    stream that ended without unregistering would leave its job there (and keep the stream hub
+    subscribed) for the life of the process."""
+    return job_id in queue._hub._followers or job_id in queue._events._waiters
+
+
+async def test_a_stream_its_route_opens_reads_the_record_once_and_leaves_nothing_registered(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """open_stream's 404 check is the read the stream starts from: it registers the follower's
+    wake-ups first, so no second read is needed (it read the record twice before)."""
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    scripted.publish(job_id, "one", 1)
+    scripted.succeed(job_id, "one", 1)
+    reads = calls(redis_client, "hgetall")
+    response = await open_stream(queue, job_id, OWNER, None)
+    body = b"".join(
+        [chunk if isinstance(chunk, bytes) else str(chunk).encode() async for chunk in response.body_iterator]
+    )
+    assert calls(redis_client, "hgetall") - reads == 1
+    assert body.startswith(b"id: ") and b"event: output" in body and b"event: done" in body
+    assert not registered(queue, job_id)
+
+
+async def test_a_live_stream_whose_body_never_starts_unregisters_by_its_background_task(
+    queue: JobQueue, scripted: ScriptedWorker
+) -> None:
+    """A client that leaves before the first byte: the body generator never runs its `finally`,
+    so the response's background task gives back the slot and the wake-ups."""
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    response = await open_stream(queue, job_id, OWNER, None)
+    assert registered(queue, job_id)
+    assert response.background is not None
+    await response.background()
+    assert not registered(queue, job_id)
+    # The slot is back: the owner may hold as many streams as before.
+    await assert_all_stream_slots_free(queue)
+
+
+async def test_a_refused_stream_leaves_nothing_registered(queue: JobQueue) -> None:
+    """404 (someone else's job) and 429 (the owner holds its open streams' limit) come before the
+    stream starts, and take back what the open registered."""
+    job_id = await submitted(queue)
+    with pytest.raises(NotFound):
+        await open_stream(queue, job_id, "key-someone-else", None)
+    assert not registered(queue, job_id)
+    held = hold_every_stream_slot(queue)
+    try:
+        with pytest.raises(ConcurrencyLimited):
+            await open_stream(queue, job_id, OWNER, None)
+        assert not registered(queue, job_id)
+    finally:
+        for slot in held:
+            slot.release()
+
+
+def hold_every_stream_slot(queue: JobQueue) -> list[Slot]:
+    held: list[Slot] = []
+    with pytest.raises(ConcurrencyLimited):
+        while True:
+            held.append(queue.hold(OWNER, "streams"))
+    return held
+
+
+async def assert_all_stream_slots_free(queue: JobQueue) -> None:
+    held = hold_every_stream_slot(queue)
+    for slot in held:
+        slot.release()
+    assert len(held) == queue._settings.max_streams_per_key
