@@ -171,7 +171,7 @@ def registered(queue: JobQueue, job_id: str) -> bool:
     """Whether either hub still holds a wake-up for the job. Their registries are private; a
     stream that ended without unregistering would leave its job there (and keep the stream hub
     subscribed) for the life of the process."""
-    return job_id in queue._hub._followers or job_id in queue._events._waiters
+    return job_id in queue._hub._waiters or job_id in queue._events._waiters
 
 
 async def test_a_stream_its_route_opens_reads_the_record_once_and_leaves_nothing_registered(
