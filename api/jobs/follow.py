@@ -87,12 +87,20 @@ class Watched:
     close() unregisters the wake-ups; it may run more than once (the stream's end, and a response
     whose body never started)."""
 
-    def __init__(self, owner: str, job: JobView, woken: asyncio.Event, moved: Relay, ended: Relay) -> None:
+    def __init__(
+        self,
+        owner: str,
+        job: JobView,
+        woken: asyncio.Event,
+        moved: Relay,
+        ended: Relay,
+        registered: contextlib.ExitStack,
+    ) -> None:
         self.owner, self.job = owner, job
         #: Set by either hub; `moved` (new stream entries) and `ended` (the record may be
         #: terminal) say which.
         self.woken, self.moved, self.ended = woken, moved, ended
-        self.registered = contextlib.ExitStack()
+        self.registered = registered
 
     def close(self) -> None:
         self.registered.close()
@@ -106,9 +114,8 @@ async def watched(queue: JobQueue, job_id: str, owner: str) -> Watched:
     with contextlib.ExitStack() as registering:
         registering.enter_context(queue.watch(job_id, ended))
         registering.enter_context(queue.follow_stream(job_id, moved))
-        watching = Watched(owner, await queue.get(job_id, owner), woken, moved, ended)
-        watching.registered = registering.pop_all()
-    return watching
+        job = await queue.get(job_id, owner)
+        return Watched(owner, job, woken, moved, ended, registering.pop_all())
 
 
 async def follow(

@@ -65,7 +65,7 @@ class StreamHub(Wakes):
     def _now_idle(self) -> None:
         self._idle_since = asyncio.get_running_loop().time()
 
-    async def _wanted(self) -> None:
+    async def _until_wanted(self) -> None:
         await self._someone.wait()
 
     def _listened(self) -> None:

@@ -80,7 +80,7 @@ class Wakes:
         # ConnectionError once stop() closes the client, and the loop would then reconnect and
         # hold the process's shutdown (seen once in the suite: a 300 s teardown).
         while not self._stopping:
-            await self._wanted()
+            await self._until_wanted()
             try:
                 await self._listen()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
@@ -96,7 +96,7 @@ class Wakes:
                 await asyncio.sleep(RECONNECT_S)
             self._listened()
 
-    async def _wanted(self) -> None:
+    async def _until_wanted(self) -> None:
         """Returns when the subscription should be held (at once, unless a listener holds it only
         while someone waits)."""
 
