@@ -4,6 +4,7 @@ the job services' tests (tests/api/jobs) and the OpenAI layer's above them (test
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import orjson
@@ -71,3 +72,12 @@ async def submitted(queue: JobQueue, prompt: str = "a prompt", owner: str = OWNE
     """A new queued job's id (cache off: every submission is a job of its own)."""
     accepted = await queue.submit(JobCreate(prompt=prompt, cache=False), owner, None)
     return accepted.job["id"]
+
+
+async def woken(event: asyncio.Event, timeout_s: float = 2.0) -> bool:
+    """Whether `event` is set within `timeout_s` (a listener's wake-up came)."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from api.jobs.events import JobEvents, set_within
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from tests.api.conftest import woken
 
 pytestmark = pytest.mark.anyio
 
@@ -37,14 +38,6 @@ async def subscribed(client: redis.Redis) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("JobEvents never subscribed")
-
-
-async def woken(event: asyncio.Event, timeout_s: float = 2.0) -> bool:
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        return False
-    return True
 
 
 async def test_a_jobs_end_wakes_its_waiters_only(events: JobEvents, redis_client: redis.Redis) -> None:

@@ -16,6 +16,7 @@ from api.jobs import stream_hub, wakes
 from api.jobs.stream_hub import StreamHub
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from tests.api.conftest import woken
 
 pytestmark = pytest.mark.anyio
 
@@ -29,14 +30,6 @@ async def hub(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIt
     hub.start()
     yield hub
     await hub.stop()
-
-
-async def woken(event: asyncio.Event, timeout_s: float = 2.0) -> bool:
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        return False
-    return True
 
 
 def subscribers(client: redis.Redis) -> int:
