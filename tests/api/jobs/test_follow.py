@@ -206,7 +206,7 @@ async def test_a_live_stream_whose_body_never_starts_unregisters_by_its_backgrou
     await response.background()
     assert not registered(queue, job_id)
     # The slot is back: the owner may hold as many streams as before.
-    await assert_all_stream_slots_free(queue)
+    assert_all_stream_slots_free(queue)
 
 
 async def test_a_refused_stream_leaves_nothing_registered(queue: JobQueue) -> None:
@@ -234,7 +234,7 @@ def hold_every_stream_slot(queue: JobQueue) -> list[Slot]:
     return held
 
 
-async def assert_all_stream_slots_free(queue: JobQueue) -> None:
+def assert_all_stream_slots_free(queue: JobQueue) -> None:
     held = hold_every_stream_slot(queue)
     for slot in held:
         slot.release()
