@@ -18,6 +18,7 @@ from shared import keys
 
 class JobEvents(Wakes):
     name = "job_events"
+    channel = keys.JOB_EVENTS_CHANNEL
 
     @contextlib.contextmanager
     def watch(self, job_id: str, event: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
@@ -25,19 +26,6 @@ class JobEvents(Wakes):
         event = event or asyncio.Event()
         with self._registered(job_id, event):
             yield event
-
-    async def _listen(self) -> None:
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(keys.JOB_EVENTS_CHANNEL)
-            self._wake_all()  # anything may have finished while nobody listened
-            while not self._stopping:
-                message = await pubsub.get_message(timeout=5.0)
-                if message is not None:
-                    data = message["data"]
-                    self._wake(data.decode() if isinstance(data, bytes) else str(data))
-        finally:
-            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
 
 async def set_within(event: asyncio.Event, timeout_s: float) -> None:

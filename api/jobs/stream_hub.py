@@ -21,7 +21,6 @@ import contextlib
 from collections.abc import Iterator
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
 
 from api.jobs.wakes import Wakes
 from shared import keys
@@ -29,14 +28,11 @@ from shared import keys
 #: The subscription is kept this long after the last follower left, so a process that serves
 #: streams now and then does not subscribe and unsubscribe for each.
 LINGER_S = 10.0
-#: Longest wait for Redis to confirm the subscription before the hub tries again.
-CONFIRM_S = 5.0
-#: Longest wait for a message, between checks of whether anyone still follows.
-POLL_S = 1.0
 
 
 class StreamHub(Wakes):
     name = "stream_hub"
+    channel = keys.JOB_OUTPUT_CHANNEL
 
     def __init__(self, client: aioredis.Redis) -> None:
         #: A client of its own (one connection): the subscription never takes a pooled one.
@@ -72,31 +68,6 @@ class StreamHub(Wakes):
         if not self._still_wanted():
             self._someone.clear()  # the next follow() subscribes again (Redis down: no retries)
 
-    async def _listen(self) -> None:
-        """Hold the subscription until nobody has followed a stream for LINGER_S."""
-        pubsub = self._redis.pubsub()
-        try:
-            await pubsub.subscribe(keys.JOB_OUTPUT_CHANNEL)
-            await _confirmed(pubsub)
-            # Only now: a follower's read sent before Redis ran the SUBSCRIBE may have missed news.
-            self._wake_all()
-            while self._still_wanted() and not self._stopping:
-                message = await pubsub.get_message(timeout=POLL_S)
-                if message is not None and message["type"] == "message":
-                    data = message["data"]
-                    self._wake(data.decode() if isinstance(data, bytes) else str(data))
-        finally:
-            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
-
     def _still_wanted(self) -> bool:
         """Whether anyone follows a stream, or did less than LINGER_S ago."""
         return bool(self._waiters) or asyncio.get_running_loop().time() - self._idle_since < LINGER_S
-
-
-async def _confirmed(pubsub: PubSub) -> None:
-    """Wait for Redis's confirmation of the subscription (TimeoutError after CONFIRM_S)."""
-    async with asyncio.timeout(CONFIRM_S):
-        while True:
-            message = await pubsub.get_message(timeout=POLL_S)
-            if message is not None and message["type"] == "subscribe":
-                return

@@ -1,9 +1,9 @@
 """What the API's two pub/sub listeners share (api/jobs/events.py: jobs that may have ended;
 api/jobs/stream_hub.py: job streams that got entries): one subscription per process, whose
 messages name a job, fanned out to the asyncio.Events that local requests registered for that
-job; and a listening task that outlives Redis going away. While it is away nobody is told
-anything, so every waiter is woken whenever the subscription is lost or (re)made: each then reads
-for itself what it may have missed.
+job; and a listening task that outlives Redis going away. Pub/sub delivers only while
+subscribed, so every waiter is woken whenever the subscription is lost, and once Redis has
+confirmed it again: each then reads for itself what it may have missed.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.client import PubSub
 
 from shared.logging import fields
 
@@ -22,14 +23,18 @@ log = logging.getLogger("genq.api")
 
 #: How long a lost subscription waits before it subscribes again.
 RECONNECT_S = 0.5
+#: Longest wait for Redis to confirm the subscription before the listener tries again.
+CONFIRM_S = 5.0
 
 
 class Wakes:
-    """A job id's waiters, woken by the messages of one subscription held by `_listen` (each
-    listener's own). `name` prefixes the log events `<name>_reconnect` and `<name>_failed` and
-    names the task."""
+    """A job id's waiters, woken by the messages on `channel` (each names a job). `name` prefixes
+    the log events `<name>_reconnect` and `<name>_failed` and names the task."""
 
     name = "wakes"
+    channel = ""
+    #: Longest wait for a message, between checks of whether the subscription is still wanted.
+    poll_s = 1.0
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
@@ -100,9 +105,33 @@ class Wakes:
         """Returns when the subscription should be held (at once, unless a listener holds it only
         while someone waits)."""
 
+    def _still_wanted(self) -> bool:
+        """Whether the subscription should still be held."""
+        return True
+
     def _listened(self) -> None:
         """The subscription ended (it was no longer wanted, or it was lost)."""
 
     async def _listen(self) -> None:
         """Hold the subscription, waking the waiters its messages name, until it is not wanted."""
-        raise NotImplementedError
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self.channel)
+            await self._confirmed(pubsub)
+            # Only now: a waiter's read sent before Redis ran the SUBSCRIBE may have missed news.
+            self._wake_all()
+            while self._still_wanted() and not self._stopping:
+                message = await pubsub.get_message(timeout=self.poll_s)
+                if message is not None and message["type"] == "message":
+                    data = message["data"]
+                    self._wake(data.decode() if isinstance(data, bytes) else str(data))
+        finally:
+            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+
+    async def _confirmed(self, pubsub: PubSub) -> None:
+        """Wait for Redis's confirmation of the subscription (TimeoutError after CONFIRM_S)."""
+        async with asyncio.timeout(CONFIRM_S):
+            while True:
+                message = await pubsub.get_message(timeout=self.poll_s)
+                if message is not None and message["type"] == "subscribe":
+                    return

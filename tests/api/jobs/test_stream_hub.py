@@ -84,7 +84,7 @@ async def test_the_subscription_lasts_while_anyone_follows_and_lingers_after(
     """A process that serves no streams receives no output messages (every worker's every entry
     would cost it a wake-up), and one that serves them now and then does not resubscribe each time."""
     monkeypatch.setattr(stream_hub, "LINGER_S", 0.5)
-    monkeypatch.setattr(stream_hub, "POLL_S", 0.1)
+    monkeypatch.setattr(hub, "poll_s", 0.1)
     assert subscribers(redis_client) == 0 and not hub.subscribed
     event = asyncio.Event()
     with hub.follow(JOB_A, event):
