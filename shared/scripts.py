@@ -50,6 +50,8 @@ TEMPLATES = {
     "webhook_delivery_key": keys.WEBHOOK_DELIVERY,
     "batch_webhook_delivery_key": keys.BATCH_WEBHOOK_DELIVERY,
     "batch_key": keys.BATCH,
+    "webhook_secret_key": keys.WEBHOOK_KEY_SECRET,
+    "webhook_previous_secret_key": keys.WEBHOOK_KEY_SECRET_PREVIOUS,
 }
 
 

@@ -1,8 +1,12 @@
 """Webhook delivery state: claims, records, retries published, bodies frozen, attempts made.
 
 A delivery is one event of one job (`start`, `completed`, or one `output` notice). Its state
-lives in Redis (DELIVERY below): the body, frozen at the first attempt so every retry sends the
-same bytes under the same webhook-id; the attempt count; the outcome; and a claim.
+lives in Redis (DELIVERY below): the body, frozen before the first attempt so every retry sends
+the same bytes under the same webhook-id; the attempt count; the outcome; and a claim. A job's
+`completed` body is built by the worker that finishes the job and stored by its finish script
+(completed_body, workers/jobs.py); any other body is frozen by its first attempt (prepare). Once a
+body is frozen, the claim that reads it also counts the attempt and reads the signing keys
+(look_delivery in shared/lua/common.lua), so the attempt sends with no round trip before it.
 
 Durability. A failed attempt is retried by publishing the next generation's message (what
 Celery's `self.retry(countdown=...)` would publish: shared/messages.py) and then acknowledging
@@ -60,6 +64,8 @@ from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_del
 DELIVERY = keys.WEBHOOK_DELIVERY
 #: The job record's field that holds its `start` delivery's message until it is sent.
 START_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.START)
+#: The job record's field that holds its `completed` delivery's message until the job ends.
+COMPLETED_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.COMPLETED)
 #: The broker's list of the webhook queue (deliveries are all published at priority 0).
 WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
 
@@ -164,13 +170,21 @@ class Sight:
 
     #: The job's (or batch's) record; empty when it expired.
     record: dict[str, str]
-    #: The URL and body an earlier attempt froze; None before the first.
+    #: The URL and body frozen for it (by an earlier attempt, or by the worker that finished the
+    #: job); None before that.
     frozen: Frozen | None
     #: For a job's `completed`: whether the job record still holds its `start` message (never
     #: sent), and that delivery's outcome and next attempt.
     start_never_sent: bool = False
     start_outcome: str | None = None
     start_next_at: str | None = None
+    #: With a frozen body: the attempt the claim counted, and the owner's signing secrets it read
+    #: (prepare() then needs no round trip); None otherwise.
+    counted: Prepared | None = None
+
+    def uncounted(self) -> dict[str, str]:
+        """The fields that set the claim's count back, for an ending that made no attempt (a wait)."""
+        return {"attempts": str(self.counted.attempt - 1)} if self.counted else {}
 
 
 def _text(value: bytes | str) -> str:
@@ -186,15 +200,17 @@ def claimed(reply: list[Any]) -> tuple[Claim, float, Sight | None]:
 
 def sight(looked: list[Any]) -> Sight:
     """A Sight of what look_delivery (shared/lua/common.lua) read."""
-    (url, body, owner), flat_record, *start_state = looked
+    (url, body, owner), flat_record, start_never_sent, start_state, counted = looked
     pairs = zip(flat_record[::2], flat_record[1::2], strict=True)
     record = {_text(name): _text(value) for name, value in pairs}
     known = url is not None and body is not None
     frozen = Frozen(_text(url), _text(body).encode(), _text(owner or "")) if known else None
-    if not start_state:
-        return Sight(record, frozen)
-    start_never_sent, (start_outcome, start_next_at) = start_state
-    return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at)
+    start_outcome, start_next_at = start_state or (None, None)
+    prepared = None
+    if frozen is not None and counted:
+        attempt, stored_secrets = counted
+        prepared = Prepared(frozen, int(attempt), list(stored_secrets))
+    return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at, prepared)
 
 
 def publish(
@@ -311,10 +327,13 @@ class Deliveries:
 
     # --- one attempt ----------------------------------------------------------------------------
     def prepare(self, delivery: Delivery, sight: Sight) -> Prepared | None:
-        """Freeze the delivery's URL and body (at its first attempt), count this attempt and read
-        its owner's signing keys, in one round trip. None when there is nothing to send (the job
-        record expired, or an `output` notice found the job already over: its `completed`
-        delivery carries the final state)."""
+        """What this attempt sends: the claim counted it and read the keys when the body was
+        frozen already (no round trip); else freeze the delivery's URL and body (its first
+        attempt), count the attempt and read its owner's signing keys, in one round trip. None
+        when there is nothing to send (the job record expired, or an `output` notice found the
+        job already over: its `completed` delivery carries the final state)."""
+        if sight.counted is not None:
+            return sight.counted
         wanted = sight.frozen or self._to_freeze(delivery, sight)
         if wanted is None:
             return None
@@ -335,31 +354,9 @@ class Deliveries:
     def _to_freeze(self, delivery: Delivery, sight: Sight) -> Frozen | None:
         """The url, body and owner a first attempt freezes (kept for every retry); None when
         there is nothing to send."""
-        build = self._batch_event if delivery.batch else self._job_event
-        built = build(delivery, sight.record)
-        if built is None:
-            return None
-        url, payload, owner = built
-        return Frozen(url, orjson.dumps(payload), owner)
-
-    @staticmethod
-    def _job_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:
-        """(url, body, owner) of a job event; None when there is nothing to send."""
-        if not record:
-            return None
-        if delivery.event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
-            return None
-        job = public_job(record)
-        payload = {"type": EVENT_TYPES[delivery.event], "timestamp": rfc3339(time.time()), "data": job}
-        return str(job["input"]["webhook"]), payload, record.get("owner", "")
-
-    @staticmethod
-    def _batch_event(delivery: Delivery, record: dict[str, str]) -> tuple[str, dict[str, Any], str] | None:
-        """(url, body, owner) of a batch event (its data: the batch as GET /v1/batches/{id})."""
-        if not record or not record.get("webhook_url"):
-            return None
-        payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
-        return record["webhook_url"], payload, record["owner"]
+        if delivery.batch:
+            return _batch_event(delivery, sight.record)
+        return job_event(delivery.event, sight.record)
 
     def attempt(self, delivery: Delivery, prepared: Prepared) -> webhook_http.AttemptResult:
         """Send the frozen body once, signed (no Redis: prepare() read what it needs)."""
@@ -374,6 +371,41 @@ class Deliveries:
 
     def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
         return verdict(result, attempt, self._delays)
+
+
+def job_event(event: str, record: dict[str, str]) -> Frozen | None:
+    """The url, body and owner of a job's `event`, the job as `record` holds it, built now; None
+    when there is nothing to send (the record expired, or an `output` notice of a job already
+    over: its `completed` delivery carries the final state)."""
+    if not record:
+        return None
+    if event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
+        return None
+    job = public_job(record)
+    payload = {"type": EVENT_TYPES[event], "timestamp": rfc3339(time.time()), "data": job}
+    return Frozen(str(job["input"]["webhook"]), orjson.dumps(payload), record.get("owner", ""))
+
+
+def completed_body(record: dict[str, str], fields: dict[str, str | bytes]) -> Frozen | None:
+    """The `completed` delivery of a job ending with `fields`, built by the worker that ends it
+    from the record it claimed (the finish script stores it beside the delivery's message), or None
+    when the job has no `completed` webhook. The claimed record and `fields` are every field the
+    job's public view reads: nothing else writes them while the worker holds the job."""
+    if not record.get(COMPLETED_MESSAGE_FIELD):
+        return None
+    ended = {
+        **record,
+        **{name: value.decode() if isinstance(value, bytes) else value for name, value in fields.items()},
+    }
+    return job_event(WebhookEvent.COMPLETED, ended)
+
+
+def _batch_event(delivery: Delivery, record: dict[str, str]) -> Frozen | None:
+    """The url, body and owner of a batch event (its data: the batch as GET /v1/batches/{id})."""
+    if not record or not record.get("webhook_url"):
+        return None
+    payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
+    return Frozen(record["webhook_url"], orjson.dumps(payload), record["owner"])
 
 
 def log_entry(

@@ -13,8 +13,9 @@ message, goes back where it was and the take ends, so Celery's consumer receives
 it until due.
 
 The same script first records the end of the thread's previous attempt (an Ending) and, once the
-claim is made, reads what the attempt needs (a Sight): a taken delivery's only other round trip
-is the attempt's own preparation.
+claim is made, reads what the attempt needs (a Sight), counting the attempt when its body is
+frozen: such a delivery (a `completed` whose body the job's worker built, any retry) costs this
+one round trip; a first attempt of any other body adds its preparation, which freezes it.
 """
 
 from __future__ import annotations

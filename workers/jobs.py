@@ -14,6 +14,7 @@ import redis
 
 from shared import keys, scripts
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
+from workers.deliveries import completed_body
 
 #: Most messages one take looks at: messages of jobs that cannot run (canceled, taken over) are
 #: dropped on the way, and a long run of them must not make one long script.
@@ -95,14 +96,19 @@ class WorkerJobs:
         worker_id: str,
         fields: dict[str, str | bytes],
         cache_entry: tuple[str, int] | None = None,
+        record: dict[str, str] | None = None,
     ) -> bool:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
-        (cache key, ttl): on success the response is stored there in the same step."""
+        (cache key, ttl): on success the response is stored there in the same step. `record`, the
+        job as this worker claimed it: when it has a `completed` webhook, its body is built here
+        and stored in the same step (workers/deliveries.py completed_body)."""
+        fields = {"completed_at": repr(time.time()), **fields}
+        hook = completed_body(record, fields) if record else None
         flat = [item for pair in fields.items() for item in pair]
         entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
         done = self._finish(
             keys=[keys.job(job_id), entry_key],
-            args=[worker_id, job_id, ttl, "completed_at", repr(time.time()), *flat],
+            args=[worker_id, job_id, ttl, hook.url if hook else "", hook.body if hook else b"", *flat],
         )
         return bool(done)
 

@@ -262,7 +262,7 @@ class WorkerRuntime:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
         in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
-        self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script))
+        self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script, record))
 
     def _cache_key(self, record: dict[str, str]) -> str | None:
         """The key this worker's result answers: its own model revision, whatever the API assumed,

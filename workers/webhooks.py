@@ -174,10 +174,10 @@ def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> 
     `start`); then the end of the generation, for the caller to record."""
     delivery, generation, due_at = message.delivery, message.generation, message.due_at
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
-        return _retry(deliveries, message, due_at - time.time(), {})
+        return _retry(deliveries, message, due_at - time.time(), sight.uncounted())
     wait = patiently(lambda: deliveries.order_wait(delivery, sight))
     if wait is not None:
-        return _retry(deliveries, message, wait, {})
+        return _retry(deliveries, message, wait, sight.uncounted())
     prepared = patiently(lambda: deliveries.prepare(delivery, sight))
     if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))

@@ -9,14 +9,21 @@ local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 -- delivery as pending: the reaper pushes its message again should the broker lose it
 -- (shared/lua/reap_delivery.lua). The delivery's state lives as long as the job record.
 -- `message`, optional: the field's value when the caller has read it already (false: absent).
-local function push_webhook(job_key_, job_id, event, message)
+-- `frozen`, optional: {url, body, owner} the caller built for it (the worker that finishes a job
+-- builds its `completed` body), stored as a first attempt would freeze them, so no attempt needs
+-- a round trip to freeze them (look_delivery).
+local function push_webhook(job_key_, job_id, event, message, frozen)
   local field = 'webhook_message:' .. event
   if message == nil then message = redis.call('HGET', job_key_, field) end
   if message then
     redis.call('LPUSH', K.webhook_queue, message)
     redis.call('HDEL', job_key_, field)
     local delivery = webhook_delivery_key(job_id, event)
-    redis.call('HSET', delivery, 'message', message)
+    if frozen then
+      redis.call('HSET', delivery, 'message', message, 'url', frozen[1], 'body', frozen[2], 'owner', frozen[3])
+    else
+      redis.call('HSET', delivery, 'message', message)
+    end
     local ttl = redis.call('PTTL', job_key_)
     if ttl > 0 then redis.call('PEXPIRE', delivery, ttl) end
     redis.call('ZADD', K.webhook_pending, tonumber(redis.call('TIME')[1]) + ORPHAN_CHECK_S, delivery)
@@ -65,7 +72,8 @@ end
 -- Bookkeeping of every move to a terminal status (the caller has set the status and fields).
 -- `known`, optional: what the caller read of the record before its own writes, which saves
 -- reading it again: {status = the status it ended from, queue = , owner = , hook = the
--- webhook_message:completed field} (a field absent from the record as false). A job that ended
+-- webhook_message:completed field} (a field absent from the record as false), and `frozen`, the
+-- `completed` delivery's url, body and owner when the caller built them (push_webhook). A job that ended
 -- from running left its queue's and the reaper's queued indexes when it was claimed (claim.lua;
 -- only enqueue adds to them, and only for a queued job), so only a job ended from another
 -- status (queued, or unknown) leaves them here. `drop`, optional: one more record field the
@@ -84,7 +92,7 @@ local function ended(job_key_, job_id, known, drop)
   if owner == nil then owner = redis.call('HGET', job_key_, 'owner') end
   if owner then redis.call('SREM', owner_live_key(owner), job_id) end
   redis.call('PUBLISH', K.job_events, job_id)
-  push_webhook(job_key_, job_id, 'completed', known.hook)
+  push_webhook(job_key_, job_id, 'completed', known.hook, known.frozen)
 end
 
 -- Put a job (back) in the queue: its message onto the broker's list, its deadline and its next
@@ -254,16 +262,25 @@ local function claim_delivery(delivery, record, generation, now, lease_until, tt
   return 'stale', '0'
 end
 
--- What an attempt of a claimed delivery reads (Deliveries.sight in workers/deliveries.py says
--- what each part means): the url, body and owner an earlier attempt froze, the job's (or
--- batch's) record, and for a job's `completed` (`start_delivery` is that job's `start` delivery
--- state; '' for any other delivery) whether the record still holds its `start` message
--- (`start_field`: never sent) and the `start` delivery's outcome and next attempt.
+-- What an attempt of a claimed delivery reads (workers/deliveries.py `sight` says what each part
+-- means): the url, body and owner frozen for it (by an earlier attempt, or by the worker that
+-- finished the job), the job's (or batch's) record, and for a job's `completed` (`start_delivery`
+-- is that job's `start` delivery state; '' for any other delivery) whether the record still holds
+-- its `start` message (`start_field`: never sent) and the `start` delivery's outcome and next
+-- attempt. With a body frozen, the attempt is counted here and the owner's signing keys read, so
+-- the attempt needs no round trip of its own before it sends: {the attempt's number, the current
+-- and previous secrets} (a wait that makes no attempt sets the count back in its ending).
 local function look_delivery(delivery, record, start_delivery, start_field)
-  local seen = {redis.call('HMGET', delivery, 'url', 'body', 'owner'), redis.call('HGETALL', record)}
+  local frozen = redis.call('HMGET', delivery, 'url', 'body', 'owner')
+  local seen = {frozen, redis.call('HGETALL', record), false, false, false}
   if start_delivery ~= '' then
     seen[3] = redis.call('HEXISTS', record, start_field)
     seen[4] = redis.call('HMGET', start_delivery, 'outcome', 'next_at')
+  end
+  if frozen[1] and frozen[2] then
+    local owner = frozen[3] or ''
+    seen[5] = {redis.call('HINCRBY', delivery, 'attempts', 1),
+               redis.call('MGET', webhook_secret_key(owner), webhook_previous_secret_key(owner))}
   end
   return seen
 end

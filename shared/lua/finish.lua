@@ -1,6 +1,7 @@
 -- A worker ends the job it holds. KEYS: job, cache entry to write on success ('' for none).
--- ARGV: worker id, job id, cache ttl, fields... Followers of the job get its outcome in the
--- same step. Returns 0 when the worker no longer holds the job (canceled, or handed to another
+-- ARGV: worker id, job id, cache ttl, the url and body of the job's `completed` webhook ('' and ''
+-- when the worker built none: the first attempt then builds it), fields... Followers of the job
+-- get its outcome in the same step. Returns 0 when the worker no longer holds the job (canceled, or handed to another
 -- worker after its lease lapsed): nothing is written, so a job ends exactly once.
 local job, job_id = KEYS[1], ARGV[2]
 -- Everything read of the record up front, once (the fields written below are the worker's
@@ -15,8 +16,10 @@ if rec[7] and rec[7] ~= '' then
   redis.call('HDEL', K.unacked, rec[7])
   redis.call('ZREM', K.unacked_index, rec[7])
 end
-redis.call('HSET', job, unpack(ARGV, 4))
-ended(job, job_id, {status = 'running', queue = rec[3], owner = rec[4], hook = rec[6]}, 'delivery_tag')
+redis.call('HSET', job, unpack(ARGV, 6))
+local frozen = ARGV[4] ~= '' and {ARGV[4], ARGV[5], rec[4] or ''} or nil
+ended(job, job_id, {status = 'running', queue = rec[3], owner = rec[4], hook = rec[6], frozen = frozen},
+      'delivery_tag')
 if KEYS[2] ~= '' then
   local done = redis.call('HMGET', job, 'status', 'output', 'model_label')
   if done[1] == 'succeeded' then

@@ -15,7 +15,7 @@ import redis
 from api.jobs.store import NewJob
 from shared import keys, scripts
 from shared.reaper import Reaper
-from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message
+from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
 from workers.jobs import ClaimOutcome, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
@@ -50,12 +50,14 @@ def submit(
     cache_key: str = "",
     bounds: tuple[int, int] = (0, 0),
     owner: str = OWNER,
+    input_json: bytes = b'{"prompt":"hi"}',
+    webhook_messages: tuple[tuple[str, bytes], ...] = (),
 ) -> list[Any]:
     """Accept a job through the submit script, as JobStore.submit does."""
     now = time.time()
     job = NewJob(job_id=job_id, owner=owner, model="placeholder-echo", queue=QUEUE,
-                 input_json=b'{"prompt":"hi"}', metadata_json=b"{}", created_at=now,
-                 deadline=now + deadline_in, cache_key=cache_key)  # fmt: skip
+                 input_json=input_json, metadata_json=b"{}", created_at=now, deadline=now + deadline_in,
+                 cache_key=cache_key, webhook_messages=webhook_messages)  # fmt: skip
     message, queue_list = job_message(job_id, QUEUE, 0)
     inflight = keys.inflight(cache_key) if cache_key else ""
     return list(script(client, "submit")(
@@ -230,6 +232,43 @@ def test_finish_forgets_the_brokers_record_of_the_delivery(client: redis.Redis, 
     )
     other = deliver(client, "j2")  # another delivery's record stays
     assert client.hexists(keys.KOMBU_UNACKED, other)
+
+
+def test_finish_stores_the_completed_body_its_worker_built_and_queues_the_delivery(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """A job with a `completed` webhook: the worker builds the body from the record it claimed
+    and the fields it ends the job with, and the finish script stores it beside the delivery's
+    message (a first attempt then has nothing to freeze). The body's job is exactly the ended
+    record's public view; a job without the webhook, or a finish that writes nothing, stores none."""
+    hook = "http://127.0.0.1:9/hook"
+    input_json = orjson.dumps({"prompt": "hi", "webhook": hook, "webhook_events_filter": ["completed"]})
+    message = job_message("j1", QUEUE, 0)[0]  # any message will do: the script pushes it as it is
+    for job_id in ("j1", "j2", "j3"):
+        webhook = (("completed", message),) if job_id != "j2" else ()
+        submit(client, job_id, input_json=input_json, webhook_messages=webhook)
+        deliver(client, job_id)
+    claimed = {job_id: jobs.claim(job_id, "w1").record for job_id in ("j1", "j2", "j3")}
+    outcome: dict[str, str | bytes] = {
+        "status": "succeeded",
+        "output": b'{"text":"x"}',
+        "metrics": '{"inference_ms":1}',
+    }
+    assert jobs.finish("j1", "w1", outcome, record=claimed["j1"])
+    assert jobs.finish("j2", "w1", outcome, record=claimed["j2"])
+    lapse(client, "j3")
+    Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once()  # j3 is handed back: its finish is void
+    assert not jobs.finish("j3", "w1", outcome, record=claimed["j3"])
+    state = client.hgetall(keys.WEBHOOK_DELIVERY.format(job_id="j1", delivery="completed"))
+    body = orjson.loads(state["body"])
+    assert (state["url"], state["owner"], state["message"]) == (hook, OWNER, message.decode())
+    assert body["type"] == "job.completed" and body["data"] == orjson.loads(
+        orjson.dumps(public_job(record(client, "j1")))
+    )
+    assert body["data"]["status"] == "succeeded" and body["data"]["completed_at"] is not None
+    assert client.lrange(keys.queue_key(keys.WEBHOOK_QUEUE, 0), 0, -1) == [message.decode()]
+    for job_id in ("j2", "j3"):
+        assert client.exists(keys.WEBHOOK_DELIVERY.format(job_id=job_id, delivery="completed")) == 0
 
 
 def test_finish_after_a_hand_back_writes_nothing(client: redis.Redis, jobs: WorkerJobs) -> None:

@@ -13,7 +13,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Frozen, Sight
+from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Frozen, Prepared, Sight
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
@@ -119,6 +119,26 @@ def test_a_first_attempt_is_prepared_in_one_round_trip(
     assert retry is not None and (retry.frozen, retry.attempt) == (first.frozen, 2)
 
 
+def test_an_attempt_the_claim_counted_is_prepared_with_no_round_trip(
+    deliveries: Deliveries, redis_client: redis.Redis
+) -> None:
+    """A body frozen before the claim (the worker that finished the job stored it): the claim
+    counted the attempt and read the keys, and prepare() sends no command at all."""
+    redis_client.hset(DELIVERY.key, mapping={"url": "http://x/", "body": '{"a":1}', "owner": "alice"})
+    redis_client.set(keys.webhook_key_secrets("alice")[0], "secret-of-alice")
+    _, _, sight = deliveries.claim_and_look(DELIVERY, 0)
+    assert sight is not None
+    before = _commands(redis_client)
+    prepared = deliveries.prepare(DELIVERY, sight)
+    spent = {
+        name: n - before.get(name, 0)
+        for name, n in _commands(redis_client).items()
+        if n != before.get(name, 0)
+    }
+    assert spent == {"info": 1}  # the `before` reading alone
+    assert prepared == Prepared(Frozen("http://x/", b'{"a":1}', "alice"), 1, ["secret-of-alice", None])
+
+
 def test_nothing_is_prepared_for_a_record_that_expired(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
@@ -145,11 +165,19 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
 ) -> None:
     """State before, claim_and_look(), state after: the claim's outcome and the delivery's
     generation are the script's; a claimed generation comes with what its attempt reads (the
-    frozen body, the record, the `start` delivery a `completed` one waits for), any other
-    outcome with nothing read."""
-    for name, value in {**before, "url": "http://x/", "body": "{}", "owner": "alice"}.items():
+    frozen body, the record, the `start` delivery a `completed` one waits for) and, its body
+    being frozen, its attempt counted with the owner's signing keys; any other outcome with
+    nothing read or counted."""
+    for name, value in {
+        **before,
+        "url": "http://x/",
+        "body": "{}",
+        "owner": "alice",
+        "attempts": "2",
+    }.items():
         redis_client.hset(DELIVERY.key, name, value)
     redis_client.hset(DELIVERY.record_key, mapping={"status": "succeeded", START_MESSAGE_FIELD: "m"})
+    redis_client.set(keys.webhook_key_secrets("alice")[1], "previous-of-alice")
     start = Delivery.of("job-1", "start", "")
     redis_client.hset(start.key, mapping={"outcome": "pending", "next_at": "12.5"})
     outcome, _, sight = deliveries.claim_and_look(DELIVERY, generation)
@@ -157,10 +185,14 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
     expected_generation = str(generation) if claim == "claimed" else before.get("generation")
     assert redis_client.hget(DELIVERY.key, "generation") == expected_generation
     if claim != "claimed":
-        assert sight is None
+        assert sight is None and redis_client.hget(DELIVERY.key, "attempts") == "2"
         return
     record = {"status": "succeeded", START_MESSAGE_FIELD: "m"}
-    assert sight == Sight(record, Frozen("http://x/", b"{}", "alice"), True, "pending", "12.5")
+    frozen = Frozen("http://x/", b"{}", "alice")
+    counted = Prepared(frozen, 3, [None, "previous-of-alice"])
+    assert sight == Sight(record, frozen, True, "pending", "12.5", counted)
+    assert redis_client.hget(DELIVERY.key, "attempts") == "3"
+    assert sight.uncounted() == {"attempts": "2"}  # what a wait's ending sets back
 
 
 @pytest.mark.parametrize(
@@ -184,6 +216,8 @@ def test_a_first_attempt_sees_no_frozen_body_and_only_a_completed_sees_its_start
     assert outcome == "claimed" and sight is not None
     assert sight.frozen is None and sight.record == redis_client.hgetall(delivery.record_key)
     assert (sight.start_never_sent, sight.start_outcome, sight.start_next_at) == start_state
+    assert sight.counted is None and sight.uncounted() == {}  # prepare() freezes and counts
+    assert redis_client.hget(delivery.key, "attempts") is None
 
 
 def test_claim_and_look_is_one_round_trip_and_survives_a_lost_script_cache(

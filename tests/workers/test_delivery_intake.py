@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -107,7 +108,10 @@ def test_a_taken_delivery_comes_with_what_a_delivered_ones_claim_reads(
     assert taken is not None and taken.claim is Claim.CLAIMED and taken.sight is not None
     assert taken.sight.frozen == Frozen("http://x/", b"{}", "alice")
     assert taken.sight.record == redis_client.hgetall(delivery.record_key)
-    assert taken.sight == deliveries.claim_and_look(delivery, 1)[2]  # the next generation's claim
+    assert taken.sight.counted is not None and taken.sight.counted.attempt == 1  # counted by the take
+    looked = deliveries.claim_and_look(delivery, 1)[2]  # the next generation's claim
+    assert looked is not None and looked.counted is not None and looked.counted.attempt == 2
+    assert replace(taken.sight, counted=None) == replace(looked, counted=None)
     assert taken.sight.start_never_sent is (delivery == COMPLETED)
 
 

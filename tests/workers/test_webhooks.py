@@ -424,6 +424,9 @@ async def test_completed_waits_until_start_was_delivered_or_given_up(
         gone_job = await submit(api, gone_start.url, ["start", "completed"])
         await until(lambda: slow_start.of_type("job.completed") and gone_start.of_type("job.completed"))
         slow_done = (await api.get(f"/v1/jobs/{slow_job}")).json()["completed_at"]
+        # The waits used none of completed's attempts (its body was frozen when the job ended, so
+        # each claim counted one: the wait's ending set it back).
+        entries = await log_until(api, slow_job, lambda e: any(x["event"] == "completed" for x in e))
     # The job was over long before its start got through; completed still came after it.
     assert slow_done is not None
     assert [(r.type, s) for r, s in zip(slow_start.received, slow_start.statuses, strict=True)] == [
@@ -435,6 +438,12 @@ async def test_completed_waits_until_start_was_delivered_or_given_up(
     assert [(r.type, s) for r, s in zip(gone_start.received, gone_start.statuses, strict=True)] == [
         ("job.start", 410),
         ("job.completed", 200),
+    ]
+    assert [(e["event"], e["attempt"]) for e in entries] == [
+        ("start", 1),
+        ("start", 2),
+        ("start", 3),
+        ("completed", 1),
     ]
     assert gone_job
 
