@@ -1,37 +1,46 @@
 """Keep-alive connections for webhook attempts, each reused only for what it was checked for.
 
 An attempt connects to an address the SSRF guard checked for it (workers/webhook_http.py), so
-the origin it connects to is that address, not the URL's host name. httpx's pool (httpcore's
-ConnectionPool) keys a connection by that origin alone: two host names on one address would share
-a connection, and an https connection verified for one name would carry requests for the other.
-So this is a small pool of our own over httpcore's single connections, keyed by a Route:
-(scheme, the URL's host name, port, the checked address), and the TLS settings it was opened with.
-A connection is taken only by an attempt whose own SSRF check (run for every attempt) allowed its
-address, for the same host name, so its certificate was verified against that name when it was
-opened, exactly as a new one's would be. Going to httpcore directly also skips what httpx adds per
-request that a webhook never uses (cookies, redirects machinery, URL re-parsing): together with the
-reuse, most of an attempt's CPU.
+the origin it connects to is that address, not the URL's host name. A pool keyed by that origin
+alone (httpx's, httpcore's) would let two host names on one address share a connection, and an
+https connection verified for one name carry requests for the other. So this is a small pool of
+our own, keyed by a Route: (scheme, the URL's host name, port, the checked address), and the TLS
+settings it was opened with. A connection is taken only by an attempt whose own SSRF check (run
+for every attempt) allowed its address, for the same host name, so its certificate was verified
+against that name when it was opened, exactly as a new one's would be.
+
+The connections are the standard library's `http.client.HTTPConnection`, whose `connect` goes to
+the checked address and, for https, wraps the socket verified against the URL's host name (sent
+as SNI). It was chosen over httpcore for cost: one attempt's exchange measured 99-126 us of CPU
+against httpcore's 181-212 (h11 validates every header and runs an event state machine per
+request, and sends head and body apart; http.client sends them in one write), the largest part of
+a webhook worker's CPU per delivery once its Redis round trips were cut to one (README's
+Performance section).
 
 Threads: a taken connection is out of the pool until its thread gives it back, so two threads
-never share one. Only a connection whose answer was read to its end comes back (httpcore marks it
-idle then; a capped, timed-out or failed one is closed). Idle connections are bounded in number
-(MAX_IDLE, the oldest closed first) and in age (IDLE_S): older ones are closed, never reused.
+never share one. Only a connection whose answer was read to its end, and which the receiver did
+not ask to close, comes back (a capped, timed-out or failed one is closed). Idle connections are
+bounded in number (MAX_IDLE, the oldest closed first) and in age (IDLE_S): older ones are closed,
+never reused.
 
 A receiver may close an idle connection whenever it likes. One found closed when taken is dropped
-(httpcore's has_expired: an idle socket that is readable has been closed). One the receiver closes
-while the request goes out fails before any byte of an answer; `received` lets the attempt see
-that and make it once more on a new connection (workers/webhook_http.py).
+(an idle socket that is readable has been closed, or holds bytes no request asked for). One the
+receiver closes while the request goes out fails before any byte of an answer; `answered` lets the
+attempt see that and make it once more on a new connection (workers/webhook_http.py).
 """
 
 from __future__ import annotations
 
+import http.client
+import io
+import math
+import select
+import socket
 import ssl
 import threading
 import time
 import typing
 from dataclasses import dataclass
-
-import httpcore
 
 #: Most idle connections kept, all routes together (a webhook worker runs up to its task threads'
 #: attempts at once; each may leave one).
@@ -53,47 +62,78 @@ class Route:
     address: str
 
 
-class _CountingStream(httpcore.NetworkStream):
-    """A network stream that counts the bytes of answer read from it (TLS handshakes excluded)."""
+class ConnectError(OSError):
+    """The connection could not be made: refused, unreachable, or its TLS handshake failed
+    (a certificate that does not hold for the host name among them). Nothing was sent."""
 
-    def __init__(self, inner: httpcore.NetworkStream, counter: list[int]) -> None:
-        self._inner = inner
-        self._counter = counter
 
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        data = self._inner.read(max_bytes, timeout)
-        self._counter[0] += len(data)
-        return data
+class _UntilDeadline(io.RawIOBase):
+    """A socket's reads, each given only the time left before a deadline, and none past it: an
+    answer's status line, headers and body are all read by then, however a receiver drips them
+    (per-read timeouts alone would let a byte per timeout hold an attempt for hours). It reads
+    through the socket's own unbuffered makefile, which holds the socket open until closed, so an
+    answer can still be read once http.client has closed the connection of an answer that ends it."""
 
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, timeout)
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: typing.Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer did not come within the attempt's timeout")
+        if left != math.inf:  # no deadline set: the socket's own timeout
+            self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
 
     def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        return _CountingStream(self._inner.start_tls(ssl_context, server_hostname, timeout), self._counter)
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        return self._inner.get_extra_info(info)
+        self._raw.close()
+        super().close()
 
 
-class _CountingBackend(httpcore.SyncBackend):
-    def __init__(self, counter: list[int]) -> None:
-        self._counter = counter
+class _DeadlineSocket:
+    """What http.client.HTTPResponse reads its answer through (it only calls makefile)."""
 
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(host, port, timeout, local_address, socket_options)
-        return _CountingStream(stream, self._counter)
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_UntilDeadline(self._sock, self._deadline))
+
+
+class _Pinned(http.client.HTTPConnection):
+    """An HTTPConnection to the Route's checked address; TLS, for https, verified for its name;
+    its answers read by a deadline (answer_by)."""
+
+    def __init__(self, route: Route, tls: ssl.SSLContext | None, timeout_s: float | None) -> None:
+        super().__init__(route.address, route.port, timeout=timeout_s)
+        self._route = route
+        self._tls = tls
+        #: When (time.monotonic()) the answer to the request in flight must have been read by.
+        self.answer_by = math.inf
+        self.response_class = self._answer  # type: ignore[assignment]
+
+    def _answer(self, sock: socket.socket, **kwargs: typing.Any) -> http.client.HTTPResponse:
+        reader: typing.Any = _DeadlineSocket(sock, self.answer_by)
+        return http.client.HTTPResponse(reader, **kwargs)
+
+    def connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._route.host)
+        except TimeoutError:
+            raise
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+        self.sock = sock
 
 
 class Connection:
@@ -104,19 +144,42 @@ class Connection:
         self.tls = tls
         #: Whether an earlier attempt used it (the receiver may have closed it since).
         self.reused = False
-        self._received = [0]
-        origin = httpcore.Origin(route.scheme.encode("ascii"), route.address.encode("ascii"), route.port)
-        self.http = httpcore.HTTPConnection(
-            origin, ssl_context=tls, keepalive_expiry=IDLE_S, network_backend=_CountingBackend(self._received)
-        )
+        #: Whether its last exchange read an answer to the end and may carry the next request.
+        self.reusable = False
+        #: Answers whose status line was read on it so far.
+        self.answered = 0
         self.idle_since = 0.0
+        self.http = _Pinned(route, tls if route.scheme == "https" else None, timeout_s=None)
 
     @property
-    def received(self) -> int:
-        """Bytes of answers read on it so far."""
-        return self._received[0]
+    def closed(self) -> bool:
+        """Whether it holds no open socket (never opened, or closed)."""
+        return self.http.sock is None
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """Every network wait from now on (connect, each send) is cut at timeout_s; the answer is
+        read by answer_within()'s deadline."""
+        self.http.timeout = timeout_s
+        if self.http.sock is not None:
+            self.http.sock.settimeout(timeout_s)
+
+    def answer_within(self, seconds: float) -> None:
+        """The answer to the request just sent (status line, headers and body) is read within
+        `seconds` from now, or its reads raise TimeoutError."""
+        self.http.answer_by = time.monotonic() + seconds
+
+    def has_expired(self) -> bool:
+        """Whether the receiver closed it (or sent what no request asked for) while it was idle."""
+        sock = self.http.sock
+        if sock is None:
+            return True
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable)
 
     def close(self) -> None:
+        self.reusable = False
         self.http.close()
 
 
@@ -132,7 +195,7 @@ class Pool:
     def take(self, route: Route, tls: ssl.SSLContext) -> Connection:
         """An idle connection to `route` opened with `tls`, or a new one; the caller's alone."""
         while (found := self._pop(route, tls)) is not None:
-            if not found.http.has_expired():  # the receiver has not closed it
+            if not found.has_expired():  # the receiver has not closed it
                 found.reused = True
                 return found
             found.close()
@@ -140,10 +203,10 @@ class Pool:
 
     def give_back(self, connection: Connection) -> None:
         """Keep `connection` for the next attempt if its exchange ended cleanly; else close it."""
-        # A connection that failed to connect reads as idle to httpcore, and as closed.
-        if not connection.http.is_idle() or connection.http.is_closed():
+        if not connection.reusable or connection.closed:
             connection.close()
             return
+        connection.reusable = False  # until its next exchange ends cleanly
         connection.idle_since = time.monotonic()
         with self._lock:
             self._idle.append(connection)

@@ -3,38 +3,42 @@
 The target is resolved afresh for every attempt and every address is checked (shared/ssrf.py);
 the request then connects to a checked address, never to a second resolution of the name, so a
 DNS answer that changes between the check and the connection (rebinding) cannot redirect it. The
-URL's host is replaced by that address while the Host header and, for https, the TLS SNI name
-(httpcore's `sni_hostname` extension) stay the original name, and the certificate is verified
-against that name. Redirects are never followed, proxies from the environment are ignored (they
-would connect elsewhere), at most RESPONSE_CAP_BYTES of the answer are read, and every network
-wait (connect, send, answer) is cut at the attempt timeout. A connection is kept alive for the
-next attempt only to the same scheme, host name, port and checked address, and one the receiver
-closed in between costs no failed attempt (workers/webhook_connections.py, which says why it is
-not httpx's pool); no connection verified for one host name ever serves another. The TLS settings
-and trust roots every connection shares are built once (_tls_context).
+connection goes to that address while the Host header and, for https, the TLS SNI name stay the
+original name, and the certificate is verified against that name. Redirects are never followed,
+no proxy is used (one would connect elsewhere), at most RESPONSE_CAP_BYTES of the answer's body
+are read, every network wait (connect, send) is cut at the attempt timeout, and the whole answer
+(status line, headers, body) is read within that time again from when the request went out,
+however slowly it drips. A connection is kept alive for the next attempt only to the same scheme,
+host name, port and checked address, and one the receiver closed in between costs no failed
+attempt (workers/webhook_connections.py, which says why it is neither httpx's pool nor httpcore);
+no connection verified for one host name ever serves another. The TLS settings and trust roots
+every connection shares are built once (_tls_context).
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import socket
 import ssl
 import time
 from dataclasses import dataclass
 
-import httpcore
 import httpx
 
 from shared import ssrf
 from shared.errors import InvalidRequest
-from workers.webhook_connections import Connection, Pool, Route
+from workers.webhook_connections import ConnectError, Connection, Pool, Route
 
 #: Most bytes of a receiver's answer read (then the connection is closed): the status is all
 #: that matters, and a receiver streaming a large answer must not hold the worker.
 RESPONSE_CAP_BYTES = 4096
 USER_AGENT = "genq-webhooks/1"
-#: Network trouble that ends an attempt as an error (timeouts are told apart).
-NETWORK_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError)
+#: Network trouble that ends an attempt as an error (timeouts, an OSError too, are told apart
+#: first). ssl.SSLError and ConnectError are OSErrors; an answer that is not HTTP is an HTTPException.
+NETWORK_ERRORS = (http.client.HTTPException, OSError)
+#: How a kept connection the receiver closed as the request went out fails, before any answer.
+CLOSED_UNDER_US = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 #: The kept-alive connections of every attempt this process makes.
 _POOL = Pool()
@@ -78,7 +82,7 @@ def post(
         return result(status_code=_post_pinned(url, addresses, body, headers, timeout_s))
     except Refused as exc:
         return result(error=f"refused: {exc}", refused=True)
-    except httpcore.TimeoutException:
+    except TimeoutError:
         return result(error=f"timeout: no answer within {timeout_s:g} s")
     except NETWORK_ERRORS as exc:
         return result(error=f"{type(exc).__name__}: {exc}"[:300])
@@ -111,14 +115,15 @@ class _Url:
     #: The Host header: the name, and the port when it is not the scheme's default.
     netloc: bytes
     #: Path and query, as sent.
-    target: bytes
+    target: str
 
 
 @functools.lru_cache(maxsize=1024)
 def _parse(url: str) -> _Url:
     parsed = httpx.URL(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, parsed.netloc, parsed.raw_path)
+    target = parsed.raw_path.decode("ascii")
+    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, parsed.netloc, target)
 
 
 def _post_pinned(
@@ -134,61 +139,63 @@ def _post_pinned(
         "content-length": str(len(body)),
         "user-agent": USER_AGENT,
     }
-    failure: httpcore.ConnectError | None = None
+    failure: ConnectError | None = None
     for address in addresses:
         route = Route(parsed.scheme, parsed.host, parsed.port, address.split("%", 1)[0])
         try:
             return _send(route, parsed.target, body, request_headers, timeout_s)
-        except httpcore.ConnectError as exc:
+        except ConnectError as exc:
             failure = exc
-    raise failure or httpcore.ConnectError("no address to connect to")
+    raise failure or ConnectError("no address to connect to")
 
 
-def _send(route: Route, target: bytes, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+def _send(route: Route, target: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
     """The status of one POST on a kept connection to `route`, or on a new one. A kept one the
-    receiver closed as the request went out (it failed before any byte of an answer) gets the
+    receiver closed as the request went out (it failed before any answer's status line) gets the
     request once more on a new connection, as a receiver that had closed it earlier would have."""
     tls = _tls_context()
     connection = _POOL.take(route, tls)
-    answered = connection.received
+    answered = connection.answered
     try:
         return _exchange(connection, target, body, headers, timeout_s)
-    except (httpcore.NetworkError, httpcore.RemoteProtocolError):
-        if not connection.reused or connection.received != answered:
+    except CLOSED_UNDER_US:
+        if not connection.reused or connection.answered != answered:
             raise
     return _exchange(Connection(route, tls), target, body, headers, timeout_s)
 
 
 def _exchange(
-    connection: Connection, target: bytes, body: bytes, headers: dict[str, str], timeout_s: float
+    connection: Connection, target: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> int:
-    """Send the request on `connection`, read at most the cap of its answer, and give the
-    connection back (kept only when the answer was read to its end)."""
-    route = connection.route
-    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=target)
-    extensions = {
-        "timeout": {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s},
-        "sni_hostname": route.host,
-    }
-    request = httpcore.Request(
-        b"POST", url, headers=list(headers.items()), content=body, extensions=extensions
-    )
+    """Send the request on `connection` (head and body in one write), read at most the cap of its
+    answer, and give the connection back (kept only when the answer was read to its end and the
+    receiver did not ask to close)."""
+    connection.set_timeout(timeout_s)
     try:
-        response = connection.http.handle_request(request)
+        connection.http.request("POST", target, body=body, headers=headers)
+        connection.answer_within(timeout_s)
+        response = connection.http.getresponse()
+        connection.answered += 1
         try:
-            _read_capped(response, time.monotonic() + timeout_s)
+            ended = _read_capped(response)
         finally:
-            response.close()
+            response.close()  # its reader, not the socket: the connection may carry the next request
+        connection.reusable = ended and not response.will_close
         return response.status
     finally:
         _POOL.give_back(connection)
 
 
-def _read_capped(response: httpcore.Response, deadline: float) -> None:
-    """Read at most RESPONSE_CAP_BYTES, and stop at the deadline (a receiver that answers its
-    status and then drips its body keeps nobody waiting)."""
+def _read_capped(response: http.client.HTTPResponse) -> bool:
+    """Read at most RESPONSE_CAP_BYTES of the answer's body, until its deadline (a receiver that
+    answers its status and then drips its body keeps nobody waiting: the status is all that
+    matters); whether the answer was read to its end."""
     received = 0
-    for chunk in response.iter_stream():  # as each read arrives: a chunk size would wait to fill it
-        received += len(chunk)
-        if received >= RESPONSE_CAP_BYTES or time.monotonic() > deadline:
-            return
+    try:
+        while chunk := response.read1(RESPONSE_CAP_BYTES):  # what one read brings: never waits to fill
+            received += len(chunk)
+            if received >= RESPONSE_CAP_BYTES:
+                return False
+    except TimeoutError:
+        return False
+    return True

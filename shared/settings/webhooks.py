@@ -26,7 +26,9 @@ class WebhookSettings(BaseModel):
     webhook_secret, so one tenant's receiver cannot verify, and cannot be sent, another's events."""
 
     webhook_timeout_s: float = Field(10.0, gt=0, le=60)
-    """Seconds one delivery attempt may take (connect, send, first bytes of the answer)."""
+    """Seconds a delivery attempt may spend connecting, sending its request, and reading the whole
+    answer from when the request went out (status line and headers however slowly they come; a
+    body still arriving then is cut, the status already counts)."""
 
     webhook_retry_delays_s: CommaList = ["5", "300", "1800", "7200", "18000", "36000"]
     """Delays before each retry of a failed delivery (jitter is added); after the last, the

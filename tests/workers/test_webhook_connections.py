@@ -1,14 +1,13 @@
 """workers/webhook_connections.py: the pool of kept-alive webhook connections, against a real
 loopback receiver that counts its connections. Idle connections are bounded in number (the oldest
 closed first) and in age, one the receiver closed is not handed out, and one whose exchange did
-not end cleanly is closed, not kept. (Reuse through whole attempts, names, addresses and TLS:
-tests/workers/test_webhook_http.py.)"""
+not end cleanly is closed, not kept. (Reuse through whole attempts, names, addresses, TLS, and
+answers not read to their end: tests/workers/test_webhook_http.py.)"""
 
 from __future__ import annotations
 
+import http.client
 import time
-
-import httpcore
 
 from tests.workers.conftest import CountingServer, KeptAliveReceiver, serve
 from workers import webhook_http
@@ -28,25 +27,29 @@ def test_idle_connections_are_bounded_in_number_and_age(servers: list[CountingSe
     taken = [pool.take(route, tls) for route in routes]
     for connection in taken:
         _use(pool, connection)
-    assert pool.idle_count() == 1 and taken[0].http.is_closed()  # the oldest went
+    assert pool.idle_count() == 1 and taken[0].closed  # the oldest went
     assert pool.take(routes[1], tls) is taken[1]
     _use(pool, taken[1])
     time.sleep(0.5)
     fresh = pool.take(routes[1], tls)
-    assert not fresh.reused and taken[1].http.is_closed()  # too old: closed, not reused
+    assert not fresh.reused and taken[1].closed  # too old: closed, not reused
     _use(pool, fresh)
     assert server.accepted == 3
     pool.close()
 
 
+def _post(connection: Connection) -> http.client.HTTPResponse:
+    connection.set_timeout(5)
+    connection.http.request("POST", "/", body=b"{}", headers={"host": connection.route.host})
+    return connection.http.getresponse()
+
+
 def _use(pool: Pool, connection: Connection) -> None:
-    """One POST on `connection`, its answer read, and the connection given back to `pool`."""
-    route = connection.route
-    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=b"/")
-    headers = [(b"host", route.host.encode()), (b"content-length", b"2")]
-    response = connection.http.handle_request(httpcore.Request(b"POST", url, headers=headers, content=b"{}"))
+    """One POST on `connection`, its answer read to its end (as an attempt marks it: reusable),
+    and the connection given back to `pool`."""
+    response = _post(connection)
     response.read()
-    response.close()
+    connection.reusable = not response.will_close
     pool.give_back(connection)
 
 
@@ -62,7 +65,7 @@ def test_a_connection_the_receiver_closed_is_not_handed_out(servers: list[Counti
         second = pool.take(route, tls)
     finally:
         KeptAliveReceiver.timeout = None
-    assert second is not first and not second.reused and first.http.is_closed()
+    assert second is not first and not second.reused and first.closed
     pool.close()
 
 
@@ -75,9 +78,6 @@ def test_a_connection_whose_answer_was_not_read_to_its_end_is_closed_not_kept(
     pool, tls = Pool(), webhook_http._tls_context()
     route = _routes(server.server_address[1])[0]
     connection = pool.take(route, tls)
-    url = httpcore.URL(scheme=route.scheme, host=route.address, port=route.port, target=b"/")
-    headers = [(b"host", route.host.encode()), (b"content-length", b"2")]
-    with connection.http.stream("POST", url, headers=headers, content=b"{}"):
-        pass  # the answer's body is never read
+    _post(connection)  # the answer's body is never read: the attempt never marks it reusable
     pool.give_back(connection)
-    assert pool.idle_count() == 0 and connection.http.is_closed()
+    assert pool.idle_count() == 0 and connection.closed

@@ -95,16 +95,17 @@ def test_nobody_listening_is_a_connect_error_not_an_exception() -> None:
     assert (result.error or "").startswith("ConnectError")
 
 
-def test_an_answer_that_drips_forever_is_cut_at_the_timeout() -> None:
-    """The status line comes at once, then one byte a second: the status is all that matters."""
+def _post_to_a_dripping_receiver(head: bytes) -> tuple[webhook_http.AttemptResult, float]:
+    """An attempt (timeout 1 s) to a receiver that sends `head` at once, then one more byte every
+    0.2 s for 6 s; its result and how long it took."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
     def drip() -> None:
         conn, _ = listener.accept()
         conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
         try:
+            conn.sendall(head)
             for _ in range(30):
                 conn.sendall(b"x")
                 time.sleep(0.2)
@@ -117,7 +118,22 @@ def test_an_answer_that_drips_forever_is_cut_at_the_timeout() -> None:
     started = time.monotonic()
     result = post(f"http://127.0.0.1:{port}/", b"{}", {}, OPEN, timeout_s=1.0)
     listener.close()
-    assert result.status_code == 200 and time.monotonic() - started < 3
+    return result, time.monotonic() - started
+
+
+def test_an_answer_that_drips_forever_is_cut_at_the_timeout() -> None:
+    """The status line comes at once, then the body a byte at a time: the status is all that
+    matters."""
+    result, took_s = _post_to_a_dripping_receiver(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+    assert result.status_code == 200 and took_s < 3
+
+
+def test_an_answer_whose_head_drips_is_a_timeout_at_the_attempts_timeout() -> None:
+    """The status line, then the headers a byte every 0.2 s: each read is quick, the answer is
+    not. Per-read timeouts alone would wait for the whole head (here 6 s)."""
+    result, took_s = _post_to_a_dripping_receiver(b"HTTP/1.1 200 OK\r\n")
+    assert result.status_code is None and result.error == "timeout: no answer within 1 s"
+    assert took_s < 3
 
 
 # --- https ---------------------------------------------------------------------------------------
@@ -194,6 +210,41 @@ def test_attempts_to_one_receiver_share_one_kept_alive_connection(servers: list[
     for _ in range(3):
         _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
     assert server.accepted == 1 and len(KeptAliveReceiver.hosts) == 3
+
+
+class _Answering(KeptAliveReceiver):
+    """A keep-alive receiver whose answer the test picks: a body past the cap, a chunked body, or
+    a `connection: close`."""
+
+    answer = b""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        KeptAliveReceiver.hosts.append(str(self.headers["host"]))
+        self.wfile.write(self.answer)
+
+
+@pytest.mark.parametrize(
+    ("answer", "connections"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n" + b"x" * 10_000, 3),  # past the cap
+        (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", 3),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", 1),
+    ],
+    ids=["answer past the cap", "connection: close", "chunked answer read to its end"],
+)
+def test_a_connection_is_kept_only_when_its_answer_was_read_to_its_end_and_may_be_kept(
+    servers: list[CountingServer], answer: bytes, connections: int
+) -> None:
+    """A capped answer leaves bytes on the connection (the next request would read them as its
+    answer), and a receiver may ask to close: each attempt then gets a new connection, and none
+    fails."""
+    server = CountingServer(("127.0.0.1", 0), type("Handler", (_Answering,), {"answer": answer}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers.append(server)
+    for _ in range(3):
+        _ok(f"http://127.0.0.1:{server.server_address[1]}/hook")
+    assert server.accepted == connections and len(KeptAliveReceiver.hosts) == 3
 
 
 def test_another_host_name_or_checked_address_never_takes_the_connection(
