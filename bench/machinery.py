@@ -184,6 +184,15 @@ def run_genq(port: int, count: int, concurrency: int, mode: str, max_tokens: int
 # --- Webhooks -----------------------------------------------------------------------------------
 
 
+class _ReceiverServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True  # a kept-alive connection must not hold up close()
+    block_on_close = False
+    # The listen backlog of real servers (nginx's and Node's 511): socketserver's 5 overflowed when
+    # a webhook worker's threads all connected at once, and the kernel then reset a connection
+    # whose request had gone out, a failed attempt retried 5 s later (the run's last delivery).
+    request_queue_size = 511
+
+
 class Receiver:
     """A local webhook receiver: answers 200 and notes each delivery's job and when it came. It
     answers HTTP/1.1 and keeps each connection alive for the next request, as real receivers do
@@ -209,9 +218,7 @@ class Receiver:
             def log_message(self, *_: object) -> None:  # quiet
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True  # a kept-alive connection must not hold up close()
-        self.server.block_on_close = False
+        self.server = _ReceiverServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
