@@ -73,11 +73,11 @@ end
 -- `known`, optional: what the caller read of the record before its own writes, which saves
 -- reading it again: {status = the status it ended from, queue = , owner = , hook = the
 -- webhook_message:completed field} (a field absent from the record as false), and `frozen`, the
--- `completed` delivery's url, body and owner when the caller built them (push_webhook). A job that ended
--- from running left its queue's and the reaper's queued indexes when it was claimed (claim.lua;
--- only enqueue adds to them, and only for a queued job), so only a job ended from another
--- status (queued, or unknown) leaves them here. `drop`, optional: one more record field the
--- caller deletes with the rest, in the same HDEL.
+-- `completed` delivery's url, body and owner when the caller built them (push_webhook). A job
+-- that ended from running left its queue's and the reaper's queued indexes when it was claimed
+-- (claim.lua; only enqueue adds to them, and only for a queued job), so only a job ended from
+-- another status (queued, or unknown) leaves them here. `drop`, optional: one more record field
+-- the caller deletes with the rest, in the same HDEL.
 local function ended(job_key_, job_id, known, drop)
   known = known or {}
   local queue = job_queue(job_key_, known.queue)

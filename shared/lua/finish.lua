@@ -1,8 +1,9 @@
 -- A worker ends the job it holds. KEYS: job, cache entry to write on success ('' for none).
 -- ARGV: worker id, job id, cache ttl, the url and body of the job's `completed` webhook ('' and ''
 -- when the worker built none: the first attempt then builds it), fields... Followers of the job
--- get its outcome in the same step. Returns 0 when the worker no longer holds the job (canceled, or handed to another
--- worker after its lease lapsed): nothing is written, so a job ends exactly once.
+-- get its outcome in the same step. Returns 0 when the worker no longer holds the job (canceled,
+-- or handed to another worker after its lease lapsed): nothing is written, so a job ends exactly
+-- once.
 local job, job_id = KEYS[1], ARGV[2]
 -- Everything read of the record up front, once (the fields written below are the worker's
 -- outcome, never these).
