@@ -156,6 +156,14 @@ def service_env(settings: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+class ServiceExited(RuntimeError):
+    """A process we started exited while we waited for it (returncode < 0: killed by a signal)."""
+
+    def __init__(self, name: str, returncode: int, log_tail: str) -> None:
+        super().__init__(f"{name} exited {returncode}:\n{log_tail}")
+        self.returncode = returncode
+
+
 @dataclass
 class Service:
     """A process we started, its log, and how to stop it."""
@@ -166,7 +174,7 @@ class Service:
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
-            raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{self.log_tail()}")
+            raise ServiceExited(self.name, self.process.returncode, self.log_tail())
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""

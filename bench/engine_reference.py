@@ -44,7 +44,7 @@ from typing import Any, cast
 from bench import http_reference
 from bench.common import host_busy_cpu_s, machine, print_table, write_report
 from bench.engine import gguf_config, prompts
-from bench.llamacpp_reference import Reference, ReferenceError, locate
+from bench.llamacpp_reference import REPACK_CRASHED, Reference, ReferenceError, locate
 from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
@@ -128,6 +128,14 @@ def batched_bench_argv(
     return argv
 
 
+class ReferenceCrashed(ReferenceError):
+    """llama-batched-bench was killed by a signal (returncode < 0)."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 def run_batched_bench(argv: list[str], sizes: Sizes) -> dict[str, Any]:
     """One llama-batched-bench run: its rows (one per concurrency), and what its log says of the
     context it made (flash attention, KV types, repacking)."""
@@ -137,7 +145,10 @@ def run_batched_bench(argv: list[str], sizes: Sizes) -> dict[str, Any]:
     rows = parse_batched_bench(completed.stdout + completed.stderr)
     if completed.returncode != 0 or [int(row["batch"]) for row in rows] != list(sizes.concurrency):
         failure = f"{' '.join(argv)} failed ({completed.returncode})"
-        raise ReferenceError(f"{failure}:\n{completed.stderr[-3000:]}")
+        message = f"{failure}:\n{completed.stderr[-3000:]}"
+        if completed.returncode < 0:
+            raise ReferenceCrashed(message, completed.returncode)
+        raise ReferenceError(message)
     return {
         "argv": argv,
         "rows": rows,
@@ -299,11 +310,24 @@ def one_round(
     round_: dict[str, Any] = {}
     for run in REFERENCE_RUNS if reference else ():
         argv = batched_bench_argv(cast(Reference, reference), run, config, prompt, sizes)
-        round_[run] = run_batched_bench(argv, sizes)
+        round_[run] = run_defaults_or_plain(run, argv, sizes)
         print(run, json.dumps(round_[run]["rows"]))
     round_["genq"] = genq_sweep(engine, clock, sizes)
     round_["ratios"] = ratios(round_)
     return round_
+
+
+def run_defaults_or_plain(run: str, argv: list[str], sizes: Sizes) -> dict[str, Any]:
+    """run_batched_bench; when llama.cpp's defaults are killed by a signal, the same with -nr,
+    saying so in the result's `fallback` (genq's settings have -nr already)."""
+    try:
+        return run_batched_bench(argv, sizes)
+    except ReferenceCrashed as exc:
+        if run != "llamacpp_defaults" or "-nr" in argv:
+            raise
+        why = REPACK_CRASHED.format(code=exc.returncode)
+        print(why)
+        return run_batched_bench([*argv, "-nr"], sizes) | {"fallback": why}
 
 
 #: What the ratios compare: the generation rate and generated tokens over the whole time.

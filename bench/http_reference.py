@@ -33,6 +33,7 @@ import orjson
 
 from bench.common import (
     BENCH_SETTINGS,
+    ServiceExited,
     bench_stack,
     cpu_seconds,
     host_busy_cpu_s,
@@ -46,7 +47,7 @@ from bench.common import (
     start_worker,
 )
 from bench.engine import prompts
-from bench.llamacpp_reference import Reference
+from bench.llamacpp_reference import REPACK_CRASHED, Reference
 from bench.loadgen import closed_loop, json_post
 from workers.engine.config import EngineConfig
 from workers.engine.llamacpp_model import gguf_file
@@ -140,11 +141,22 @@ def start_genq(
 
 
 def start_llama_server(
-    stack: ExitStack, scratch: Path, reference: Reference, gguf: Path, threads: int
+    stack: ExitStack, scratch: Path, reference: Reference, gguf: Path, threads: int, report: dict[str, Any]
 ) -> tuple[int, list[int]]:
+    """llama-server with its defaults; when those are killed by a signal as it starts (its
+    repacked weight kernels on some CPUs), with -nr, saying so in `report` (llama_server_fallback)."""
     argv = [str(reference.server), "-m", str(gguf), "-t", str(threads), "-np", str(SLOTS),
             "-c", str(SLOTS * SLOT_TOKENS), "--host", "127.0.0.1"]  # fmt: skip
-    server, port = start_http(stack, "llama-server", argv, dict(os.environ), scratch, "/health")
+    try:
+        server, port = start_http(stack, "llama-server", argv, dict(os.environ), scratch, "/health")
+    except ServiceExited as exc:
+        if exc.returncode >= 0:
+            raise
+        report["llama_server_fallback"] = REPACK_CRASHED.format(code=exc.returncode)
+        print(report["llama_server_fallback"])
+        server, port = start_http(
+            stack, "llama-server-nr", [*argv, "-nr"], dict(os.environ), scratch, "/health"
+        )
     return port, [server.process.pid]
 
 
@@ -167,7 +179,7 @@ def compare(reference: Reference | None, config: EngineConfig, threads: int, qui
             "genq_whole_prefill": start_genq(stack, scratch, config, threads, prefix_cache=False),
         }
         if reference is not None:
-            servers["llama_server"] = start_llama_server(stack, scratch, reference, gguf, threads)
+            servers["llama_server"] = start_llama_server(stack, scratch, reference, gguf, threads, report)
         report["llama_server_argv"] = _argv_of(servers.get("llama_server"))
         trees = {side: [p for pid in pids for p in process_tree(pid)] for side, (_, pids) in servers.items()}
         for port, _ in servers.values():  # warm-up: two requests each

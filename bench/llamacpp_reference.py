@@ -79,6 +79,15 @@ class Reference:
         return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
 
 
+#: What a run of llama.cpp's defaults that was killed by a signal is replaced with, and says:
+#: the same with -nr. Its repacked weight kernels were seen to crash (SIGSEGV, SIGILL) on a 2-core
+#: VM whose CPU reports AMX; genq's engine never repacks (workers/engine/llamacpp_model.py).
+REPACK_CRASHED = (
+    "llama.cpp's defaults were killed by a signal ({code}) on this CPU (its repacked weight kernels), "
+    "so this side runs them with -nr, the plain weight kernels genq's engine uses"
+)
+
+
 class ReferenceError(RuntimeError):
     """A reference that cannot be found or built; the message says what to do."""
 

@@ -11,11 +11,13 @@ the binary bench/llamacpp_reference.py builds (llama-cpp-python 0.3.36, llama.cp
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
-from bench.engine_reference import parse_batched_bench
+from bench.engine_reference import ReferenceCrashed, Sizes, parse_batched_bench, run_defaults_or_plain
+from bench.llamacpp_reference import REPACK_CRASHED
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -47,3 +49,21 @@ def test_the_jsonl_rows_parse_among_the_log_lines() -> None:
 
 def test_text_without_results_parses_to_nothing() -> None:
     assert parse_batched_bench("error: unable to load model\n|    PP |     TG |    B |\n") == []
+
+
+def test_defaults_killed_by_a_signal_are_run_again_with_no_repack(tmp_path: Path) -> None:
+    """On a CPU where llama.cpp's repacked weight kernels crash (seen: SIGSEGV and SIGILL on a 2-core
+    VM reporting AMX), the defaults run is made again with -nr and the result says so; a crash of a
+    run that has -nr already is an error. The stand-in for llama-batched-bench is a shell script (no
+    llama.cpp build here): killed by SIGSEGV without -nr, else it replays the recorded real output."""
+    tool = tmp_path / "llama-batched-bench"
+    recorded = FIXTURES / "batched_bench_jsonl.txt"
+    tool.write_text(f'#!/bin/sh\ncase " $* " in *" -nr "*) cat "{recorded}";; *) kill -SEGV $$;; esac\n')
+    tool.chmod(0o755)
+    sizes = Sizes(concurrency=(1, 4, 16, 32), tokens=64, rounds=1)
+    argv = [str(tool), "-npl", "1,4,16,32"]
+    result = run_defaults_or_plain("llamacpp_defaults", argv, sizes)
+    assert result["argv"] == [*argv, "-nr"] and [row["batch"] for row in result["rows"]] == [1, 4, 16, 32]
+    assert result["fallback"] == REPACK_CRASHED.format(code=-signal.SIGSEGV)
+    with pytest.raises(ReferenceCrashed):
+        run_defaults_or_plain("llamacpp_genq_settings", argv, sizes)
