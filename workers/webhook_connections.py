@@ -25,8 +25,8 @@ never reused.
 
 A receiver may close an idle connection whenever it likes. One found closed when taken is dropped
 (an idle socket that is readable has been closed, or holds bytes no request asked for). One the
-receiver closes while the request goes out fails before any byte of an answer; `answered` lets the
-attempt see that and make it once more on a new connection (workers/webhook_http.py).
+receiver closes while the request goes out fails before its answer's status line; `answered` lets
+the attempt see that and make it once more on a new connection (workers/webhook_http.py).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ MAX_IDLE = 64
 #: An idle connection older than this is closed, not reused: below the 5 s idle timeout of Node's
 #: HTTP server (the shortest common default), so we usually close before a receiver does.
 IDLE_S = 4.0
+#: Most bytes of one answer read from its connection, head and body together: a head larger than
+#: this is an error (h11, used before, allowed 16 KiB), and the body is capped far below it
+#: (webhook_http.RESPONSE_CAP_BYTES).
+ANSWER_CAP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +71,25 @@ class ConnectError(OSError):
     (a certificate that does not hold for the host name among them). Nothing was sent."""
 
 
+class AnswerTooLarge(OSError):
+    """An answer went on past ANSWER_CAP_BYTES (its head alone, when its status had not come)."""
+
+
 class _UntilDeadline(io.RawIOBase):
-    """A socket's reads, each given only the time left before a deadline, and none past it: an
-    answer's status line, headers and body are all read by then, however a receiver drips them
-    (per-read timeouts alone would let a byte per timeout hold an attempt for hours). It reads
-    through the socket's own unbuffered makefile, which holds the socket open until closed, so an
-    answer can still be read once http.client has closed the connection of an answer that ends it."""
+    """A socket's reads, each given only the time left before a deadline, and none past it, and
+    none past ANSWER_CAP_BYTES: an answer's status line, headers and body are all read by then,
+    however a receiver drips them (per-read timeouts alone would let a byte per timeout hold an
+    attempt for hours), and a head of endless headers costs no more memory than that (http.client
+    alone allows 100 lines of 64 KiB). It reads through the socket's own unbuffered makefile, which
+    holds the socket open until closed, so an answer can still be read once http.client has closed
+    the connection of an answer that ends it."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         super().__init__()
         self._sock = sock
         self._raw = sock.makefile("rb", buffering=0)
         self._deadline = deadline
+        self._left_bytes = ANSWER_CAP_BYTES
 
     def readable(self) -> bool:
         return True
@@ -87,9 +98,14 @@ class _UntilDeadline(io.RawIOBase):
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the answer did not come within the attempt's timeout")
+        if self._left_bytes <= 0:
+            raise AnswerTooLarge(f"the answer went on past {ANSWER_CAP_BYTES} bytes")
         if left != math.inf:  # no deadline set: the socket's own timeout
             self._sock.settimeout(left)
-        return self._raw.readinto(buffer)
+        with memoryview(buffer) as view:
+            read = self._raw.readinto(view[: self._left_bytes])
+        self._left_bytes -= read or 0
+        return read
 
     def close(self) -> None:
         self._raw.close()

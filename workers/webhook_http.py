@@ -28,7 +28,7 @@ import httpx
 
 from shared import ssrf
 from shared.errors import InvalidRequest
-from workers.webhook_connections import ConnectError, Connection, Pool, Route
+from workers.webhook_connections import AnswerTooLarge, ConnectError, Connection, Pool, Route
 
 #: Most bytes of a receiver's answer read (then the connection is closed): the status is all
 #: that matters, and a receiver streaming a large answer must not hold the worker.
@@ -196,6 +196,6 @@ def _read_capped(response: http.client.HTTPResponse) -> bool:
             received += len(chunk)
             if received >= RESPONSE_CAP_BYTES:
                 return False
-    except TimeoutError:
+    except (TimeoutError, AnswerTooLarge):
         return False
     return True

@@ -95,43 +95,59 @@ def test_nobody_listening_is_a_connect_error_not_an_exception() -> None:
     assert (result.error or "").startswith("ConnectError")
 
 
-def _post_to_a_dripping_receiver(head: bytes) -> tuple[webhook_http.AttemptResult, float]:
-    """An attempt (timeout 1 s) to a receiver that sends `head` at once, then one more byte every
-    0.2 s for 6 s; its result and how long it took."""
+def _post_to_a_scripted_receiver(
+    parts: list[bytes], pause_s: float, timeout_s: float
+) -> tuple[webhook_http.AttemptResult, float]:
+    """An attempt to a receiver that reads the request, then sends `parts` one by one with
+    `pause_s` after each; the attempt's result and how long it took."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
-    def drip() -> None:
+    def answer() -> None:
         conn, _ = listener.accept()
         conn.recv(65536)
         try:
-            conn.sendall(head)
-            for _ in range(30):
-                conn.sendall(b"x")
-                time.sleep(0.2)
+            for part in parts:
+                conn.sendall(part)
+                time.sleep(pause_s)
         except OSError:
             pass
         finally:
             conn.close()
 
-    threading.Thread(target=drip, daemon=True).start()
+    threading.Thread(target=answer, daemon=True).start()
     started = time.monotonic()
-    result = post(f"http://127.0.0.1:{port}/", b"{}", {}, OPEN, timeout_s=1.0)
+    result = post(f"http://127.0.0.1:{port}/", b"{}", {}, OPEN, timeout_s=timeout_s)
     listener.close()
     return result, time.monotonic() - started
+
+
+def _dripping(head: bytes) -> tuple[webhook_http.AttemptResult, float]:
+    """`head` at once, then one more byte every 0.2 s for 6 s, to an attempt with a 1 s timeout."""
+    return _post_to_a_scripted_receiver([head, *[b"x"] * 30], pause_s=0.2, timeout_s=1.0)
 
 
 def test_an_answer_that_drips_forever_is_cut_at_the_timeout() -> None:
     """The status line comes at once, then the body a byte at a time: the status is all that
     matters."""
-    result, took_s = _post_to_a_dripping_receiver(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+    result, took_s = _dripping(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
     assert result.status_code == 200 and took_s < 3
+
+
+def test_an_answer_with_an_endless_head_is_an_error_not_a_memory_sink() -> None:
+    """Long header lines without end, as fast as the socket goes: the attempt ends once the answer
+    passes ANSWER_CAP_BYTES (64 KiB), not at http.client's own bounds (100 lines of 64 KiB: here
+    3.2 MB held before its error)."""
+    lines = [b"x-%d: %s\r\n" % (index, b"y" * 32 * 1024) for index in range(200)]  # 6.4 MB
+    result, took_s = _post_to_a_scripted_receiver([b"HTTP/1.1 200 OK\r\n", *lines], 0.0, timeout_s=5.0)
+    assert result.status_code is None and (result.error or "").startswith("AnswerTooLarge: ")
+    assert took_s < 3
 
 
 def test_an_answer_whose_head_drips_is_a_timeout_at_the_attempts_timeout() -> None:
     """The status line, then the headers a byte every 0.2 s: each read is quick, the answer is
     not. Per-read timeouts alone would wait for the whole head (here 6 s)."""
-    result, took_s = _post_to_a_dripping_receiver(b"HTTP/1.1 200 OK\r\n")
+    result, took_s = _dripping(b"HTTP/1.1 200 OK\r\n")
     assert result.status_code is None and result.error == "timeout: no answer within 1 s"
     assert took_s < 3
 
