@@ -4,7 +4,7 @@ A delivery is one event of one job (`start`, `completed`, or one `output` notice
 lives in Redis (DELIVERY below): the body, frozen before the first attempt so every retry sends
 the same bytes under the same webhook-id; the attempt count; the outcome; and a claim. A job's
 `completed` body is built by the worker that finishes the job and stored by its finish script
-(completed_body, workers/jobs.py); any other body is frozen by its first attempt (prepare). Once a
+(workers/webhook_bodies.py); any other body is frozen by its first attempt (prepare). Once a
 body is frozen, the claim that reads it also counts the attempt and reads the signing keys
 (look_delivery in shared/lua/common.lua), so the attempt sends with no round trip before it.
 
@@ -53,23 +53,19 @@ import orjson
 import redis
 
 from shared import key_secrets, keys, scripts, signing
-from shared.batches import public_batch
 from shared.config import Settings
 from shared.messages import task_message
-from shared.schemas import JobStatus, WebhookEvent
-from shared.store import public_job, rfc3339
+from shared.schemas import WebhookEvent
+from shared.store import rfc3339
 from workers import webhook_http
 from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
+from workers.webhook_bodies import Frozen, batch_event, job_event
 
 DELIVERY = keys.WEBHOOK_DELIVERY
 #: The job record's field that holds its `start` delivery's message until it is sent.
 START_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.START)
-#: The job record's field that holds its `completed` delivery's message until the job ends.
-COMPLETED_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.COMPLETED)
 #: The broker's list of the webhook queue (deliveries are all published at priority 0).
 WEBHOOK_LIST = keys.queue_key(keys.WEBHOOK_QUEUE, 0)
-
-EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.completed"}
 
 
 class Claim(enum.StrEnum):
@@ -134,14 +130,6 @@ class Delivery:
     def webhook_id(self) -> str:
         # Stable across retries and redeliveries; receivers deduplicate on it.
         return f"msg_{self.job_id}_{self.name.replace(':', '_')}"
-
-
-@dataclass(frozen=True, slots=True)
-class Frozen:
-    url: str
-    body: bytes
-    #: The job's owner: whose secret signs it (shared/key_secrets.py).
-    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,16 +320,16 @@ class Deliveries:
         attempt), count the attempt and read its owner's signing keys, in one round trip. None
         when there is nothing to send (the job record expired, or an `output` notice found the
         job already over: its `completed` delivery carries the final state)."""
-        if sight.counted is not None:
+        if sight.counted is not None:  # the claim counts whenever it saw a frozen body
             return sight.counted
-        wanted = sight.frozen or self._to_freeze(delivery, sight)
+        wanted = self._to_freeze(delivery, sight)
         if wanted is None:
             return None
         pipe = self._redis.pipeline(transaction=True)
-        if sight.frozen is None:  # HSETNX: a copy that took over an attempt keeps the first body
-            pipe.hsetnx(delivery.key, "url", wanted.url)
-            pipe.hsetnx(delivery.key, "body", wanted.body)
-            pipe.hsetnx(delivery.key, "owner", wanted.owner)
+        # HSETNX: a copy that froze its body since the claim read none (it took the attempt over) keeps it
+        pipe.hsetnx(delivery.key, "url", wanted.url)
+        pipe.hsetnx(delivery.key, "body", wanted.body)
+        pipe.hsetnx(delivery.key, "owner", wanted.owner)
         pipe.hmget(delivery.key, "url", "body", "owner")
         pipe.hincrby(delivery.key, "attempts", 1)
         pipe.mget(keys.webhook_key_secrets(wanted.owner))
@@ -355,7 +343,7 @@ class Deliveries:
         """The url, body and owner a first attempt freezes (kept for every retry); None when
         there is nothing to send."""
         if delivery.batch:
-            return _batch_event(delivery, sight.record)
+            return batch_event(delivery.event, sight.record)
         return job_event(delivery.event, sight.record)
 
     def attempt(self, delivery: Delivery, prepared: Prepared) -> webhook_http.AttemptResult:
@@ -371,41 +359,6 @@ class Deliveries:
 
     def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
         return verdict(result, attempt, self._delays)
-
-
-def job_event(event: str, record: dict[str, str]) -> Frozen | None:
-    """The url, body and owner of a job's `event`, the job as `record` holds it, built now; None
-    when there is nothing to send (the record expired, or an `output` notice of a job already
-    over: its `completed` delivery carries the final state)."""
-    if not record:
-        return None
-    if event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
-        return None
-    job = public_job(record)
-    payload = {"type": EVENT_TYPES[event], "timestamp": rfc3339(time.time()), "data": job}
-    return Frozen(str(job["input"]["webhook"]), orjson.dumps(payload), record.get("owner", ""))
-
-
-def completed_body(record: dict[str, str], fields: dict[str, str | bytes]) -> Frozen | None:
-    """The `completed` delivery of a job ending with `fields`, built by the worker that ends it
-    from the record it claimed (the finish script stores it beside the delivery's message), or None
-    when the job has no `completed` webhook. The claimed record and `fields` are every field the
-    job's public view reads: nothing else writes them while the worker holds the job."""
-    if not record.get(COMPLETED_MESSAGE_FIELD):
-        return None
-    ended = {
-        **record,
-        **{name: value.decode() if isinstance(value, bytes) else value for name, value in fields.items()},
-    }
-    return job_event(WebhookEvent.COMPLETED, ended)
-
-
-def _batch_event(delivery: Delivery, record: dict[str, str]) -> Frozen | None:
-    """The url, body and owner of a batch event (its data: the batch as GET /v1/batches/{id})."""
-    if not record or not record.get("webhook_url"):
-        return None
-    payload = {"type": delivery.event, "timestamp": rfc3339(time.time()), "data": public_batch(record)}
-    return Frozen(record["webhook_url"], orjson.dumps(payload), record["owner"])
 
 
 def log_entry(

@@ -14,7 +14,7 @@ import redis
 
 from shared import keys, scripts
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
-from workers.deliveries import completed_body
+from workers.webhook_bodies import completed_body
 
 #: Most messages one take looks at: messages of jobs that cannot run (canceled, taken over) are
 #: dropped on the way, and a long run of them must not make one long script.
@@ -101,7 +101,7 @@ class WorkerJobs:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
         (cache key, ttl): on success the response is stored there in the same step. `record`, the
         job as this worker claimed it: when it has a `completed` webhook, its body is built here
-        and stored in the same step (workers/deliveries.py completed_body)."""
+        and stored in the same step (workers/webhook_bodies.py)."""
         fields = {"completed_at": repr(time.time()), **fields}
         hook = completed_body(record, fields) if record else None
         flat = [item for pair in fields.items() for item in pair]

@@ -13,7 +13,8 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Frozen, Prepared, Sight
+from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Prepared, Sight
+from workers.webhook_bodies import Frozen
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
@@ -108,8 +109,8 @@ def test_prepare_freezes_counts_and_reads_the_freezing_owners_keys(
 def test_a_first_attempt_is_prepared_in_one_round_trip(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
-    """One MULTI/EXEC freezes the body, counts the attempt and reads the keys; a retry's
-    prepare reads no body again and is one pipeline too."""
+    """One MULTI/EXEC freezes the body, counts the attempt and reads the keys; a second prepare
+    (a copy that took the attempt over) keeps the body frozen first and counts the next attempt."""
     before = _commands(redis_client)
     first = deliveries.prepare(BATCH, Sight(BATCH_RECORD, None))
     after = _commands(redis_client)

@@ -21,8 +21,9 @@ from shared.messages import task_message
 from shared.reaper import Reaper
 from tests.workers.test_webhook_orphans import recheck_at
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Ending, Frozen
+from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Ending
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage
+from workers.webhook_bodies import Frozen
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 
