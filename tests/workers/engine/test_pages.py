@@ -196,17 +196,16 @@ def _only_zeros(start: int, end: int) -> bool:
 @pytest.mark.parametrize("watched", [True, False], ids=["meanwhile", "unwatched"])
 def test_zero_pages_go_back_while_a_memset_of_zeros_runs(watched: bool) -> None:
     """The watch's thread hands back the pages a memset of zeros has passed while it runs, so the
-    chunk is never all resident at once (the peak, VmHWM, reset before); unwatched, it is."""
+    chunk is never all resident at once (the peak, VmHWM, reset before); unwatched, it is. Watched,
+    up to three tries: on two cores loaded by the rest of the suite the watch's thread can be kept
+    off the CPU for the whole memset (seen once in a full run: +181 MiB), which shows the scheduler,
+    not the watch."""
     size = 256 * MIB
-    watch = ZeroPageWatch()
-    return_freed_memory()
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    base = _peak_bytes()
-    with watch.meanwhile() if watched else contextlib.nullcontext():
-        # As llama.cpp's constructor does its KV streams: posix_memalign, then one memset of
-        # zeros over all of it (ctypes calls, which run without the GIL).
-        memory = Allocation(size)
-    peak = _peak_bytes() - base
+    for _ in range(3 if watched else 1):
+        watch, memory, peak = _watched_memset(size, watched)
+        if not watched or peak < size / 2:
+            break
+        memory.free()
     try:
         if not watched:
             assert peak > size * 0.95
@@ -219,6 +218,19 @@ def test_zero_pages_go_back_while_a_memset_of_zeros_runs(watched: bool) -> None:
         assert _only_zeros(memory.pointer, memory.region.end)
     finally:
         memory.free()
+
+
+def _watched_memset(size: int, watched: bool) -> tuple[ZeroPageWatch, Allocation, float]:
+    """A chunk of `size` zeroed as llama.cpp's constructor does its KV streams (posix_memalign, then
+    one memset of zeros over all of it, ctypes calls that run without the GIL), with a watch running
+    or not; the watch, the chunk, and the process's peak growth meanwhile."""
+    watch = ZeroPageWatch()
+    return_freed_memory()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    base = _peak_bytes()
+    with watch.meanwhile() if watched else contextlib.nullcontext():
+        memory = Allocation(size)
+    return watch, memory, _peak_bytes() - base
 
 
 def test_a_watch_finds_only_chunks_mapped_after_it_and_keeps_their_data() -> None:
