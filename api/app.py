@@ -45,6 +45,15 @@ from shared.files import FileRecords
 from shared.logging import configure_logging, fields
 from shared.reaper import Reaper
 
+#: The cyclic GC's youngest-generation threshold while the API serves (CPython's default: 700).
+#: Each request in flight holds some tens of container objects, so with hundreds in flight the
+#: count of young objects crossed 700 every few dozen jobs, and every such pass (and every tenth,
+#: a pass of the next generation) walked the state of all of them: a cost per job that grew with
+#: concurrency (256 long-polls: ~0.03 ms of GC per job, ~7% of the API's CPU; 64: ~0.012). At
+#: 10,000 the same runs made ~3 passes in 8,000 jobs (bench/README.md). Cycles are still collected,
+#: in rare passes of a few ms.
+GC_YOUNG_THRESHOLD = 10_000
+
 
 def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
     # Short connect timeout and no retries: when Redis is down the API answers 503 at once
@@ -202,11 +211,14 @@ def lifespan_of(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextM
         # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
         # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
         gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *thresholds[1:])
         try:
             async with running_feeder(services.feeder):
                 with running_reaper(settings):
                     yield
         finally:
+            gc.set_threshold(*thresholds)
             gc.unfreeze()
             await services.close()
 

@@ -16,7 +16,7 @@ import pydantic
 import pytest
 import redis
 
-from api.app import create_app
+from api.app import GC_YOUNG_THRESHOLD, create_app
 from api.edge.hotpath import HotPaths
 from api.edge.server import OneWriteHttpProtocol
 from cli.redis_server import free_port
@@ -43,17 +43,21 @@ async def test_the_lifespan_closes_everything_it_opened(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
     """An API process that restarts (uvicorn --reload, a test suite, a rolling deploy) leaks no
-    connections, task or thread."""
+    connections, task or thread, and leaves the cyclic GC as it found it."""
     app = create_app(settings)
     before = connections(redis_client)
+    thresholds = gc.get_threshold()
     async with app.router.lifespan_context(app):
         assert background() == {"genq-batch-feeder", "genq-reaper"}
         assert await app.state.redis.ping()
         assert connections(redis_client) > before
         assert gc.get_freeze_count() > 0  # start-up's objects are kept out of the cyclic GC's passes
+        # Requests in flight do not set off a young-generation pass every few dozen jobs.
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *thresholds[1:])
     assert background() == set()
     assert connections(redis_client) == before
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == thresholds
 
 
 async def test_the_lifespan_loads_the_job_scripts(settings: Settings, redis_client: redis.Redis) -> None:
