@@ -24,8 +24,9 @@ delivery, and per delivered job (its submission, run and delivery) each process'
 webhook worker's beside the others') and the Redis commands.
 
 Per concurrency: jobs/s, latency p50/p90/p99/max (from the POST to the terminal answer), the CPU
-each process spent per job, and the Redis commands per job (INFO commandstats before and after:
-commands run inside scripts count too, by name). Bare Celery: C asyncio clients, each LPUSHing the
+each process spent per job, the Redis commands per job (INFO commandstats before and after:
+commands run inside scripts count too, by name), and the API's cyclic-GC passes per 1,000 jobs,
+per generation (its /metrics before and after). Bare Celery: C asyncio clients, each LPUSHing the
 message bytes genq's API pushes and BLPOPing the key the task writes (bench/end_to_end.py).
 
 "What queueing explains": in a closed loop with C clients and a service rate of R jobs/s, a job
@@ -40,6 +41,7 @@ import asyncio
 import http.server
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -292,6 +294,36 @@ def with_commands(client: redis.Redis, run: Callable[[], dict[str, Any]], items_
     return result
 
 
+# --- The API's cyclic GC ------------------------------------------------------------------------
+
+
+def api_gc_passes(port: int) -> Counter[str]:
+    """The API process's cyclic-GC passes so far, per generation ("0", "1", "2"), from its /metrics
+    (prometheus_client's GC collector: python_gc_collections_total)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        body = answer.read().decode()
+    passes: Counter[str] = Counter()
+    for line in body.splitlines():
+        if line.startswith('python_gc_collections_total{generation="'):
+            passes[line.split('"')[1]] = int(float(line.rsplit(" ", 1)[1]))
+    return passes
+
+
+def with_gc_passes(port: int, run: Callable[[], dict[str, Any]], items_key: str) -> dict[str, Any]:
+    """Run `run` and add the API's GC passes per 1,000 items, per generation, to its result: a pass
+    walks every young object, so passes that come more often as requests in flight hold more
+    objects are a cost per job that grows with concurrency (api/app.py GC_YOUNG_THRESHOLD)."""
+    before = api_gc_passes(port)
+    result = run()
+    after = api_gc_passes(port)
+    items = max(1, result[items_key])
+    result["api_gc_passes_per_1000"] = {
+        generation: round((after[generation] - before[generation]) * 1000 / items, 2)
+        for generation in sorted(after)
+    }
+    return result
+
+
 # --- The run ------------------------------------------------------------------------------------
 
 
@@ -320,7 +352,8 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
         row: dict[str, Any] = {"concurrency": concurrency, "celery": celery}
         for mode in modes:
             genq_run = partial(run_genq, port, count, concurrency, mode, max_tokens)
-            genq = with_commands(client, partial(cpu_per_item, genq_pids, genq_run, "succeeded"), "succeeded")
+            measured = partial(with_gc_passes, port, partial(cpu_per_item, genq_pids, genq_run, "succeeded"))
+            genq = with_commands(client, partial(measured, "succeeded"), "succeeded")
             genq["rate_ratio"] = ratio(genq["jobs_per_s"], celery["tasks_per_s"])
             genq["p99_to_queueing"] = ratio(genq["latency_p99_ms"], genq["queueing_ms"])
             row[mode] = genq
@@ -377,9 +410,11 @@ def print_tables(report: dict[str, Any]) -> None:
                     ["C", "jobs/s", "celery/s", "x celery", "p50", "p90", "p99", "max", "C/R ms", "p99/(C/R)",
                      "redis cmd/job", "redis cmd/task", "failed"], rows)  # fmt: skip
         cpu_rows = [[run["concurrency"], *run[mode]["cpu_ms_per_item"].values(),
-                     *run["celery"]["cpu_ms_per_item"].values()] for run in report["runs"]]  # fmt: skip
+                     *run["celery"]["cpu_ms_per_item"].values(),
+                     " / ".join(map(str, run[mode]["api_gc_passes_per_1000"].values()))]
+                    for run in report["runs"]]  # fmt: skip
         print_table(f"CPU ms per job ({mode}) / task", ["C", "api", "worker", "redis (genq)", "celery worker",
-                    "redis (celery)"], cpu_rows)  # fmt: skip
+                    "redis (celery)", "api GC passes per 1,000 jobs (gen 0 / 1 / 2)"], cpu_rows)  # fmt: skip
     print(f"targets: {report['targets']}")
 
 

@@ -91,6 +91,9 @@ def test_machinery_quick(tmp_path: Path) -> None:
             assert_latencies(genq, "latency_")
             assert genq["queueing_ms"] > 0 and genq["p99_to_queueing"] > 0
             assert set(genq["cpu_ms_per_item"]) == {"api", "worker", "redis"}
+            # Read from the API's /metrics before and after the run: every generation, none negative.
+            passes = genq["api_gc_passes_per_1000"]
+            assert set(passes) == {"0", "1", "2"} and min(passes.values()) >= 0
             assert genq["redis_commands_per_item"] > 0 and genq["client_cpu_ms_per_job"] > 0
             if mode != "sse":  # a stream's reads can push the store's scripts out of the top ten
                 assert "evalsha" in genq["redis_top_commands_per_item"]
