@@ -28,7 +28,8 @@ if tag ~= ARGV[2] then
   redis.call('ZADD', K.webhook_pending, now + ORPHAN_RECHECK_S, delivery)
   return 'moved'
 end
-if ARGV[4] == '1' or redis.call('HEXISTS', K.unacked, tag) == 1 or redis.call('LPOS', K.webhook_queue, rec[2]) then
+-- LPOS from the tail (RANK -1): the older a message, the nearer it is to where kombu takes from.
+if ARGV[4] == '1' or redis.call('HEXISTS', K.unacked, tag) == 1 or redis.call('LPOS', K.webhook_queue, rec[2], 'RANK', -1) then
   redis.call('HDEL', delivery, 'missing_since')
   redis.call('ZADD', K.webhook_pending, now + ORPHAN_CHECK_S, delivery)
   return 'held'

@@ -29,7 +29,9 @@ end
 local tag = cjson.decode(rec[3])['properties']['delivery_tag']
 local taken_at = tonumber(redis.call('ZSCORE', K.unacked_index, tag) or '0')
 local held = taken_at > 0 and now - taken_at < UNACKED_STALE_S
-local listed = taken_at == 0 and (ARGV[4] == '1' or redis.call('LPOS', rec[4], rec[3]))
+-- RANK -1 scans from the tail, where kombu takes messages: one queued an ORPHAN_CHECK_S or more
+-- is nearer that end than the head, where new ones go in.
+local listed = taken_at == 0 and (ARGV[4] == '1' or redis.call('LPOS', rec[4], rec[3], 'RANK', -1))
 if held or listed then
   redis.call('HDEL', job, 'missing_since')
   redis.call('ZADD', K.orphan_checks, now + ORPHAN_CHECK_S, job_id)

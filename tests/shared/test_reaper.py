@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -133,3 +134,57 @@ def test_a_message_lost_after_the_list_was_read_is_found_on_the_next_read(redis_
     redis_client.delete(keys.REAPER_LOCK)
     assert reaper.run_once(second + scripts.ORPHAN_RECHECK_S + 1) == {"repushed": 1}
     assert messages_in_list(redis_client, "j1") == 1
+
+
+class _Meanwhile(redis.Redis):
+    """A real client that runs `between` before each LRANGE it sends: another client's real writes
+    to the list (a producer pushing, a worker taking) landing while the reaper reads it."""
+
+    between: Callable[[], object] = staticmethod(lambda: None)
+
+    def lrange(self, *args: Any, **kwargs: Any) -> Any:
+        self.between()
+        return super().lrange(*args, **kwargs)
+
+
+def _foreign_message(index: int) -> str:
+    """A message of no job (its check is not the test's), with a delivery tag of its own."""
+    return json.dumps({"headers": {"id": f"other{index}"}, "properties": {"delivery_tag": f"other-{index}"}})
+
+
+def test_messages_pushed_during_a_list_read_hide_none_of_the_oldest(
+    redis_client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer pushing while the reaper reads a queue list in chunks: a read counted from the head
+    missed the oldest messages (as many as were pushed meanwhile), whose checks come due first, and
+    each then cost its script a scan of the whole list (a core of Redis at ~10^5 queued). Counted
+    from the tail, every message queued before the read is found, and no script scans."""
+    monkeypatch.setattr("shared.reaper.LIST_CHUNK", 10)
+    monkeypatch.setattr("shared.reaper.LIST_OVERLAP", 3)
+    for index in range(40):
+        submit(redis_client, f"j{index}")
+    pushed = iter(range(1000))
+    client = _Meanwhile(connection_pool=redis.ConnectionPool.from_url(settings.require_redis_url()))
+    client.between = lambda: redis_client.lpush(LIST, *(_foreign_message(next(pushed)) for _ in range(5)))
+    redis_client.config_resetstat()
+    due = time.time() + scripts.ORPHAN_CHECK_S + 1
+    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(due) == {}
+    assert _lpos_calls(redis_client) == 0
+    checked = redis_client.zrangebyscore(keys.ORPHAN_CHECKS, due + scripts.ORPHAN_CHECK_S, "+inf")
+    assert len(checked) == 40  # each found in the read: held, next due a period later
+
+
+def test_messages_taken_during_a_list_read_hide_none_of_the_rest(
+    redis_client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker taking messages from the tail while the reaper reads: each take moves the rest one
+    place towards the tail, and chunks that share LIST_OVERLAP messages miss none of those left
+    when fewer than that are taken between two reads."""
+    monkeypatch.setattr("shared.reaper.LIST_CHUNK", 10)
+    monkeypatch.setattr("shared.reaper.LIST_OVERLAP", 3)
+    redis_client.lpush(LIST, *(_foreign_message(index) for index in range(40)))
+    client = _Meanwhile(connection_pool=redis.ConnectionPool.from_url(settings.require_redis_url()))
+    client.between = lambda: redis_client.rpop(LIST, 2)
+    tags = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)._read_tags(LIST)
+    left = {json.loads(message)["properties"]["delivery_tag"] for message in redis_client.lrange(LIST, 0, -1)}
+    assert left and left <= tags
