@@ -168,7 +168,8 @@ def test_messages_pushed_during_a_list_read_hide_none_of_the_oldest(
     client.between = lambda: redis_client.lpush(LIST, *(_foreign_message(next(pushed)) for _ in range(5)))
     redis_client.config_resetstat()
     due = time.time() + scripts.ORPHAN_CHECK_S + 1
-    assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(due) == {}
+    with client:
+        assert Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once(due) == {}
     assert _lpos_calls(redis_client) == 0
     checked = redis_client.zrangebyscore(keys.ORPHAN_CHECKS, due + scripts.ORPHAN_CHECK_S, "+inf")
     assert len(checked) == 40  # each found in the read: held, next due a period later
@@ -185,6 +186,7 @@ def test_messages_taken_during_a_list_read_hide_none_of_the_rest(
     redis_client.lpush(LIST, *(_foreign_message(index) for index in range(40)))
     client = _Meanwhile(connection_pool=redis.ConnectionPool.from_url(settings.require_redis_url()))
     client.between = lambda: redis_client.rpop(LIST, 2)
-    tags = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)._read_tags(LIST)
+    with client:
+        tags = Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0)._read_tags(LIST)
     left = {json.loads(message)["properties"]["delivery_tag"] for message in redis_client.lrange(LIST, 0, -1)}
     assert left and left <= tags
