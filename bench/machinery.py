@@ -41,7 +41,6 @@ import asyncio
 import http.server
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -51,8 +50,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (
     BENCH_SETTINGS,
@@ -279,12 +280,20 @@ def command_counts(client: redis.Redis) -> Counter[str]:
     return Counter({name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()})
 
 
+def counted(
+    read: Callable[[], Counter[str]], run: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], Counter[str]]:
+    """`run`'s result, and how much each of `read`'s counters grew meanwhile."""
+    before = read()
+    result = run()
+    grown = read()
+    grown.subtract(before)
+    return result, grown
+
+
 def with_commands(client: redis.Redis, run: Callable[[], dict[str, Any]], items_key: str) -> dict[str, Any]:
     """Run `run` and add the Redis commands per item (total and the most frequent) to its result."""
-    before = command_counts(client)
-    result = run()
-    after = command_counts(client)
-    after.subtract(before)
+    result, after = counted(partial(command_counts, client), run)
     after.pop("info", None)  # ours
     items = max(1, result[items_key])
     result["redis_commands_per_item"] = round(sum(after.values()) / items, 2)
@@ -300,26 +309,25 @@ def with_commands(client: redis.Redis, run: Callable[[], dict[str, Any]], items_
 def api_gc_passes(port: int) -> Counter[str]:
     """The API process's cyclic-GC passes so far, per generation ("0", "1", "2"), from its /metrics
     (prometheus_client's GC collector: python_gc_collections_total)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        body = answer.read().decode()
-    passes: Counter[str] = Counter()
-    for line in body.splitlines():
-        if line.startswith('python_gc_collections_total{generation="'):
-            passes[line.split('"')[1]] = int(float(line.rsplit(" ", 1)[1]))
-    return passes
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).raise_for_status().text
+    return Counter(
+        {
+            sample.labels["generation"]: int(sample.value)
+            for family in text_string_to_metric_families(text)
+            if family.name == "python_gc_collections"
+            for sample in family.samples
+        }
+    )
 
 
 def with_gc_passes(port: int, run: Callable[[], dict[str, Any]], items_key: str) -> dict[str, Any]:
     """Run `run` and add the API's GC passes per 1,000 items, per generation, to its result: a pass
     walks every young object, so passes that come more often as requests in flight hold more
     objects are a cost per job that grows with concurrency (api/app.py GC_YOUNG_THRESHOLD)."""
-    before = api_gc_passes(port)
-    result = run()
-    after = api_gc_passes(port)
+    result, passes = counted(partial(api_gc_passes, port), run)
     items = max(1, result[items_key])
     result["api_gc_passes_per_1000"] = {
-        generation: round((after[generation] - before[generation]) * 1000 / items, 2)
-        for generation in sorted(after)
+        generation: round(passes[generation] * 1000 / items, 2) for generation in sorted(passes)
     }
     return result
 
@@ -352,8 +360,8 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
         row: dict[str, Any] = {"concurrency": concurrency, "celery": celery}
         for mode in modes:
             genq_run = partial(run_genq, port, count, concurrency, mode, max_tokens)
-            measured = partial(with_gc_passes, port, partial(cpu_per_item, genq_pids, genq_run, "succeeded"))
-            genq = with_commands(client, partial(measured, "succeeded"), "succeeded")
+            with_cpu = partial(cpu_per_item, genq_pids, genq_run, "succeeded")
+            genq = with_commands(client, partial(with_gc_passes, port, with_cpu, "succeeded"), "succeeded")
             genq["rate_ratio"] = ratio(genq["jobs_per_s"], celery["tasks_per_s"])
             genq["p99_to_queueing"] = ratio(genq["latency_p99_ms"], genq["queueing_ms"])
             row[mode] = genq
