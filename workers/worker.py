@@ -47,6 +47,7 @@ def engine_config(
         llamacpp_sequence_tokens=settings.llamacpp_sequence_tokens,
         llamacpp_kv_cells=settings.llamacpp_kv_cells,
         llamacpp_prefix_cache=settings.llamacpp_prefix_cache,
+        llamacpp_cache_tokens=settings.llamacpp_cache_tokens,
         placeholder_step_s=settings.placeholder_step_s,
         on_step=_observe_step(settings.model),
         on_fatal=on_fatal,

@@ -53,6 +53,12 @@ class EngineSettings(BaseModel):
     prefill, as llama-server's prompt cache does; its logprobs equal a whole prefill's (tested on
     the default model). False prefills every prompt whole."""
 
+    llamacpp_cache_tokens: int = Field(8192, ge=0)
+    """Under llama.cpp with the prefix cache: the most KV cells finished jobs' rows keep for later
+    prompts; past it the row finished longest ago is emptied and its memory handed back. With
+    max_batch_tokens (what running jobs reserve) it bounds the KV cache's resident memory: 8192 +
+    8192 cells are ~190 MiB for the default model in q8_0."""
+
     placeholder_step_s: float = Field(0.01, ge=0)
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests
     use it to hold jobs running for a known while."""

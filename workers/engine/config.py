@@ -44,6 +44,10 @@ class EngineConfig:
     #: tokens reuses them instead of prefilling them again (llamacpp_executor.py). Off: every prompt
     #: is prefilled whole.
     llamacpp_prefix_cache: bool = True
+    #: Under llama.cpp with the prefix cache: the most KV cells released rows keep for later
+    #: prompts; past it the least recently released row's cells are dropped and its pages handed
+    #: back (kv_pages.py). With max_batch_tokens it bounds the cells resident at once.
+    llamacpp_cache_tokens: int = 8192
     #: torch intra-op threads; None leaves torch's default.
     torch_threads: int | None = None
     #: Least seconds between two on_output calls for one request (publishing is throttled here).
@@ -85,6 +89,8 @@ class EngineConfig:
             )
         if self.llamacpp_sequence_tokens < 64:
             raise ValueError(f"llamacpp_sequence_tokens must be >= 64, got {self.llamacpp_sequence_tokens}")
+        if self.llamacpp_cache_tokens < 0:
+            raise ValueError(f"llamacpp_cache_tokens must be >= 0, got {self.llamacpp_cache_tokens}")
         if self.output_interval_s < 0:
             raise ValueError(f"output_interval_s must be >= 0, got {self.output_interval_s}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -30,8 +30,10 @@ can change the float sums); the weights use the plain kernels (no repacked buffe
 llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
 `EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows. llama.cpp zeroes
 the whole buffer; its pages that hold only zeros go back to the kernel as the memset passes them
-and once warmed up (pages.py), so the cache's memory grows with the cells written, up to that size,
-and is never all resident at the start.
+and once warmed up (pages.py), and a stream's pages past the cells its row holds go back whenever
+cells are dropped or a stream copy wrote them (kv_pages.py), so the cache's memory follows the cells
+held: the running rows' (at most max_batch_tokens) and the prefix cache's (at most
+EngineConfig.llamacpp_cache_tokens, the rows released longest ago emptied first).
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
@@ -43,6 +45,9 @@ chat template and detokenization stay with the Hugging Face tokenizer built from
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -51,10 +56,11 @@ import numpy as np
 
 from workers.engine.choice import TokenChooser
 from workers.engine.config import KV_CELL_TYPES, EngineConfig
+from workers.engine.kv_pages import KvPages, locate, row_bytes
 from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
-from workers.engine.pages import ZeroPageWatch
+from workers.engine.pages import ARENA_MAX_BYTES, ZeroPageWatch
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
@@ -64,6 +70,8 @@ from workers.engine.types import FatalEngineError
 _BATCH_TOKENS = 512
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
+
+logger = logging.getLogger(__name__)
 
 
 class LlamaCppExecutor:
@@ -87,6 +95,9 @@ class LlamaCppExecutor:
         self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
         self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
+        self._kv: KvPages | None = None  # the KV streams' pages, where their layout is confirmed
+        self._moved: list[tuple[int, int]] = []  # (from, to): streams copied at the next decode
+        self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -153,6 +164,18 @@ class LlamaCppExecutor:
         return self._pages.released if self._pages is not None else 0
 
     @property
+    def kv_pages(self) -> KvPages | None:
+        """The KV streams' pages past the cells held (kv_pages.py); None where their layout could
+        not be confirmed (nothing of the streams is handed back then)."""
+        return self._kv
+
+    @property
+    def evicted(self) -> int:
+        """Released rows whose kept cells were dropped to keep the prefix cache within
+        EngineConfig.llamacpp_cache_tokens."""
+        return self._evicted
+
+    @property
     def copies(self) -> int:
         """Prompts that got a copy of a free seq_id's stream for their prefix (llamacpp_rows.Taken)."""
         return self._copies
@@ -206,11 +229,15 @@ class LlamaCppExecutor:
             if taken.source is not None:  # the prefix's cells stay in their seq_id for a later prompt
                 self._llama.llama_memory_seq_cp(self._memory, taken.source, taken.row, -1, -1)
                 self._copies += 1
+                if self._kv is not None:
+                    self._kv.copied_into(taken.row)
             self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
             logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
         except BaseException:
             self._drop_pending(keep=False)
             raise
+        if self._kv is not None:  # the copy's cells past the prefix, or the row's earlier cells
+            self._kv.trim(taken.row, len(sequence.prompt_ids))
         self._reused += taken.kept
         if scored is not None:
             sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
@@ -235,6 +262,7 @@ class LlamaCppExecutor:
             self._set_token(batch, index, sequence.completion[-1], position, self._rows[sequence], True)
         batch.n_tokens = len(members)
         self._forward(batch)
+        self._trim_moved()
         tokens = self._require_chooser().choose(self._logits(len(members)), members)
         return list(zip(members, tokens, strict=True))
 
@@ -314,10 +342,23 @@ class LlamaCppExecutor:
         """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
         for source, gap in self._seq_ids.packing(self._rows.values()):
             moved = next(sequence for sequence, row in self._rows.items() if row == source)
+            if self._kv is not None:
+                self._kv.wrote(source, self.cells(source))
+                self._kv.copied_into(gap)
             self._llama.llama_memory_seq_cp(self._memory, source, gap, -1, -1)  # copied at the next decode
             self._llama.llama_memory_seq_rm(self._memory, source, -1, -1)
+            self._moved.append((source, gap))
             self._rows[moved] = gap
             self._moves += 1
+
+    def _trim_moved(self) -> None:
+        """Once the decode that copies them has run: hand back the pages of the streams rows moved
+        from (now empty) and of those they moved to past their cells (the copy wrote them all)."""
+        moved, self._moved = self._moved, []
+        if self._kv is not None:
+            for source, gap in moved:
+                self._kv.trim(source, self.cells(source))
+                self._kv.trim(gap, self.cells(gap))
 
     def _drop_pending(self, keep: bool = True) -> None:
         """Free the row of a prefilled sequence that never joined (it ended at its first token, or
@@ -330,35 +371,77 @@ class LlamaCppExecutor:
     def _free_row(self, sequence: Sequence, row: int, keep: bool) -> None:
         """Give `row` back; with `keep` (and the prefix cache on), its cells stay for a later prompt
         that starts as this sequence's prompt and completion did."""
+        cells = self.cells(row)
+        if self._kv is not None:
+            self._kv.wrote(row, cells)
         if keep and self._config.llamacpp_prefix_cache:
-            held = (sequence.prompt_ids + sequence.completion)[: self.cells(row)]
-            self._seq_ids.give_back(row, held)
+            self._seq_ids.give_back(row, (sequence.prompt_ids + sequence.completion)[:cells])
+            for evicted in self._seq_ids.evict(self._config.llamacpp_cache_tokens):
+                self._empty(evicted)
+                self._evicted += 1
         else:
-            self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
             self._seq_ids.give_back(row)
+            self._empty(row)
+
+    def _empty(self, row: int) -> None:
+        """Drop a free seq_id's cells and hand back its stream's pages."""
+        self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
+        if self._kv is not None:
+            self._kv.trim(row, 0)
 
     def _warm_up(self) -> None:
         """Prefill every row and decode _WARMUP_STEPS tokens (the largest shape: llama.cpp sizes its
-        compute buffers now, not at the first job), then empty the cache. Refuses non-finite logits."""
-        prompt = [int(token) for token in self.tokenizer("Hello").input_ids] or [0]
+        compute buffers now, not at the first job), find the KV streams' layout from the cells just
+        written (a prompt of its own per row, so each stream's cells differ), then empty the cache
+        and hand back the streams' pages. Refuses non-finite logits."""
         rows = self._config.max_batch_size
-        tokens = [int(self._run_prompt(row, prompt, every_position=False).argmax()) for row in range(rows)]
+        prompts = [[int(token) for token in self.tokenizer(f"Hello {row}").input_ids] for row in range(rows)]
+        tokens = [int(self._run_prompt(row, prompts[row], False).argmax()) for row in range(rows)]
         finite = True
         for step in range(_WARMUP_STEPS):
             for row, token in enumerate(tokens):
-                self._set_token(self._batch, row, token, len(prompt) + step, row, True)
+                self._set_token(self._batch, row, token, len(prompts[row]) + step, row, True)
             self._batch.n_tokens = rows
             self._forward(self._batch)
             logits = self._logits(rows)
             finite = finite and bool(np.isfinite(logits).all())
             tokens = logits.argmax(axis=-1).tolist()
+        self._kv = self._locate_streams()
         # The cells' metadata only: zeroing the streams again (data=True) would make all of them
         # resident at once. The warm-up's cells keep finite values that no row reads (a row's
-        # attention masks every cell it has not written), as the constructor's zeros were.
+        # attention masks every cell it has not written), as the constructor's zeros were, until
+        # their pages are handed back.
         self._llama.llama_memory_clear(self._memory, False)
+        if self._kv is not None:
+            for row in range(rows):
+                self._kv.trim(row, 0)
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)
+
+    def _locate_streams(self) -> KvPages | None:
+        """The KV streams' pages (kv_pages.locate, checked against llama.cpp's serialization of every
+        row's cells), or None, with a warning, where the layout does not hold."""
+        llama, handle = self._llama, self.model.handle
+        layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
+        values = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle) * heads_kv
+        cell_bytes = row_bytes(self._config.llamacpp_kv_cells, values)
+        shape = (2 * layers, self._config.max_batch_size, self._config.llamacpp_sequence_tokens, cell_bytes)
+        if math.prod(shape) <= ARENA_MAX_BYTES:  # not a chunk of its own (pages.py): small enough to keep
+            return None
+        chunks = self._pages.chunks if self._pages is not None else set()
+        layout = locate(chunks, shape, functools.cache(self._row_state), self.cells)
+        if layout is None:
+            logger.warning("the KV streams' layout is not llama.cpp's known one: their pages stay resident")
+            return None
+        return KvPages(layout)
+
+    def _row_state(self, row: int) -> bytes:
+        """llama.cpp's serialization of `row`'s sequence (llama_state_seq_get_data)."""
+        size = int(self._llama.llama_state_seq_get_size(self._context, row))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(self._llama.llama_state_seq_get_data(self._context, buffer, size, row))
+        return bytes(buffer)[:written]
 
     def _require_chooser(self) -> TokenChooser:
         if self._chooser is None:

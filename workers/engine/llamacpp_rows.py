@@ -6,7 +6,9 @@ them and skips their prefill (the prefix cache, as llama-server's per-slot promp
 kept where they are when that is cheap: a prompt whose prefix lies in a seq_id away from the run,
 or in one whose other cells it would overwrite, gets a copy of that stream in an empty seq_id beside
 the run (~4.5 ms at 2048 cells, what prefilling one or two prompt tokens costs on 2 cores), so the
-cells stay for a later prompt, as llama-server saves a slot's cells before reusing the slot."""
+cells stay for a later prompt, as llama-server saves a slot's cells before reusing the slot. The
+cells free seq_ids keep are bounded (`evict`): past the bound, those given back longest ago are
+dropped first, as an LRU cache would."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ class SeqIds:
     def __init__(self, count: int) -> None:
         self._count = count
         self._free = set(range(count))
-        self._held: dict[int, list[int]] = {}  # free seq_id -> its cells' tokens, positions 0..n-1
+        # free seq_id -> its cells' tokens (positions 0..n-1), the least recently used first
+        self._held: dict[int, list[int]] = {}
 
     def take(self, used: Collection[int], prompt: Sequence[int] = ()) -> Taken:
         """A seq_id for a new sequence, and where its prompt's reused prefix comes from.
@@ -69,6 +72,7 @@ class SeqIds:
         ):
             target = max(empty, key=candidates.__getitem__)
             self._free.remove(target)
+            self._held[row] = self._held.pop(row)  # used just now: the last to be evicted
             return Taken(target, kept[row], source=row)
         self._free.remove(row)
         self._held.pop(row, None)
@@ -77,8 +81,22 @@ class SeqIds:
     def give_back(self, row: int, held: Sequence[int] = ()) -> None:
         """Free `row`; `held`: the tokens its KV cells keep (positions 0 .. len(held) - 1), if any."""
         self._free.add(row)
+        self._held.pop(row, None)
         if held:
             self._held[row] = list(held)
+
+    def evict(self, most_tokens: int) -> list[int]:
+        """Forget the cells of the free seq_ids given back longest ago until those kept hold at most
+        `most_tokens` tokens; the seq_ids whose cells are to be dropped (their streams are empty to
+        the next take)."""
+        evicted = []
+        kept = self.held_tokens
+        while kept > most_tokens:
+            row, tokens = next(iter(self._held.items()))
+            del self._held[row]
+            kept -= len(tokens)
+            evicted.append(row)
+        return evicted
 
     @property
     def held_tokens(self) -> int:

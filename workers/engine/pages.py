@@ -30,7 +30,7 @@ import numpy as np
 PAGE_BYTES = mmap.PAGESIZE
 #: glibc's malloc arenas are at most 64 MiB: a larger anonymous mapping is one allocation, whose
 #: owner alone writes to it (a smaller one may be an arena shared by every thread's small mallocs).
-_ARENA_MAX_BYTES = 64 << 20
+ARENA_MAX_BYTES = 64 << 20
 _MAPS = Path("/proc/self/maps")
 #: glibc's chunk header flags (the low bits of its size word), and the one a mapped chunk carries.
 _FLAG_BITS = 0x7
@@ -129,7 +129,7 @@ def _first_chunk(block: Region, limit: int) -> Region | None:
     heads = _page_heads(block)
     sizes = heads[:, 1] & ~np.uint64(_FLAG_BITS)
     is_head = (heads[:, 0] == 0) & (heads[:, 1] & np.uint64(_FLAG_BITS) == _IS_MMAPPED)
-    fits = (sizes > _ARENA_MAX_BYTES) & (sizes % PAGE_BYTES == 0)
+    fits = (sizes > ARENA_MAX_BYTES) & (sizes % PAGE_BYTES == 0)
     for page in np.flatnonzero(is_head & fits):
         start = block.start + int(page) * PAGE_BYTES
         if start + int(sizes[page]) <= limit:
@@ -184,6 +184,23 @@ def release_zero_pages(regions: set[Region], mapped: list[Region] | None = None)
             if madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_DONTNEED) == 0:
                 released += length
     return released
+
+
+def resident_bytes(region: Region) -> int:
+    """Bytes of the page-aligned `region` resident now (mincore)."""
+    return int(_resident(region).sum()) * PAGE_BYTES
+
+
+def drop_pages(region: Region) -> int:
+    """Hand back the pages of `region` (page-aligned) whatever they hold: they read as zeros after
+    (the caller knows nothing reads what they held); the resident bytes handed back."""
+    madvise = _madvise()
+    resident = resident_bytes(region)
+    if madvise is None or not resident:
+        return 0
+    if madvise(ctypes.c_void_p(region.start), ctypes.c_size_t(region.size), mmap.MADV_DONTNEED) != 0:
+        return 0
+    return resident
 
 
 def _resident_zero_runs(region: Region) -> list[tuple[int, int]]:

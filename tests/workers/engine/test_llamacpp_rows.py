@@ -118,3 +118,36 @@ def test_on_a_tie_a_seq_id_holding_nothing_is_taken_before_one_keeping_cells() -
     seq_ids.give_back(1)
     assert seq_ids.take([], [5, 6, 7]) == Taken(1)  # nothing shared anywhere: 0 keeps its cells
     assert seq_ids.take([1], [5, 6, 7]) == Taken(2)  # beside the run, holding nothing: not 0
+
+
+def test_the_cells_given_back_longest_ago_are_evicted_first_past_the_bound() -> None:
+    seq_ids = SeqIds(4)
+    for used in ([], [0], [0, 1], [0, 1, 2]):
+        seq_ids.take(used)
+    seq_ids.give_back(2, [1, 2, 3])
+    seq_ids.give_back(0, [4, 5, 6, 7])
+    seq_ids.give_back(1, [8, 9])
+    assert seq_ids.evict(9) == []  # 3 + 4 + 2 tokens kept: within the bound
+    assert seq_ids.evict(6) == [2]  # the oldest goes first, and only as many as the bound needs
+    assert seq_ids.held_tokens == 6
+    assert seq_ids.take([3], [1, 2, 3, 4]) == Taken(2, 0)  # 2's cells are forgotten ...
+    assert seq_ids.evict(0) == [0, 1]
+    assert seq_ids.take([2, 3], [4, 5, 6, 7, 1]).kept == 0  # ... and so are 0's
+
+
+def test_a_seq_id_given_back_again_or_copied_from_is_the_last_to_be_evicted() -> None:
+    template = list(range(100, 120))
+    seq_ids = SeqIds(4)
+    for used in ([], [0], [0, 1], [0, 1, 2]):
+        seq_ids.take(used)
+    seq_ids.give_back(0, [*template, 1])
+    seq_ids.give_back(1, [*template, 2, 2])
+    seq_ids.give_back(2, [5, 5])
+    seq_ids.give_back(0, [*template, 3])  # 0 again: now the most recent
+    assert seq_ids.evict(len(template) + 1) == [1, 2]
+    seq_ids.give_back(1, [6])
+    # 0's prefix is copied into an empty seq_id beside the run (3 runs): 0 keeps its cells, and was
+    # used just now, so 1 goes first.
+    taken = seq_ids.take([3], [*template, 9, 9])
+    assert (taken.source, taken.kept) == (0, len(template))
+    assert seq_ids.evict(len(template) + 1) == [1]

@@ -1,0 +1,153 @@
+"""The pages of each row's KV stream past the cells it holds, handed back to the kernel.
+
+llama.cpp keeps one KV stream per row (kv_unified=False) in one buffer: for each layer a K tensor
+and then a V tensor of [cells per row x rows], each row's stream one contiguous slice of it
+(llama_kv_cache's constructor: ggml_new_tensor_3d per layer, ggml_view_2d at s * nb[2] per
+stream). Within a stream the cells a sequence holds are cells 0 .. n-1, cell i holding position i:
+genq fills a row from position 0 on and only ever drops a suffix (llama_memory_seq_rm(row, p, -1))
+or the whole row, llama.cpp's find_slot fills a stream from its head, which seq_rm moves back to
+the first cell it frees, and a copy across streams (llama_memory_seq_cp) keeps every cell where it
+was (tests/workers/engine/test_kv_pages.py checks this on the pinned llama.cpp).
+
+So a stream's pages past its last cell hold nothing anyone reads (attention masks every empty
+cell, as it does the zeros llama.cpp's constructor writes), yet once written they hold memory: a
+copy across streams (a prefix copied into a new row, a row moved to keep the running ones one run)
+writes every cell of the destination, 25 MB for the default model, and a row's pages stay after
+its cells are dropped. A worker's memory used to ratchet that way to every stream resident (639 MiB
+after six waves of 16 ordinary jobs, bench/worker_memory.py's churn stage). KvPages hands such
+pages back (madvise MADV_DONTNEED: they read as zeros again, the kernel's shared zero page, until
+a cell in them is written).
+
+The layout is computed from the model's shapes and checked, after the warm-up, against llama.cpp's
+own serialization of every row's cells (llama_state_seq_get_data): nothing is ever handed back
+unless every row's cells, K and V of every layer, lie where the layout says (`locate`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from workers.engine.pages import PAGE_BYTES, Region, drop_pages
+
+#: ggml's alignment of the buffers it allocates (ggml_aligned_malloc): the first tensor starts at
+#: the first multiple of it past glibc's chunk header.
+_BUFFER_ALIGNMENT = 64
+#: Bytes of one 8-bit K/V block (ggml's q8_0: an f16 scale and 32 int8 values) and its values.
+_Q8_0_BLOCK_BYTES, _Q8_0_BLOCK_VALUES = 34, 32
+
+
+def row_bytes(cell_type: str, values: int) -> int:
+    """Bytes one cell of one layer's K (or V) takes: `values` numbers of `cell_type` ("q8_0", "f16";
+    ggml_row_size)."""
+    if cell_type == "q8_0":
+        return values // _Q8_0_BLOCK_VALUES * _Q8_0_BLOCK_BYTES
+    if cell_type == "f16":
+        return 2 * values
+    raise ValueError(f"unknown K/V cell type {cell_type!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLayout:
+    """Where llama.cpp keeps each row's cells: `tensors` tensors (K then V of each layer) one after
+    the other from `base`, each holding `streams` slices of `cells` cells of `row_bytes` bytes."""
+
+    base: int
+    tensors: int
+    streams: int
+    cells: int
+    row_bytes: int
+
+    @property
+    def size(self) -> int:
+        return self.tensors * self.streams * self.cells * self.row_bytes
+
+    def address(self, tensor: int, stream: int, cell: int) -> int:
+        """Where cell `cell` of `stream` starts in tensor `tensor`."""
+        return self.base + ((tensor * self.streams + stream) * self.cells + cell) * self.row_bytes
+
+    def pages_past(self, stream: int, cell: int) -> list[Region]:
+        """The whole pages that hold only cells of `stream` from `cell` on, in every tensor (a page
+        shared with an earlier cell, or with the next stream, is not among them)."""
+        regions = []
+        for tensor in range(self.tensors):
+            start = -(-self.address(tensor, stream, cell) // PAGE_BYTES) * PAGE_BYTES
+            end = self.address(tensor, stream, self.cells) // PAGE_BYTES * PAGE_BYTES
+            if start < end:
+                regions.append(Region(start, end))
+        return regions
+
+
+def locate(
+    chunks: Iterable[Region],
+    shape: tuple[int, int, int, int],
+    state: Callable[[int], bytes],
+    held: Callable[[int], int],
+) -> StreamLayout | None:
+    """The layout of the KV streams among `chunks` (the large allocations the context made,
+    pages.ZeroPageWatch), or None where it cannot be confirmed. `shape`: (tensors, streams, cells,
+    row_bytes); `state(stream)`: llama.cpp's serialization of that stream's sequence; `held(stream)`:
+    how many cells it holds, at least two in every stream, all written (the warm-up's).
+
+    A candidate layout holds when, for every stream, each tensor's bytes of the stream's cells
+    (K of every layer, then V: the serialization's order) are found in that serialization in order
+    and are not all zeros."""
+    tensors, streams, cells, size_bytes = shape
+    size = tensors * streams * cells * size_bytes
+    for chunk in sorted(chunks, key=lambda chunk: chunk.size):
+        first = chunk.start - chunk.start % _BUFFER_ALIGNMENT + _BUFFER_ALIGNMENT  # past the header
+        for base in range(first, min(chunk.start + PAGE_BYTES, chunk.end - size + 1), _BUFFER_ALIGNMENT):
+            layout = StreamLayout(base, tensors, streams, cells, size_bytes)
+            if in_place(layout, state, held, streams=(0,)) and in_place(layout, state, held, range(streams)):
+                return layout
+    return None
+
+
+def in_place(
+    layout: StreamLayout, state: Callable[[int], bytes], held: Callable[[int], int], streams: Iterable[int]
+) -> bool:
+    """Whether each of `streams` holds at least two cells and their bytes, K of every layer then V,
+    are where `layout` says: found, in order, in llama.cpp's serialization of its sequence, and not
+    all zeros (so cell i holds position i, as the layout's handing back assumes)."""
+    for stream in streams:
+        serialized, count = state(stream), held(stream)
+        if count < 2:
+            return False
+        found = 0
+        # K of every layer (even tensors), then V (odd ones), as llama.cpp writes them.
+        order = [*range(0, layout.tensors, 2), *range(1, layout.tensors, 2)]
+        for tensor in order:
+            cells = ctypes.string_at(layout.address(tensor, stream, 0), count * layout.row_bytes)
+            found = serialized.find(cells, found) if any(cells) else -1
+            if found < 0:
+                return False
+            found += len(cells)
+    return True
+
+
+class KvPages:
+    """Which pages of each stream may hold cells written since they were last handed back, and
+    their handing back (see the module docstring). Called from the engine's thread only, between
+    llama.cpp calls (no llama.cpp thread runs then)."""
+
+    def __init__(self, layout: StreamLayout) -> None:
+        self.layout = layout
+        #: Per stream: the cells past which nothing was written since its pages were last handed back.
+        self._written = [layout.cells] * layout.streams
+        #: Resident bytes handed back so far.
+        self.released = 0
+
+    def wrote(self, stream: int, cells: int) -> None:
+        """`stream`'s cells 0 .. cells-1 may have been written."""
+        self._written[stream] = max(self._written[stream], cells)
+
+    def copied_into(self, stream: int) -> None:
+        """A copy across streams wrote all of `stream`'s cells (llama_memory_seq_cp)."""
+        self._written[stream] = self.layout.cells
+
+    def trim(self, stream: int, held: int) -> None:
+        """`stream` now holds cells 0 .. held-1 only: hand back the pages past them."""
+        if self._written[stream] > held:
+            self.released += sum(map(drop_pages, self.layout.pages_past(stream, held)))
+            self._written[stream] = held
