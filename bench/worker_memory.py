@@ -1,13 +1,17 @@
 """A worker's resident memory, stage by stage, on its own settings (`GENQ_*`, as `genq worker` reads
 them): its imports, the engine built, started (model loaded, KV cache allocated, warmed up), after
-C concurrent jobs of N tokens, then after one job with a response format (the first builds
-llguidance's view of the tokenizer, workers/engine/structured.py). Peak (VmHWM) and current
-(VmRSS) resident MiB at each stage, split into anonymous and file-backed (the mapped GGUF weights
-and shared libraries), the largest mappings at the end (the KV cache is one anonymous mapping under
-llama.cpp), and which model code was imported (transformers' models, accelerate: a llama.cpp
-worker needs none of it).
+C concurrent jobs of N tokens, after `--waves` waves of C jobs that share a system prompt (prompts
+of 20-300 words, 4-48 tokens each: rows end inside the run and others move, prefixes are reused and
+copied between rows, the traffic that used to leave whole KV streams resident), after C jobs of
+~1,900-token prompts at once (every row's stream nearly full; the cells the prefix cache then keeps
+are bounded by GENQ_LLAMACPP_CACHE_TOKENS), then after one job with a response format (the first
+builds llguidance's view of the tokenizer, workers/engine/structured.py). Peak (VmHWM) and current
+(VmRSS) resident MiB and the seconds at each stage, split into anonymous and file-backed (the
+mapped GGUF weights and shared libraries), the largest mappings at the end (the KV cache is one
+anonymous mapping under llama.cpp), and which model code was imported (transformers' models,
+accelerate: a llama.cpp worker needs none of it).
 
-    python -m bench.worker_memory                       # default settings, 16 jobs of 64 tokens
+    python -m bench.worker_memory                       # default settings, 16 jobs of 64 tokens, 6 waves
     GENQ_LLAMACPP_SEQUENCE_TOKENS=1024 python -m bench.worker_memory
 
 The measured process is a fresh interpreter that imports what a worker imports (workers.worker) and
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -31,6 +36,11 @@ from typing import Any
 _LARGE_MAPPING_MIB = 8
 #: Modules a worker on llama.cpp has no use for; the report says which were imported.
 MODEL_CODE = ("transformers.modeling_utils", "transformers.activations", "accelerate")
+#: Words a churn job's prompt may have, tokens it may generate, and a long prompt's words (~1,900
+#: tokens of the default model's tokenizer, within its 2,048 cells with 16 generated).
+_CHURN_WORDS, _CHURN_TOKENS, _LONG_WORDS = (20, 100, 300), (4, 16, 48), 940
+_WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+_SYSTEM = "You are a careful assistant. Answer briefly."
 #: --quick: a small context so the smoke run allocates little.
 _QUICK_ENV = {"GENQ_MAX_BATCH_SIZE": "2", "GENQ_LLAMACPP_SEQUENCE_TOKENS": "256"}
 
@@ -58,7 +68,7 @@ def large_mappings() -> list[dict[str, Any]]:
     return sorted(found, key=lambda item: -item["rss_mib"])
 
 
-def measure(concurrency: int, tokens: int) -> dict[str, Any]:
+def measure(concurrency: int, tokens: int, waves: int, long_words: int = _LONG_WORDS) -> dict[str, Any]:
     """Run in the measured interpreter: a worker's engine, stage by stage (see the module docstring).
     Each stage also says when it was reached, in seconds from the start of this function."""
     began = time.monotonic()
@@ -93,6 +103,31 @@ def measure(concurrency: int, tokens: int) -> dict[str, Any]:
     for thread in clients:
         thread.join()
     stages[f"after {concurrency} jobs"] = stage()
+    rng = random.Random(0)
+
+    def chat(index: int, words: int, tokens: int) -> None:
+        text = " ".join(rng.choice(_WORDS) for _ in range(words))
+        messages = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": f"{index}: {text}"}]
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+        engine.submit(GenerationRequest(f"c{index}", params, messages=messages)).result()
+
+    def at_once(jobs: list[tuple[int, int, int]]) -> None:
+        threads = [threading.Thread(target=chat, args=job) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    for wave in range(waves):
+        at_once(
+            [
+                (wave * concurrency + k, rng.choice(_CHURN_WORDS), rng.choice(_CHURN_TOKENS))
+                for k in range(concurrency)
+            ]
+        )
+    stages[f"after {waves} waves"] = stage()
+    at_once([(10_000 + k, long_words, 16) for k in range(concurrency)])
+    stages[f"after {concurrency} long prompts"] = stage()
     # llguidance's view of the tokenizer is built by the first response format (structured.py).
     schema = SamplingParams(max_tokens=tokens, json_schema='{"type": "array", "items": {"type": "integer"}}')
     engine.submit(GenerationRequest("m-json", schema, prompt="Five integers, as JSON.")).result()
@@ -105,7 +140,11 @@ def measure(concurrency: int, tokens: int) -> dict[str, Any]:
         "generated_tokens": sum(generated),
         "stages": stages,
         "peak_mib": stages[f"after {concurrency} jobs"]["VmHWM"],
+        "peak_after_waves_mib": stages[f"after {waves} waves"]["VmHWM"],
+        "peak_after_long_prompts_mib": stages[f"after {concurrency} long prompts"]["VmHWM"],
         "peak_with_response_format_mib": stages["after a response format"]["VmHWM"],
+        "rss_after_waves_mib": stages[f"after {waves} waves"]["VmRSS"],
+        "rss_after_long_prompts_mib": stages[f"after {concurrency} long prompts"]["VmRSS"],
         "large_mappings": large_mappings(),
         "model_code_imported": [name for name in MODEL_CODE if name in sys.modules],
     }
@@ -113,10 +152,12 @@ def measure(concurrency: int, tokens: int) -> dict[str, Any]:
     return report
 
 
-def run(concurrency: int, tokens: int, quick: bool) -> dict[str, Any]:
+def run(concurrency: int, tokens: int, waves: int, quick: bool) -> dict[str, Any]:
     """measure() in a fresh interpreter with the caller's GENQ_* settings (plus --quick's)."""
     env = {**os.environ, **(_QUICK_ENV if quick else {})}
-    code = f"import json, bench.worker_memory as m; print(json.dumps(m.measure({concurrency}, {tokens})))"
+    words = 60 if quick else _LONG_WORDS  # within --quick's 256 cells
+    call = f"m.measure({concurrency}, {tokens}, {waves}, {words})"
+    code = f"import json, bench.worker_memory as m; print(json.dumps({call}))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the measured worker failed:\n{done.stderr[-3000:]}")
@@ -153,10 +194,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     def more(parser: Any) -> None:
         parser.add_argument("--concurrency", type=int, default=16, help="jobs run at once (default 16)")
         parser.add_argument("--tokens", type=int, default=64, help="tokens each job generates (default 64)")
+        parser.add_argument("--waves", type=int, default=6, help="waves of churn jobs (default 6)")
 
     args = parse_args(__doc__, "worker_memory", argv, more)
-    concurrency, tokens = (2, 4) if args.quick else (args.concurrency, args.tokens)
-    report = {"quick": args.quick, "machine": machine(), **run(concurrency, tokens, args.quick)}
+    concurrency, tokens, waves = (2, 4, 1) if args.quick else (args.concurrency, args.tokens, args.waves)
+    report = {"quick": args.quick, "machine": machine(), **run(concurrency, tokens, waves, args.quick)}
     keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "seconds")
     rows = [[name, *(values[key] for key in keys)] for name, values in report["stages"].items()]
     columns = ["stage", "peak MiB", "rss", "anon", "file", "at s"]

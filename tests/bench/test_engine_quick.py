@@ -95,8 +95,9 @@ def test_bench_engine_backends_quick(tmp_path: Path) -> None:
 
 
 def test_bench_worker_memory_quick(tmp_path: Path) -> None:
-    """The worker's memory, stage by stage, in a fresh interpreter on its own settings: the default
-    GGUF runs on llama.cpp, with none of transformers' model code imported."""
+    """The worker's memory, stage by stage, in a fresh interpreter on its own settings (churn and long
+    prompts included): the default GGUF runs on llama.cpp, with none of transformers' model code
+    imported."""
     subprocess.run(
         [sys.executable, "-m", "bench.worker_memory", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, check=True, timeout=240, capture_output=True,
@@ -112,11 +113,15 @@ def test_bench_worker_memory_quick(tmp_path: Path) -> None:
         "engine built",
         "engine started",
         "after 2 jobs",
+        "after 1 waves",
+        "after 2 long prompts",
         "after a response format",
     ]
     peaks = [stage["VmHWM"] for stage in stages.values()]
     assert peaks == sorted(peaks)  # a peak never falls
     assert report["peak_mib"] == stages["after 2 jobs"]["VmHWM"]
+    assert report["peak_after_long_prompts_mib"] == stages["after 2 long prompts"]["VmHWM"]
+    assert report["rss_after_waves_mib"] == stages["after 1 waves"]["VmRSS"]
     # The first response format builds llguidance's view of the tokenizer (tens of MiB).
     assert report["peak_with_response_format_mib"] == peaks[-1] > report["peak_mib"]
     assert [stage["seconds"] for stage in stages.values()] == sorted(

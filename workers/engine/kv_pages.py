@@ -6,17 +6,18 @@ and then a V tensor of [cells per row x rows], each row's stream one contiguous 
 stream). Within a stream the cells a sequence holds are cells 0 .. n-1, cell i holding position i:
 genq fills a row from position 0 on and only ever drops a suffix (llama_memory_seq_rm(row, p, -1))
 or the whole row, llama.cpp's find_slot fills a stream from its head, which seq_rm moves back to
-the first cell it frees, and a copy across streams (llama_memory_seq_cp) keeps every cell where it
-was (tests/workers/engine/test_kv_pages.py checks this on the pinned llama.cpp).
+the first cell it frees, and a copy into an empty row (llama_state_seq_set_data, the executor's
+_copy_cells) is placed by find_slot too, in position order (tests/workers/engine/test_kv_pages.py
+checks all of it on the pinned llama.cpp).
 
 So a stream's pages past its last cell hold nothing anyone reads (attention masks every empty
 cell, as it does the zeros llama.cpp's constructor writes), yet once written they hold memory: a
-copy across streams (a prefix copied into a new row, a row moved to keep the running ones one run)
-writes every cell of the destination, 25 MB for the default model, and a row's pages stay after
-its cells are dropped. A worker's memory used to ratchet that way to every stream resident (639 MiB
-after six waves of 16 ordinary jobs, bench/worker_memory.py's churn stage). KvPages hands such
-pages back (madvise MADV_DONTNEED: they read as zeros again, the kernel's shared zero page, until
-a cell in them is written).
+row's pages stay after its cells are dropped, and llama_memory_seq_cp across streams (which the
+executor used for a prefix copied into a new row and a row moved to keep the running ones one run)
+wrote every cell of the destination, 25 MB for the default model. A worker's memory used to
+ratchet that way until every stream was resident (635-638 MiB after six waves of 16 ordinary jobs,
+bench/worker_memory.py). KvPages hands such pages back (madvise MADV_DONTNEED: they read as zeros
+again, the kernel's shared zero page, until a cell in them is written).
 
 The layout is computed from the model's shapes and checked, after the warm-up, against llama.cpp's
 own serialization of every row's cells (llama_state_seq_get_data): nothing is ever handed back
@@ -141,10 +142,6 @@ class KvPages:
     def wrote(self, stream: int, cells: int) -> None:
         """`stream`'s cells 0 .. cells-1 may have been written."""
         self._written[stream] = max(self._written[stream], cells)
-
-    def copied_into(self, stream: int) -> None:
-        """A copy across streams wrote all of `stream`'s cells (llama_memory_seq_cp)."""
-        self._written[stream] = self.layout.cells
 
     def trim(self, stream: int, held: int) -> None:
         """`stream` now holds cells 0 .. held-1 only: hand back the pages past them."""

@@ -10,17 +10,20 @@ tokens (the chat template's system prompt, a conversation's earlier turns) takes
 the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
 (EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same). When
 the prefix lies in a seq_id away from the running ones, or in one whose later cells the prompt
-would overwrite, an empty seq_id beside the run gets a copy of that stream instead
-(llama_memory_seq_cp, llamacpp_rows.py), and the cells stay for a later prompt; a prompt that
-shares nothing takes a seq_id holding no cells.
+would overwrite, an empty seq_id beside the run gets a copy of its cells instead (_copy_cells,
+llamacpp_rows.py), and the cells stay for a later prompt; a prompt that shares nothing takes a
+seq_id holding no cells. The cells free seq_ids keep are bounded (EngineConfig.llamacpp_cache_tokens):
+past the bound, those released longest ago are dropped.
 
 The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
 with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
 consecutive seq_ids in batch order (llama_batch_allocr::split_equal, sequential); 16 rows out of
 order measured 143 against 281-323 tokens/s in order (2 threads). When the rows are not one run
 (a row ended inside it, or a new sequence took cells away from it), the fewest sequences move into
-the gaps (llama_memory_seq_cp copies a KV stream, ~25 MB: the next step took 4-4.5 ms longer, at
-15 rows); a moved sequence's cells keep their indices and contents, so it computes exactly as before.
+the gaps (_copy_cells: 0.2 ms for 40 cells, 1 ms for 300, 6.8 ms for 2000 on 2 cores; the whole
+stream's llama_memory_seq_cp made the next step 4-4.5 ms longer whatever the cells); a moved
+sequence's cells keep their positions and contents (cell i holds position i in every stream,
+kv_pages.py), so it computes exactly as before.
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
@@ -31,9 +34,9 @@ llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8
 `EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows. llama.cpp zeroes
 the whole buffer; its pages that hold only zeros go back to the kernel as the memset passes them
 and once warmed up (pages.py), and a stream's pages past the cells its row holds go back whenever
-cells are dropped or a stream copy wrote them (kv_pages.py), so the cache's memory follows the cells
-held: the running rows' (at most max_batch_tokens) and the prefix cache's (at most
-EngineConfig.llamacpp_cache_tokens, the rows released longest ago emptied first).
+cells are dropped (kv_pages.py), so the cache's memory follows the cells held: the running rows'
+(at most max_batch_tokens) and the prefix cache's (at most EngineConfig.llamacpp_cache_tokens, the
+rows released longest ago emptied first).
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
@@ -96,7 +99,8 @@ class LlamaCppExecutor:
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
         self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
         self._kv: KvPages | None = None  # the KV streams' pages, where their layout is confirmed
-        self._moved: list[tuple[int, int]] = []  # (from, to): streams copied at the next decode
+        # _serialize's buffer: as large as the most cells a row copied held (25 MB at 2048 cells)
+        self._state: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * 0)()
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
 
     # ---- facts -----------------------------------------------------------------------------------
@@ -227,16 +231,14 @@ class LlamaCppExecutor:
         self._pending = (sequence, taken.row)
         try:
             if taken.source is not None:  # the prefix's cells stay in their seq_id for a later prompt
-                self._llama.llama_memory_seq_cp(self._memory, taken.source, taken.row, -1, -1)
+                self._copy_cells(taken.source, taken.row)
                 self._copies += 1
-                if self._kv is not None:
-                    self._kv.copied_into(taken.row)
             self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
             logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
         except BaseException:
             self._drop_pending(keep=False)
             raise
-        if self._kv is not None:  # the copy's cells past the prefix, or the row's earlier cells
+        if self._kv is not None:  # the copied cells past the prefix, or the row's earlier ones
             self._kv.trim(taken.row, len(sequence.prompt_ids))
         self._reused += taken.kept
         if scored is not None:
@@ -262,7 +264,6 @@ class LlamaCppExecutor:
             self._set_token(batch, index, sequence.completion[-1], position, self._rows[sequence], True)
         batch.n_tokens = len(members)
         self._forward(batch)
-        self._trim_moved()
         tokens = self._require_chooser().choose(self._logits(len(members)), members)
         return list(zip(members, tokens, strict=True))
 
@@ -344,21 +345,22 @@ class LlamaCppExecutor:
             moved = next(sequence for sequence, row in self._rows.items() if row == source)
             if self._kv is not None:
                 self._kv.wrote(source, self.cells(source))
-                self._kv.copied_into(gap)
-            self._llama.llama_memory_seq_cp(self._memory, source, gap, -1, -1)  # copied at the next decode
-            self._llama.llama_memory_seq_rm(self._memory, source, -1, -1)
-            self._moved.append((source, gap))
+            self._copy_cells(source, gap)
+            self._empty(source)
             self._rows[moved] = gap
             self._moves += 1
 
-    def _trim_moved(self) -> None:
-        """Once the decode that copies them has run: hand back the pages of the streams rows moved
-        from (now empty) and of those they moved to past their cells (the copy wrote them all)."""
-        moved, self._moved = self._moved, []
+    def _copy_cells(self, source: int, target: int) -> None:
+        """Give the free `target` a copy of `source`'s cells, at the same positions, through
+        llama.cpp's sequence state (llama_state_seq_get_data, then set_data, which empties `target`
+        first and fills it from its first cell): only the cells held are copied, where
+        llama_memory_seq_cp across streams copies every cell of the stream (25 MB for the default
+        model at 2048 cells) and so wrote every page of the target."""
+        llama, written = self._llama, self._serialize(source)
+        if not written or not llama.llama_state_seq_set_data(self._context, self._state, written, target):
+            raise RuntimeError(f"llama.cpp could not copy seq_id {source}'s cells to {target}")
         if self._kv is not None:
-            for source, gap in moved:
-                self._kv.trim(source, self.cells(source))
-                self._kv.trim(gap, self.cells(gap))
+            self._kv.trim(target, self.cells(target))
 
     def _drop_pending(self, keep: bool = True) -> None:
         """Free the row of a prefilled sequence that never joined (it ended at its first token, or
@@ -437,11 +439,17 @@ class LlamaCppExecutor:
         return KvPages(layout)
 
     def _row_state(self, row: int) -> bytes:
-        """llama.cpp's serialization of `row`'s sequence (llama_state_seq_get_data)."""
+        """llama.cpp's serialization of `row`'s sequence, a copy."""
+        written = self._serialize(row)
+        return ctypes.string_at(self._state, written)
+
+    def _serialize(self, row: int) -> int:
+        """Serialize `row`'s sequence into self._state (llama_state_seq_get_data); the bytes written.
+        The buffer is kept for the next call: a fresh one costs a page fault per page."""
         size = int(self._llama.llama_state_seq_get_size(self._context, row))
-        buffer = (ctypes.c_uint8 * size)()
-        written = int(self._llama.llama_state_seq_get_data(self._context, buffer, size, row))
-        return bytes(buffer)[:written]
+        if len(self._state) < size:
+            self._state = (ctypes.c_uint8 * size)()
+        return int(self._llama.llama_state_seq_get_data(self._context, self._state, size, row))
 
     def _require_chooser(self) -> TokenChooser:
         if self._chooser is None:

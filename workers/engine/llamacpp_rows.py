@@ -4,8 +4,8 @@ run (llamacpp_executor.py's module docstring has the measurement). A free seq_id
 KV cells of the sequence that last ran there: a new prompt that starts with the same tokens reuses
 them and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache). Cells are
 kept where they are when that is cheap: a prompt whose prefix lies in a seq_id away from the run,
-or in one whose other cells it would overwrite, gets a copy of that stream in an empty seq_id beside
-the run (~4.5 ms at 2048 cells, what prefilling one or two prompt tokens costs on 2 cores), so the
+or in one whose other cells it would overwrite, gets a copy of those cells in an empty seq_id beside
+the run (~1 ms for 300 cells, less than prefilling one prompt token costs on 2 cores), so the
 cells stay for a later prompt, as llama-server saves a slot's cells before reusing the slot. The
 cells free seq_ids keep are bounded (`evict`): past the bound, those given back longest ago are
 dropped first, as an LRU cache would."""
@@ -28,8 +28,8 @@ class Taken:
     source: int | None = None
 
 
-#: Tokens a stream copy (or move) must save, or keep from being overwritten, to be made: a copy of
-#: a whole stream costs a few prefilled tokens' worth, so a margin keeps copies for real savings.
+#: Tokens a copy of a row's cells (or a move) must save, or keep from being overwritten, to be made:
+#: a copy costs up to a few prefilled tokens' worth, so a margin keeps copies for real savings.
 MOVE_WORTH_TOKENS = 8
 
 
