@@ -94,12 +94,12 @@ def locate(
     A candidate layout holds when, for every stream, each tensor's bytes of the stream's cells
     (K of every layer, then V: the serialization's order) are found in that serialization in order
     and are not all zeros."""
-    tensors, streams, cells, size_bytes = shape
-    size = tensors * streams * cells * size_bytes
+    tensors, streams, cells, cell_bytes = shape
+    size = tensors * streams * cells * cell_bytes
     for chunk in sorted(chunks, key=lambda chunk: chunk.size):
         first = chunk.start - chunk.start % _BUFFER_ALIGNMENT + _BUFFER_ALIGNMENT  # past the header
         for base in range(first, min(chunk.start + PAGE_BYTES, chunk.end - size + 1), _BUFFER_ALIGNMENT):
-            layout = StreamLayout(base, tensors, streams, cells, size_bytes)
+            layout = StreamLayout(base, tensors, streams, cells, cell_bytes)
             if in_place(layout, state, held, streams=(0,)) and in_place(layout, state, held, range(streams)):
                 return layout
     return None

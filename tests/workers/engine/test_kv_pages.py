@@ -5,6 +5,8 @@ relies on), that nothing past them stays resident, and that outputs are unchange
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
@@ -86,6 +88,11 @@ def test_after_reuse_copies_and_moves_only_the_cells_held_are_resident_and_outpu
     holding = [row for row in range(4) if executor.cells(row) >= 2]
     assert holding, "the prefix cache keeps the finished rows' cells"
     assert in_place(layout, executor._row_state, executor.cells, holding)
+    # The check can fail: a layout one cell off, or with the streams' order reversed, is refused.
+    shifted = replace(layout, base=layout.base + layout.row_bytes)
+    assert not in_place(shifted, executor._row_state, executor.cells, holding)
+    reversed_rows = {row: 3 - row for row in range(4)}
+    assert not in_place(layout, lambda row: executor._row_state(reversed_rows[row]), executor.cells, holding)
     past = [region for row in range(4) for region in layout.pages_past(row, executor.cells(row))]
     assert sum(map(resident_bytes, past)) == 0
     kv = Region(layout.base // PAGE_BYTES * PAGE_BYTES, layout.base + layout.size)
