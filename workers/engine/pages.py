@@ -187,13 +187,15 @@ def release_zero_pages(regions: set[Region], mapped: list[Region] | None = None)
 
 
 def resident_bytes(region: Region) -> int:
-    """Bytes of the page-aligned `region` resident now (mincore)."""
+    """Bytes of the page-aligned `region` mapped now (mincore: pages a read mapped to the kernel's
+    shared zero page count, although they take no memory)."""
     return int(_resident(region).sum()) * PAGE_BYTES
 
 
 def drop_pages(region: Region) -> int:
     """Hand back the pages of `region` (page-aligned) whatever they hold: they read as zeros after
-    (the caller knows nothing reads what they held); the resident bytes handed back."""
+    (the caller knows nothing reads what they held); the resident bytes handed back, as mincore
+    counts them (a page a read mapped to the kernel's shared zero page counts too)."""
     madvise = _madvise()
     resident = resident_bytes(region)
     if madvise is None or not resident:

@@ -19,8 +19,10 @@ from workers.engine.pages import (
     Region,
     ZeroPageWatch,
     anonymous_mappings,
+    drop_pages,
     new_large_regions,
     release_zero_pages,
+    resident_bytes,
 )
 
 MIB = 1 << 20
@@ -119,6 +121,25 @@ def test_a_page_not_resident_is_neither_read_nor_counted(private_mapping: tuple[
     assert release_zero_pages({region}) == region.size - 2 * PAGE_BYTES
     assert release_zero_pages({region}) == 0
     assert memory[PAGE_BYTES] == 1
+
+
+def test_dropped_pages_go_back_whatever_they_held_and_their_neighbours_keep_theirs(
+    private_mapping: tuple[Allocation, Region],
+) -> None:
+    """What kv_pages hands back past a row's cells: every page of the range, data or not, reads as
+    zeros after and holds no memory; the pages either side keep their data."""
+    memory, region = private_mapping
+    for page in (10, 11, 12, 13):
+        memory[page * PAGE_BYTES + 100] = 0x5A
+    dropped = Region(region.start + 11 * PAGE_BYTES, region.start + 13 * PAGE_BYTES)
+    own = _resident_bytes(region)
+
+    assert resident_bytes(dropped) == 2 * PAGE_BYTES
+    assert drop_pages(dropped) == 2 * PAGE_BYTES
+    assert own - _resident_bytes(region) == 2 * PAGE_BYTES
+    assert [memory[page * PAGE_BYTES + 100] for page in (10, 11, 12, 13)] == [0x5A, 0, 0, 0x5A]
+    assert own - _resident_bytes(region) == 2 * PAGE_BYTES  # reading them took no memory
+    assert drop_pages(Region(dropped.start, dropped.start + PAGE_BYTES)) == PAGE_BYTES  # mincore: mapped
 
 
 @pytest.mark.parametrize(
