@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,36 +97,16 @@ def measure(concurrency: int, tokens: int, waves: int, long_words: int = _LONG_W
             engine.submit(GenerationRequest(f"m{index}", params, prompt=prompt)).result().completion_tokens
         )
 
-    clients = [threading.Thread(target=job, args=(index,)) for index in range(concurrency)]
-    for thread in clients:
-        thread.start()
-    for thread in clients:
-        thread.join()
+    _at_once(job, [(index,) for index in range(concurrency)])
     stages[f"after {concurrency} jobs"] = stage()
     rng = random.Random(0)
-
-    def chat(index: int, words: int, tokens: int) -> None:
-        text = " ".join(rng.choice(_WORDS) for _ in range(words))
-        messages = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": f"{index}: {text}"}]
-        params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-        engine.submit(GenerationRequest(f"c{index}", params, messages=messages)).result()
-
-    def at_once(jobs: list[tuple[int, int, int]]) -> None:
-        threads = [threading.Thread(target=chat, args=job) for job in jobs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
+    chat = _chatter(engine, rng)
     for wave in range(waves):
-        at_once(
-            [
-                (wave * concurrency + k, rng.choice(_CHURN_WORDS), rng.choice(_CHURN_TOKENS))
-                for k in range(concurrency)
-            ]
-        )
+        first = wave * concurrency
+        jobs = [(first + k, rng.choice(_CHURN_WORDS), rng.choice(_CHURN_TOKENS)) for k in range(concurrency)]
+        _at_once(chat, jobs)
     stages[f"after {waves} waves"] = stage()
-    at_once([(10_000 + k, long_words, 16) for k in range(concurrency)])
+    _at_once(chat, [(10_000 + k, long_words, 16) for k in range(concurrency)])
     stages[f"after {concurrency} long prompts"] = stage()
     # llguidance's view of the tokenizer is built by the first response format (structured.py).
     schema = SamplingParams(max_tokens=tokens, json_schema='{"type": "array", "items": {"type": "integer"}}')
@@ -150,6 +130,28 @@ def measure(concurrency: int, tokens: int, waves: int, long_words: int = _LONG_W
     }
     engine.shutdown()
     return report
+
+
+def _chatter(engine: Any, rng: random.Random) -> Callable[[int, int, int], None]:
+    """A job of the churn stages: a chat sharing _SYSTEM, `words` words of its own, `tokens` tokens."""
+    from workers.engine import GenerationRequest, SamplingParams
+
+    def chat(index: int, words: int, tokens: int) -> None:
+        text = " ".join(rng.choice(_WORDS) for _ in range(words))
+        messages = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": f"{index}: {text}"}]
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+        engine.submit(GenerationRequest(f"c{index}", params, messages=messages)).result()
+
+    return chat
+
+
+def _at_once(target: Callable[..., None], jobs: Sequence[tuple[int, ...]]) -> None:
+    """Run target(*job) for every job, each on a thread of its own, all at once; wait for them all."""
+    threads = [threading.Thread(target=target, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def run(concurrency: int, tokens: int, waves: int, quick: bool) -> dict[str, Any]:

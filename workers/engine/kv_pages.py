@@ -7,7 +7,7 @@ stream). Within a stream the cells a sequence holds are cells 0 .. n-1, cell i h
 genq fills a row from position 0 on and only ever drops a suffix (llama_memory_seq_rm(row, p, -1))
 or the whole row, llama.cpp's find_slot fills a stream from its head, which seq_rm moves back to
 the first cell it frees, and a copy into an empty row (llama_state_seq_set_data, the executor's
-_copy_cells) is placed by find_slot too, in position order (tests/workers/engine/test_kv_pages.py
+KvStreams.copy) is placed by find_slot too, in position order (tests/workers/engine/test_kv_pages.py
 checks all of it on the pinned llama.cpp).
 
 So a stream's pages past its last cell hold nothing anyone reads (attention masks every empty
@@ -27,16 +27,23 @@ unless every row's cells, K and V of every layer, lie where the layout says (`lo
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from workers.engine.pages import PAGE_BYTES, Region, drop_pages
+from workers.engine.config import EngineConfig
+from workers.engine.pages import ARENA_MAX_BYTES, PAGE_BYTES, Region, drop_pages
 
 #: ggml's alignment of the buffers it allocates (ggml_aligned_malloc): the first tensor starts at
 #: the first multiple of it past glibc's chunk header.
 _BUFFER_ALIGNMENT = 64
 #: Bytes of one 8-bit K/V block (ggml's q8_0: an f16 scale and 32 int8 values) and its values.
 _Q8_0_BLOCK_BYTES, _Q8_0_BLOCK_VALUES = 34, 32
+
+logger = logging.getLogger(__name__)
 
 
 def row_bytes(cell_type: str, values: int) -> int:
@@ -148,3 +155,74 @@ class KvPages:
         if self._written[stream] > held:
             self.released += sum(map(drop_pages, self.layout.pages_past(stream, held)))
             self._written[stream] = held
+
+
+class KvStreams:
+    """One llama.cpp context's KV streams where the executor goes past llama.cpp's memory API: a
+    row's cells copied into another row (only the cells held), and, once the layout is confirmed
+    (`locate`), the pages past each row's cells handed back. Called from the engine's thread only."""
+
+    def __init__(self, llama: Any, context: Any) -> None:
+        self._llama, self._context = llama, context
+        self._memory = llama.llama_get_memory(context)
+        # _serialize's buffer, kept (a fresh one costs a page fault per page): as large as the most
+        # cells a row copied held, 25 MB at 2048 cells of the default model.
+        self._state: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * 0)()
+        #: The streams' pages; None while the layout is not confirmed (nothing is handed back).
+        self.pages: KvPages | None = None
+
+    def cells(self, row: int) -> int:
+        """KV cells `row` holds (0 when empty): its highest position + 1."""
+        return int(self._llama.llama_memory_seq_pos_max(self._memory, row)) + 1
+
+    def locate(self, model: Any, config: EngineConfig, chunks: Iterable[Region]) -> None:
+        """Confirm the streams' layout (module `locate`) among `chunks`, the context's large
+        allocations, while every row holds at least two written cells (the warm-up's). Streams no
+        larger than a malloc arena are not a mapping of their own and are left alone; a layout that
+        does not hold is logged, and nothing is handed back."""
+        llama = self._llama
+        layers, heads_kv = llama.llama_model_n_layer(model), llama.llama_model_n_head_kv(model)
+        values = llama.llama_model_n_embd(model) // llama.llama_model_n_head(model) * heads_kv
+        cells = config.llamacpp_sequence_tokens
+        shape = (2 * layers, config.max_batch_size, cells, row_bytes(config.llamacpp_kv_cells, values))
+        if math.prod(shape) <= ARENA_MAX_BYTES:
+            return
+        layout = locate(chunks, shape, functools.cache(self.serialized), self.cells)
+        if layout is None:
+            logger.warning("the KV streams' layout is not llama.cpp's known one: their pages stay resident")
+        self.pages = KvPages(layout) if layout is not None else None
+
+    def copy(self, source: int, target: int) -> None:
+        """Give the free `target` a copy of `source`'s cells, at the same positions, through
+        llama.cpp's sequence state (llama_state_seq_get_data, then set_data, which empties `target`
+        and fills it from its first cell): only the cells held are copied, where
+        llama_memory_seq_cp across streams copies every cell of the stream (25 MB for the default
+        model at 2048 cells) and so writes every page of the target."""
+        written = self._serialize(source)
+        if not written or not self._llama.llama_state_seq_set_data(
+            self._context, self._state, written, target
+        ):
+            raise RuntimeError(f"llama.cpp could not copy seq_id {source}'s cells to {target}")
+        self.trim(target, self.cells(target))
+
+    def serialized(self, row: int) -> bytes:
+        """llama.cpp's serialization of `row`'s sequence, a copy."""
+        written = self._serialize(row)
+        return ctypes.string_at(self._state, written)
+
+    def wrote(self, row: int, cells: int) -> None:
+        """`row`'s cells 0 .. cells-1 may have been written (KvPages.wrote)."""
+        if self.pages is not None:
+            self.pages.wrote(row, cells)
+
+    def trim(self, row: int, held: int) -> None:
+        """`row` now holds cells 0 .. held-1 only: hand back the pages past them (KvPages.trim)."""
+        if self.pages is not None:
+            self.pages.trim(row, held)
+
+    def _serialize(self, row: int) -> int:
+        """Serialize `row`'s sequence into self._state (llama_state_seq_get_data); the bytes written."""
+        size = int(self._llama.llama_state_seq_get_size(self._context, row))
+        if len(self._state) < size:
+            self._state = (ctypes.c_uint8 * size)()
+        return int(self._llama.llama_state_seq_get_data(self._context, self._state, size, row))

@@ -10,20 +10,17 @@ tokens (the chat template's system prompt, a conversation's earlier turns) takes
 the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
 (EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same). When
 the prefix lies in a seq_id away from the running ones, or in one whose later cells the prompt
-would overwrite, an empty seq_id beside the run gets a copy of its cells instead (_copy_cells,
-llamacpp_rows.py), and the cells stay for a later prompt; a prompt that shares nothing takes a
-seq_id holding no cells. The cells free seq_ids keep are bounded (EngineConfig.llamacpp_cache_tokens):
-past the bound, those released longest ago are dropped.
+would overwrite, an empty seq_id beside the run gets a copy of its cells instead (KvStreams.copy,
+llamacpp_rows.py); a prompt that shares nothing takes a seq_id holding no cells. The cells free
+seq_ids keep are bounded (EngineConfig.llamacpp_cache_tokens), those released longest ago dropped first.
 
 The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
 with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
 consecutive seq_ids in batch order (llama_batch_allocr::split_equal, sequential); 16 rows out of
 order measured 143 against 281-323 tokens/s in order (2 threads). When the rows are not one run
 (a row ended inside it, or a new sequence took cells away from it), the fewest sequences move into
-the gaps (_copy_cells: 0.2 ms for 40 cells, 1 ms for 300, 6.8 ms for 2000 on 2 cores; the whole
-stream's llama_memory_seq_cp made the next step 4-4.5 ms longer whatever the cells); a moved
-sequence's cells keep their positions and contents (cell i holds position i in every stream,
-kv_pages.py), so it computes exactly as before.
+the gaps (KvStreams.copy: ~1 ms for 300 cells on 2 cores); a moved sequence's cells keep their
+positions and contents, so it computes exactly as before.
 
 Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
 (kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
@@ -31,12 +28,9 @@ and its one query row goes through the same attention kernel whatever shares the
 cache would interleave the sequences' cells and hand a step's queries to the tiled kernel, which
 can change the float sums); the weights use the plain kernels (no repacked buffers, see
 llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
-`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows. llama.cpp zeroes
-the whole buffer; its pages that hold only zeros go back to the kernel as the memset passes them
-and once warmed up (pages.py), and a stream's pages past the cells its row holds go back whenever
-cells are dropped (kv_pages.py), so the cache's memory follows the cells held: the running rows'
-(at most max_batch_tokens) and the prefix cache's (at most EngineConfig.llamacpp_cache_tokens, the
-rows released longest ago emptied first).
+`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows, of which only the
+cells held stay resident: zero pages go back as llama.cpp's memset passes them (pages.py), and a
+stream's pages past its row's cells whenever cells are dropped (kv_pages.py).
 
 Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
 token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
@@ -48,22 +42,17 @@ chat template and detokenization stay with the Hugging Face tokenizer built from
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
-import math
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workers.engine.choice import TokenChooser
 from workers.engine.config import KV_CELL_TYPES, EngineConfig
-from workers.engine.kv_pages import KvPages, locate, row_bytes
-from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model
+from workers.engine.kv_pages import KvStreams
+from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model, physical_cores
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
-from workers.engine.pages import ARENA_MAX_BYTES, ZeroPageWatch
+from workers.engine.pages import ZeroPageWatch, return_freed_memory
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import FatalEngineError
@@ -73,8 +62,6 @@ from workers.engine.types import FatalEngineError
 _BATCH_TOKENS = 512
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
-
-logger = logging.getLogger(__name__)
 
 
 class LlamaCppExecutor:
@@ -98,9 +85,7 @@ class LlamaCppExecutor:
         self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
         self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
-        self._kv: KvPages | None = None  # the KV streams' pages, where their layout is confirmed
-        # _serialize's buffer: as large as the most cells a row copied held (25 MB at 2048 cells)
-        self._state: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * 0)()
+        self._streams: KvStreams | None = None  # copies between rows, and their pages (prepare)
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
 
     # ---- facts -----------------------------------------------------------------------------------
@@ -168,10 +153,11 @@ class LlamaCppExecutor:
         return self._pages.released if self._pages is not None else 0
 
     @property
-    def kv_pages(self) -> KvPages | None:
-        """The KV streams' pages past the cells held (kv_pages.py); None where their layout could
-        not be confirmed (nothing of the streams is handed back then)."""
-        return self._kv
+    def kv_streams(self) -> KvStreams:
+        """The context's KV streams (kv_pages.py): copies between rows, and their pages."""
+        if self._streams is None:
+            raise RuntimeError("the engine is not started")
+        return self._streams
 
     @property
     def evicted(self) -> int:
@@ -191,7 +177,7 @@ class LlamaCppExecutor:
 
     def cells(self, seq_id: int) -> int:
         """KV cells a seq_id holds (0 when empty): its highest position + 1."""
-        return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+        return self.kv_streams.cells(seq_id)
 
     # ---- the Executor protocol -----------------------------------------------------------------
 
@@ -214,6 +200,7 @@ class LlamaCppExecutor:
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
         self._memory = llama.llama_get_memory(self._context)
+        self._streams = KvStreams(llama, self._context)
         self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
@@ -231,15 +218,14 @@ class LlamaCppExecutor:
         self._pending = (sequence, taken.row)
         try:
             if taken.source is not None:  # the prefix's cells stay in their seq_id for a later prompt
-                self._copy_cells(taken.source, taken.row)
+                self.kv_streams.copy(taken.source, taken.row)
                 self._copies += 1
             self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
             logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
         except BaseException:
             self._drop_pending(keep=False)
             raise
-        if self._kv is not None:  # the copied cells past the prefix, or the row's earlier ones
-            self._kv.trim(taken.row, len(sequence.prompt_ids))
+        self.kv_streams.trim(taken.row, len(sequence.prompt_ids))  # copied cells, or earlier ones
         self._reused += taken.kept
         if scored is not None:
             sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
@@ -280,7 +266,7 @@ class LlamaCppExecutor:
         if self._context:
             self._llama.llama_batch_free(self._batch)
             self._llama.llama_free(self._context)
-            self._context = self._memory = self._batch = None
+            self._context = self._memory = self._batch = self._streams = None
 
     # ---- llama.cpp calls -------------------------------------------------------------------------
 
@@ -343,24 +329,11 @@ class LlamaCppExecutor:
         """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
         for source, gap in self._seq_ids.packing(self._rows.values()):
             moved = next(sequence for sequence, row in self._rows.items() if row == source)
-            if self._kv is not None:
-                self._kv.wrote(source, self.cells(source))
-            self._copy_cells(source, gap)
+            self.kv_streams.wrote(source, self.cells(source))
+            self.kv_streams.copy(source, gap)
             self._empty(source)
             self._rows[moved] = gap
             self._moves += 1
-
-    def _copy_cells(self, source: int, target: int) -> None:
-        """Give the free `target` a copy of `source`'s cells, at the same positions, through
-        llama.cpp's sequence state (llama_state_seq_get_data, then set_data, which empties `target`
-        first and fills it from its first cell): only the cells held are copied, where
-        llama_memory_seq_cp across streams copies every cell of the stream (25 MB for the default
-        model at 2048 cells) and so wrote every page of the target."""
-        llama, written = self._llama, self._serialize(source)
-        if not written or not llama.llama_state_seq_set_data(self._context, self._state, written, target):
-            raise RuntimeError(f"llama.cpp could not copy seq_id {source}'s cells to {target}")
-        if self._kv is not None:
-            self._kv.trim(target, self.cells(target))
 
     def _drop_pending(self, keep: bool = True) -> None:
         """Free the row of a prefilled sequence that never joined (it ended at its first token, or
@@ -374,8 +347,7 @@ class LlamaCppExecutor:
         """Give `row` back; with `keep` (and the prefix cache on), its cells stay for a later prompt
         that starts as this sequence's prompt and completion did."""
         cells = self.cells(row)
-        if self._kv is not None:
-            self._kv.wrote(row, cells)
+        self.kv_streams.wrote(row, cells)
         if keep and self._config.llamacpp_prefix_cache:
             self._seq_ids.give_back(row, (sequence.prompt_ids + sequence.completion)[:cells])
             for evicted in self._seq_ids.evict(self._config.llamacpp_cache_tokens):
@@ -388,8 +360,7 @@ class LlamaCppExecutor:
     def _empty(self, row: int) -> None:
         """Drop a free seq_id's cells and hand back its stream's pages."""
         self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-        if self._kv is not None:
-            self._kv.trim(row, 0)
+        self.kv_streams.trim(row, 0)
 
     def _warm_up(self) -> None:
         """Prefill every row and decode _WARMUP_STEPS tokens (the largest shape: llama.cpp sizes its
@@ -408,72 +379,20 @@ class LlamaCppExecutor:
             logits = self._logits(rows)
             finite = finite and bool(np.isfinite(logits).all())
             tokens = logits.argmax(axis=-1).tolist()
-        self._kv = self._locate_streams()
+        chunks = self._pages.chunks if self._pages is not None else set()
+        self.kv_streams.locate(self.model.handle, self._config, chunks)
         # The cells' metadata only: zeroing the streams again (data=True) would make all of them
         # resident at once. The warm-up's cells keep finite values that no row reads (a row's
         # attention masks every cell it has not written), as the constructor's zeros were, until
         # their pages are handed back.
         self._llama.llama_memory_clear(self._memory, False)
-        if self._kv is not None:
-            for row in range(rows):
-                self._kv.trim(row, 0)
+        for row in range(rows):
+            self.kv_streams.trim(row, 0)
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)
-
-    def _locate_streams(self) -> KvPages | None:
-        """The KV streams' pages (kv_pages.locate, checked against llama.cpp's serialization of every
-        row's cells), or None, with a warning, where the layout does not hold."""
-        llama, handle = self._llama, self.model.handle
-        layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
-        values = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle) * heads_kv
-        cell_bytes = row_bytes(self._config.llamacpp_kv_cells, values)
-        shape = (2 * layers, self._config.max_batch_size, self._config.llamacpp_sequence_tokens, cell_bytes)
-        if math.prod(shape) <= ARENA_MAX_BYTES:  # not a chunk of its own (pages.py): small enough to keep
-            return None
-        chunks = self._pages.chunks if self._pages is not None else set()
-        layout = locate(chunks, shape, functools.cache(self._row_state), self.cells)
-        if layout is None:
-            logger.warning("the KV streams' layout is not llama.cpp's known one: their pages stay resident")
-            return None
-        return KvPages(layout)
-
-    def _row_state(self, row: int) -> bytes:
-        """llama.cpp's serialization of `row`'s sequence, a copy."""
-        written = self._serialize(row)
-        return ctypes.string_at(self._state, written)
-
-    def _serialize(self, row: int) -> int:
-        """Serialize `row`'s sequence into self._state (llama_state_seq_get_data); the bytes written.
-        The buffer is kept for the next call: a fresh one costs a page fault per page."""
-        size = int(self._llama.llama_state_seq_get_size(self._context, row))
-        if len(self._state) < size:
-            self._state = (ctypes.c_uint8 * size)()
-        return int(self._llama.llama_state_seq_get_data(self._context, self._state, size, row))
 
     def _require_chooser(self) -> TokenChooser:
         if self._chooser is None:
             raise RuntimeError("the engine is not started")
         return self._chooser
-
-
-def physical_cores() -> int:
-    """The physical cores among the CPUs this process may run on (one per set of SMT siblings)."""
-    cpus = os.sched_getaffinity(0)
-    cores = set()
-    for cpu in cpus:
-        try:
-            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
-        except OSError:  # no sysfs topology (a container may hide it): count what may run
-            return len(cpus)
-    return max(1, len(cores))
-
-
-def return_freed_memory() -> None:
-    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim, every arena): memory
-    freed by native code stays resident otherwise, as the tokenizer's parsing of its 3.5 MB JSON
-    leaves it (measured when llguidance's view was built at start too: the default worker's peak
-    8-10 MiB lower). A no-op where libc has no malloc_trim (musl, macOS)."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)

@@ -9,6 +9,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,15 @@ def load_llamacpp_model(config: EngineConfig) -> LlamaCppModel:
         context_train=int(llama.llama_model_n_ctx_train(handle)),
         eos_token_ids=frozenset(token for token in eos if token >= 0),
     )
+
+
+def physical_cores() -> int:
+    """The physical cores among the CPUs this process may run on (one per set of SMT siblings)."""
+    cpus = os.sched_getaffinity(0)
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
+        except OSError:  # no sysfs topology (a container may hide it): count what may run
+            return len(cpus)
+    return max(1, len(cores))

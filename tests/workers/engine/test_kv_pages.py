@@ -44,11 +44,13 @@ def test_the_streams_layout_is_found_on_the_pinned_llama_cpp(
     llamacpp_engine: EngineFactory, cells: str
 ) -> None:
     engine = llamacpp_engine(max_batch_size=4, llamacpp_kv_cells=cells)  # 4 x 2048 cells: ~100 MB in q8_0
-    pages = _executor(engine).kv_pages
+    pages = _executor(engine).kv_streams.pages
     assert pages is not None, "the KV streams' layout was not confirmed: none of their pages is handed back"
     assert (pages.layout.tensors, pages.layout.streams, pages.layout.cells) == (60, 4, 2048)
     # Streams too small to be a mapping of their own (pages.ARENA_MAX_BYTES) are not looked for.
-    assert _executor(llamacpp_engine(max_batch_size=2, llamacpp_sequence_tokens=256)).kv_pages is None  # 6 MB
+    assert (
+        _executor(llamacpp_engine(max_batch_size=2, llamacpp_sequence_tokens=256)).kv_streams.pages is None
+    )  # 6 MB
 
 
 #: A system prompt every job shares (its cells are reused, or copied between streams), then short
@@ -82,17 +84,19 @@ def test_after_reuse_copies_and_moves_only_the_cells_held_are_resident_and_outpu
     assert [first] + [future.result(60).text for future in futures] == solo
     _wait_for(lambda: executor.rows == 0)  # the last rows released: their cells settled
     assert executor.moves and executor.copies and executor.reused_prompt_tokens
-    pages = executor.kv_pages
+    pages = executor.kv_streams.pages
     assert pages is not None
     layout = pages.layout
     holding = [row for row in range(4) if executor.cells(row) >= 2]
     assert holding, "the prefix cache keeps the finished rows' cells"
-    assert in_place(layout, executor._row_state, executor.cells, holding)
+    assert in_place(layout, executor.kv_streams.serialized, executor.cells, holding)
     # The check can fail: a layout one cell off, or with the streams' order reversed, is refused.
     shifted = replace(layout, base=layout.base + layout.row_bytes)
-    assert not in_place(shifted, executor._row_state, executor.cells, holding)
+    assert not in_place(shifted, executor.kv_streams.serialized, executor.cells, holding)
     reversed_rows = {row: 3 - row for row in range(4)}
-    assert not in_place(layout, lambda row: executor._row_state(reversed_rows[row]), executor.cells, holding)
+    assert not in_place(
+        layout, lambda row: executor.kv_streams.serialized(reversed_rows[row]), executor.cells, holding
+    )
     past = [region for row in range(4) for region in layout.pages_past(row, executor.cells(row))]
     assert sum(map(resident_bytes, past)) == 0
     kv = Region(layout.base // PAGE_BYTES * PAGE_BYTES, layout.base + layout.size)
@@ -113,7 +117,7 @@ def test_past_the_cache_bound_the_oldest_rows_cells_are_dropped_and_their_pages_
         _wait_for(lambda: executor.rows == 0)
     assert executor.evicted >= 2
     assert sum(executor.cells(row) for row in range(4)) <= 60 + 40  # the last job's row, and the bound
-    pages = executor.kv_pages
+    pages = executor.kv_streams.pages
     assert pages is not None
     empty = [row for row in range(4) if executor.cells(row) == 0]
     assert len(empty) >= 2

@@ -21,10 +21,10 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor, physical_cores, return_freed_memory
-from workers.engine.llamacpp_model import LlamaCppModel, binding
+from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel, binding, physical_cores
 from workers.engine.loading import LoadedModel
-from workers.engine.pages import PAGE_BYTES, ZeroPageWatch
+from workers.engine.pages import PAGE_BYTES, ZeroPageWatch, return_freed_memory
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.engine.llamacpp_executor import return_freed_memory
 from workers.engine.pages import (
     PAGE_BYTES,
     Region,
@@ -23,6 +22,7 @@ from workers.engine.pages import (
     new_large_regions,
     release_zero_pages,
     resident_bytes,
+    return_freed_memory,
 )
 
 MIB = 1 << 20
