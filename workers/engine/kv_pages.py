@@ -6,7 +6,7 @@ and then a V tensor of [cells per row x rows], each row's stream one contiguous 
 stream). Within a stream the cells a sequence holds are cells 0 .. n-1, cell i holding position i:
 genq fills a row from position 0 on and only ever drops a suffix (llama_memory_seq_rm(row, p, -1))
 or the whole row, llama.cpp's find_slot fills a stream from its head, which seq_rm moves back to
-the first cell it frees, and a copy into an empty row (llama_state_seq_set_data, the executor's
+the first cell it frees, and a copy into an empty row (llama_state_seq_set_data, in
 KvStreams.copy) is placed by find_slot too, in position order (tests/workers/engine/test_kv_pages.py
 checks all of it on the pinned llama.cpp).
 
