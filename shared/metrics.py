@@ -105,6 +105,20 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256),
 )
 GENERATED_TOKENS = Counter("genq_generated_tokens_total", "Tokens generated.", ["model"])
+PROMPT_TOKENS = Counter(
+    "genq_prompt_tokens_total", "Prompt tokens prefilled, those the prefix cache held included.", ["model"]
+)
+PROMPT_TOKENS_CACHED = Counter(
+    "genq_prompt_tokens_cached_total",
+    "Prompt tokens whose KV cells the prefix cache held: not computed again.",
+    ["model"],
+)
+PREFIX_CACHE_EVICTIONS = Counter(
+    "genq_prefix_cache_evictions_total",
+    "Rows whose kept KV cells were dropped to keep the prefix cache within GENQ_LLAMACPP_CACHE_TOKENS.",
+    ["model"],
+)
+PREFIX_CACHE_TOKENS = Gauge("genq_prefix_cache_tokens", "Tokens the prefix cache keeps now.", ["model"])
 TIME_TO_FIRST_TOKEN = Histogram(
     "genq_time_to_first_token_seconds",
     "From admission to the first token.",

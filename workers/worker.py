@@ -58,11 +58,17 @@ def engine_config(
 def _observe_step(model: str) -> Callable[[StepStats], None]:
     batch_size = metrics.BATCH_SIZE.labels(model)
     tokens = metrics.GENERATED_TOKENS.labels(model)
+    prompt, cached = metrics.PROMPT_TOKENS.labels(model), metrics.PROMPT_TOKENS_CACHED.labels(model)
+    evictions, kept = metrics.PREFIX_CACHE_EVICTIONS.labels(model), metrics.PREFIX_CACHE_TOKENS.labels(model)
 
     def observe(step: StepStats) -> None:
         if step.batch_size:
             batch_size.observe(step.batch_size)
         tokens.inc(step.tokens)
+        prompt.inc(step.prefill_tokens)
+        cached.inc(step.cache.cached_prompt_tokens)
+        evictions.inc(step.cache.evictions)
+        kept.set(step.cache.kept_tokens)
 
     return observe
 

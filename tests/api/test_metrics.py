@@ -5,6 +5,7 @@ worker drains the queue; batch histograms count engine steps; route labels are t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import httpx
@@ -106,6 +107,59 @@ def test_worker_exports_batch_and_token_metrics(
     assert samples(text, "genq_jobs_total")[(("status", "succeeded"),)] == 4
     assert samples(text, "genq_model_inference_duration_seconds_count")[model] == 4
     assert samples(text, "genq_queue_wait_seconds_count")[(("queue", QUEUE),)] == 4
+
+
+async def _prompt_tokens(settings: Settings, *contents: str) -> list[int]:
+    """Chat requests with these contents, one after the other: the prompt tokens of each."""
+    async with api_client(settings) as api:
+        prompts = []
+        for content in contents:
+            body = {"messages": [{"role": "user", "content": content}], "max_tokens": 3, "cache": False}
+            job = (await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"})).json()
+            prompts.append(job["output"]["usage"]["prompt_tokens"])
+        return prompts
+
+
+def _scrape_until(port: int, labels: tuple[tuple[str, str], ...], expected: dict[str, float]) -> str:
+    """The worker's metrics once each named sample has its expected value (a step's metrics follow
+    its job's result by a moment), or after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        if all(samples(text, name).get(labels) == value for name, value in expected.items()):
+            return text
+        if time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_default_model_worker_exports_what_its_prefix_cache_saves_and_drops(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """The same chat request twice: the second prefills only its last token, the cells the first
+    left (a share operators read as the cache's hit rate). Then a prompt longer than the cache's
+    bound: the older cells are dropped and counted, and what the cache keeps stays within it."""
+    from cli.redis_server import free_port
+
+    port, model = free_port(), (("model", "smollm2-135m-instruct"),)
+    settings = make_settings(
+        model="smollm2-135m-instruct", worker_metrics_port=port, llamacpp_cache_tokens=80
+    )
+    start_worker(settings)
+    prompts = asyncio.run(_prompt_tokens(settings, "Name a color.", "Name a color."))
+    text = _scrape_until(port, model, {"genq_prompt_tokens_total": sum(prompts)})
+    assert samples(text, "genq_prompt_tokens_cached_total")[model] == prompts[1] - 1  # all but its last
+    assert samples(text, "genq_prefix_cache_evictions_total")[model] == 0
+    assert prompts[1] <= samples(text, "genq_prefix_cache_tokens")[model] <= 80
+
+    prompts += asyncio.run(_prompt_tokens(settings, "Count: " + " ".join(map(str, range(40)))))
+    assert prompts[2] > 80
+    text = _scrape_until(port, model, {"genq_prompt_tokens_total": sum(prompts)})
+    shared = samples(text, "genq_prompt_tokens_cached_total")[model] - (prompts[1] - 1)
+    assert 0 <= shared < prompts[0]  # at most the chat template's head, which every prompt shares
+    assert samples(text, "genq_prefix_cache_evictions_total")[model] >= 1
+    assert samples(text, "genq_prefix_cache_tokens")[model] <= 80
 
 
 async def test_redis_memory_and_the_webhook_backlog_are_exported(

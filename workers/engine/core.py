@@ -251,6 +251,7 @@ class EngineCore:
     ) -> None:
         self._steps += 1
         mask_s, masked_rows = self._executor.take_mask_stats()
+        cache = self._executor.take_cache_stats()
         hook = self._config.on_step
         if hook is None:
             return
@@ -262,6 +263,7 @@ class EngineCore:
             first_token_ms=tuple(first_token_ms),
             mask_s=mask_s,
             masked_rows=masked_rows,
+            cache=cache,
         )
         try:
             hook(stats)

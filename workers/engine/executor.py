@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.engine.sequence import Sequence
+from workers.engine.types import CacheStats
 
 if TYPE_CHECKING:
     from workers.engine.structured import Grammars
@@ -53,6 +54,9 @@ class Executor(Protocol):
 
     def take_mask_stats(self) -> tuple[float, int]:
         """Seconds spent on structured-output masks and rows masked since the last call."""
+
+    def take_cache_stats(self) -> CacheStats:
+        """The prefix cache since the last call (NO_CACHE from a backend without one)."""
 
     def close(self) -> None:
         """Free what prepare() allocated outside Python's heap (the loop has ended; called once)."""

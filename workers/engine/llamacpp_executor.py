@@ -55,7 +55,7 @@ from workers.engine.logprobs import prompt_logprobs
 from workers.engine.pages import ZeroPageWatch, return_freed_memory
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
-from workers.engine.types import FatalEngineError
+from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 
 #: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
 #: physical batch, so its compute buffers stay small.
@@ -87,6 +87,7 @@ class LlamaCppExecutor:
         self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
         self._streams: KvStreams | None = None  # copies between rows, and their pages (prepare)
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
+        self._cache_taken = NO_CACHE  # the counters at the last take_cache_stats()
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -260,6 +261,15 @@ class LlamaCppExecutor:
 
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
+
+    def take_cache_stats(self) -> CacheStats:
+        last = self._cache_taken
+        self._cache_taken = CacheStats(self._reused, self._evicted, self._seq_ids.held_tokens)
+        return CacheStats(
+            self._reused - last.cached_prompt_tokens,
+            self._evicted - last.evictions,
+            self._cache_taken.kept_tokens,
+        )
 
     def close(self) -> None:
         """Free the context and the batch (the KV cache's memory); the model stays loaded."""

@@ -25,7 +25,7 @@ from workers.engine.logprobs import prompt_logprobs
 from workers.engine.prompts import tokenize
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
-from workers.engine.types import FatalEngineError
+from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
@@ -124,6 +124,9 @@ class ModelExecutor:
 
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
+
+    def take_cache_stats(self) -> CacheStats:
+        return NO_CACHE  # every prompt is prefilled whole
 
     def close(self) -> None:
         """Nothing to free outside Python's heap."""

@@ -26,6 +26,8 @@ from workers.engine.detokenizer import IncrementalText
 from workers.engine.output import NO_CONTEXT_LIMIT
 from workers.engine.sequence import Sequence
 from workers.engine.types import (
+    NO_CACHE,
+    CacheStats,
     EngineStats,
     ErrorType,
     FatalEngineError,
@@ -83,6 +85,9 @@ class EchoExecutor:
 
     def take_mask_stats(self) -> tuple[float, int]:
         return 0.0, 0
+
+    def take_cache_stats(self) -> CacheStats:
+        return NO_CACHE  # every prompt is prefilled whole
 
     def close(self) -> None:
         """Nothing to free outside Python's heap."""

@@ -137,6 +137,22 @@ class GenerationResult:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheStats:
+    """The prefix cache (a backend's KV cells kept for later prompts) over some steps."""
+
+    #: Prompt tokens whose KV cells a prefill found in the cache (not computed again).
+    cached_prompt_tokens: int = 0
+    #: Rows whose kept cells were dropped to keep the cache within its bound.
+    evictions: int = 0
+    #: Tokens the cache keeps now, at the end of the last of these steps.
+    kept_tokens: int = 0
+
+
+#: What a backend without a prefix cache reports.
+NO_CACHE = CacheStats()
+
+
+@dataclass(frozen=True, slots=True)
 class StepStats:
     """What one engine step did; handed to EngineConfig.on_step for metrics (e.g. Prometheus histograms)."""
 
@@ -144,7 +160,7 @@ class StepStats:
     batch_size: int
     #: Tokens generated in this step: one per decoded sequence plus one per prefilled prompt.
     tokens: int
-    #: Prompt tokens prefilled in this step.
+    #: Prompt tokens of the prompts prefilled in this step (those the prefix cache held included).
     prefill_tokens: int
     #: Wall seconds the step took.
     duration_s: float
@@ -155,6 +171,8 @@ class StepStats:
     mask_s: float = 0.0
     #: Rows whose logits were masked in this step (0: no structured output ran).
     masked_rows: int = 0
+    #: The prefix cache in this step (CacheStats; all 0 on a backend without one).
+    cache: CacheStats = NO_CACHE
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
-from workers.engine import GenerationRequest, RequestError, SamplingParams
+from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
 from workers.engine.llamacpp_executor import LlamaCppExecutor
@@ -234,6 +234,32 @@ def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> 
     assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == scored.prompt_tokens
     engine.submit(_chat("again", PROMPTS[1], max_tokens=2)).result(60)
     assert executor.reused_prompt_tokens == scored.prompt_tokens - 1  # all but the last token
+
+
+def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """What a worker exports as genq_prompt_tokens_cached_total, genq_prefix_cache_tokens and
+    genq_prefix_cache_evictions_total (workers/worker.py): the steps' sums equal the executor's own
+    counts, and the last step reports the cells the free rows keep."""
+    steps: list[StepStats] = []
+    engine = llamacpp_engine(max_batch_size=2, on_step=steps.append)
+    executor = _executor(engine)
+    first = engine.submit(_chat("first", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
+    again = engine.submit(_chat("again", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
+    _wait_for(lambda: executor.rows == 0 and steps[-1].cache.kept_tokens > 0)
+    assert sum(step.cache.cached_prompt_tokens for step in steps) == executor.reused_prompt_tokens
+    assert executor.reused_prompt_tokens == again.prompt_tokens - 1  # all of it but its last token
+    assert sum(step.prefill_tokens for step in steps) == first.prompt_tokens + again.prompt_tokens
+    assert steps[-1].cache.kept_tokens == sum(executor.cells(row) for row in range(2))
+    assert not any(step.cache.evictions for step in steps)
+
+    steps.clear()
+    bounded = llamacpp_engine(max_batch_size=2, llamacpp_cache_tokens=1, on_step=steps.append)
+    for index in range(3):
+        bounded.submit(_chat(f"job{index}", PROMPTS[index], max_tokens=4, ignore_eos=True)).result(60)
+    _wait_for(lambda: _executor(bounded).rows == 0 and sum(s.cache.evictions for s in steps) == 3)
+    assert _executor(bounded).evicted == 3 and steps[-1].cache.kept_tokens == 0
 
 
 def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> None:
