@@ -117,6 +117,8 @@ def measure(concurrency: int, tokens: int, waves: int, long_words: int = _LONG_W
         "backend": choose_backend(config),
         "max_batch_size": config.max_batch_size,
         "llamacpp_sequence_tokens": config.llamacpp_sequence_tokens,
+        "llamacpp_kv_cells": config.llamacpp_kv_cells,
+        "llamacpp_cache_tokens": config.llamacpp_cache_tokens,
         "generated_tokens": sum(generated),
         "stages": stages,
         "peak_mib": stages[f"after {concurrency} jobs"]["VmHWM"],

@@ -218,6 +218,10 @@ class JobInput(BaseModel):
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
+    #: Of prompt_tokens, those whose KV cells the worker's prefix cache held (the chat template's
+    #: head, a conversation's earlier turns): not computed again. 0 where the backend has no prefix
+    #: cache (and in records written before it was counted).
+    cached_prompt_tokens: int = 0
 
 
 class TopLogprob(BaseModel):

@@ -56,7 +56,11 @@ def success_fields(result: GenerationResult) -> dict[str, str | bytes]:
     output: dict[str, object] = {
         "text": result.text,
         "finish_reason": result.finish_reason,
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "cached_prompt_tokens": result.cached_prompt_tokens,
+        },
     }
     if result.logprobs is not None:
         output["logprobs"] = [token_entry(entry) for entry in result.logprobs]

@@ -38,10 +38,16 @@ def _created(job: JobView) -> int:
     return int(datetime.fromisoformat(job["created_at"].replace("Z", "+00:00")).timestamp())
 
 
-def usage_of(job: JobView) -> dict[str, int]:
+def usage_of(job: JobView) -> dict[str, Any]:
+    """OpenAI's usage object, prompt_tokens_details.cached_tokens included (the prefix cache's)."""
     usage = output_of(job)["usage"]
     prompt, completion_ = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
-    return {"prompt_tokens": prompt, "completion_tokens": completion_, "total_tokens": prompt + completion_}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_,
+        "total_tokens": prompt + completion_,
+        "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_prompt_tokens", 0))},
+    }
 
 
 def envelope(kind: Kind, job: JobView, obj: str) -> dict[str, Any]:

@@ -109,15 +109,15 @@ def test_worker_exports_batch_and_token_metrics(
     assert samples(text, "genq_queue_wait_seconds_count")[(("queue", QUEUE),)] == 4
 
 
-async def _prompt_tokens(settings: Settings, *contents: str) -> list[int]:
-    """Chat requests with these contents, one after the other: the prompt tokens of each."""
+async def _usages(settings: Settings, *contents: str) -> list[dict[str, int]]:
+    """Chat requests with these contents, one after the other: the usage of each."""
     async with api_client(settings) as api:
-        prompts = []
+        usages = []
         for content in contents:
             body = {"messages": [{"role": "user", "content": content}], "max_tokens": 3, "cache": False}
             job = (await api.post("/v1/jobs", json=body, headers={"Prefer": "wait=60"})).json()
-            prompts.append(job["output"]["usage"]["prompt_tokens"])
-        return prompts
+            usages.append(job["output"]["usage"])
+        return usages
 
 
 def _scrape_until(port: int, labels: tuple[tuple[str, str], ...], expected: dict[str, float]) -> str:
@@ -138,8 +138,9 @@ def test_a_default_model_worker_exports_what_its_prefix_cache_saves_and_drops(
     make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
 ) -> None:
     """The same chat request twice: the second prefills only its last token, the cells the first
-    left (a share operators read as the cache's hit rate). Then a prompt longer than the cache's
-    bound: the older cells are dropped and counted, and what the cache keeps stays within it."""
+    left (a share operators read as the cache's hit rate; the job's usage says it too). Then a
+    prompt longer than the cache's bound: the older cells are dropped and counted, and what the
+    cache keeps stays within it."""
     from cli.redis_server import free_port
 
     port, model = free_port(), (("model", "smollm2-135m-instruct"),)
@@ -147,17 +148,20 @@ def test_a_default_model_worker_exports_what_its_prefix_cache_saves_and_drops(
         model="smollm2-135m-instruct", worker_metrics_port=port, llamacpp_cache_tokens=80
     )
     start_worker(settings)
-    prompts = asyncio.run(_prompt_tokens(settings, "Name a color.", "Name a color."))
+    usages = asyncio.run(_usages(settings, "Name a color.", "Name a color."))
+    prompts = [usage["prompt_tokens"] for usage in usages]
+    assert [usage["cached_prompt_tokens"] for usage in usages] == [0, prompts[1] - 1]
     text = _scrape_until(port, model, {"genq_prompt_tokens_total": sum(prompts)})
     assert samples(text, "genq_prompt_tokens_cached_total")[model] == prompts[1] - 1  # all but its last
     assert samples(text, "genq_prefix_cache_evictions_total")[model] == 0
     assert prompts[1] <= samples(text, "genq_prefix_cache_tokens")[model] <= 80
 
-    prompts += asyncio.run(_prompt_tokens(settings, "Count: " + " ".join(map(str, range(40)))))
+    (long,) = asyncio.run(_usages(settings, "Count: " + " ".join(map(str, range(40)))))
+    prompts.append(long["prompt_tokens"])
     assert prompts[2] > 80
     text = _scrape_until(port, model, {"genq_prompt_tokens_total": sum(prompts)})
     shared = samples(text, "genq_prompt_tokens_cached_total")[model] - (prompts[1] - 1)
-    assert 0 <= shared < prompts[0]  # at most the chat template's head, which every prompt shares
+    assert shared == long["cached_prompt_tokens"] < prompts[0]  # the chat template's head, at most
     assert samples(text, "genq_prefix_cache_evictions_total")[model] >= 1
     assert samples(text, "genq_prefix_cache_tokens")[model] <= 80
 

@@ -106,6 +106,7 @@ def test_bench_worker_memory_quick(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "worker_memory.json").read_text())
     assert report["quick"] is True and report["backend"] == "llamacpp"
     assert report["max_batch_size"] == 2 and report["generated_tokens"] == 2 * 4
+    assert (report["llamacpp_kv_cells"], report["llamacpp_cache_tokens"]) == ("q8_0", 8192)  # the defaults
     stages = report["stages"]
     assert list(stages) == [
         "interpreter",

@@ -228,6 +228,7 @@ class LlamaCppExecutor:
             raise
         self.kv_streams.trim(taken.row, len(sequence.prompt_ids))  # copied cells, or earlier ones
         self._reused += taken.kept
+        sequence.cached_tokens = taken.kept
         if scored is not None:
             sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
         if not params.max_tokens:

@@ -111,6 +111,7 @@ def combine(results: list[GenerationResult], params: SamplingParams) -> Generati
         time_to_first_token_ms=min(result.time_to_first_token_ms for result in results),
         queued_ms=min(result.queued_ms for result in results),
         prompt_logprobs=results[0].prompt_logprobs,
+        cached_prompt_tokens=results[0].cached_prompt_tokens,  # the prompt counts once, as the first's
         choices=tuple(replace(result, prompt_logprobs=None) for result in chosen),
     )
 

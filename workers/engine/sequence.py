@@ -75,6 +75,8 @@ class Sequence:
     prompt_scores: list[RawLogprob] | None = None
     #: The completion's log-probability entries streamed so far (logprobs.describe_streamed).
     streamed: list[TokenLogprob] = field(default_factory=list)
+    #: Prompt tokens whose KV cells its prefill found in the prefix cache (not computed).
+    cached_tokens: int = 0
 
     @property
     def request_id(self) -> str:
@@ -97,6 +99,7 @@ class Sequence:
             text=text,
             finish_reason=reason,
             prompt_tokens=len(self.prompt_ids),
+            cached_prompt_tokens=self.cached_tokens,
             completion_tokens=len(self.completion),
             inference_ms=(now - self.admitted_at) * 1000,
             batch_size=self.batch_size,

@@ -131,6 +131,8 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     #: One per prompt token when SamplingParams.prompt_logprobs was set.
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    #: Prompt tokens whose KV cells the prefix cache held: not computed for this request.
+    cached_prompt_tokens: int = 0
     #: With n or best_of > 1: the n completions returned, best first for best_of, in sample order
     #: otherwise (the fields above describe the first; completion_tokens counts every sample).
     choices: tuple[GenerationResult, ...] = ()

@@ -47,7 +47,12 @@ def test_with_include_usage_every_chunk_has_null_usage_and_the_last_has_it() -> 
     assert chunk(Kind.CHAT, job, "Hi", None, True)["usage"] is None
     last = usage_chunk(Kind.CHAT, job)
     assert last["choices"] == [] and last["object"] == "chat.completion.chunk"
-    assert last["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert last["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_live_chunks_send_each_delta_and_the_job_sends_only_what_the_stream_lacked() -> None:

@@ -29,8 +29,20 @@ def test_a_chat_job_is_a_chat_completion() -> None:
                 "message": {"role": "assistant", "content": "Hello!", "refusal": None},
             },
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 5,
+            "total_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 0},  # a record written before it was counted
+        },
     }
+
+
+def test_the_prompt_tokens_the_prefix_cache_held_are_openais_cached_tokens() -> None:
+    job = finished_job(sample("Hello!"))
+    assert job["output"] is not None
+    job["output"]["usage"]["cached_prompt_tokens"] = 2
+    assert completion(Kind.CHAT, job)["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
 
 
 def test_a_text_job_is_a_text_completion_and_echo_puts_the_prompt_first() -> None:

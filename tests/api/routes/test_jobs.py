@@ -62,7 +62,7 @@ async def test_a_worker_runs_the_job_to_success(api: httpx.AsyncClient, worker: 
     assert done["output"] == {
         "text": "one two three one",
         "finish_reason": "length",
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cached_prompt_tokens": 0},
     }
     assert done["model_label"].startswith("placeholder")
     assert done["started_at"] >= done["created_at"] and done["completed_at"] >= done["started_at"]

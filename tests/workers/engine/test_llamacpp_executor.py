@@ -250,6 +250,7 @@ def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
     _wait_for(lambda: executor.rows == 0 and steps[-1].cache.kept_tokens > 0)
     assert sum(step.cache.cached_prompt_tokens for step in steps) == executor.reused_prompt_tokens
     assert executor.reused_prompt_tokens == again.prompt_tokens - 1  # all of it but its last token
+    assert (first.cached_prompt_tokens, again.cached_prompt_tokens) == (0, again.prompt_tokens - 1)
     assert sum(step.prefill_tokens for step in steps) == first.prompt_tokens + again.prompt_tokens
     assert steps[-1].cache.kept_tokens == sum(executor.cells(row) for row in range(2))
     assert not any(step.cache.evictions for step in steps)

@@ -65,8 +65,10 @@ def test_ranked_children_score_their_tokens_and_do_not_stream() -> None:
 def test_best_of_returns_the_most_likely_and_counts_every_sample() -> None:
     params = SamplingParams(max_tokens=4, n=2, best_of=3)
     results = [_result("a", -3.0, inference_ms=30), _result("b", -1.0, queued_ms=0.5), _result("c", -2.0)]
+    results[0] = replace(results[0], cached_prompt_tokens=2)  # the first sample found the prompt cached
     combined = combine(results, params)
     assert [c.text for c in combined.choices] == ["b", "c"] and combined.text == "b"
+    assert combined.cached_prompt_tokens == 2  # the prompt counts once, as the first sample's
     assert combined.completion_tokens == 6 and combined.inference_ms == 30 and combined.queued_ms == 0.5
     # The client asked for no logprobs: the ranking's own are not returned.
     assert combined.logprobs is None and all(c.logprobs is None for c in combined.choices)
