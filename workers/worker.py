@@ -65,9 +65,11 @@ def _observe_step(model: str) -> Callable[[StepStats], None]:
         if step.batch_size:
             batch_size.observe(step.batch_size)
         tokens.inc(step.tokens)
-        prompt.inc(step.prefill_tokens)
-        cached.inc(step.cache.cached_prompt_tokens)
-        evictions.inc(step.cache.evictions)
+        if step.prefill_tokens:  # most steps only decode: no prompt, nothing new in the cache
+            prompt.inc(step.prefill_tokens)
+            cached.inc(step.cache.cached_prompt_tokens)
+        if step.cache.evictions:
+            evictions.inc(step.cache.evictions)
         kept.set(step.cache.kept_tokens)
 
     return observe
