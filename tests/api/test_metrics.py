@@ -103,6 +103,8 @@ def test_worker_exports_batch_and_token_metrics(
     assert samples(text, "genq_worker_ready")[(("queue", QUEUE),)] == 1
     model = (("model", "placeholder-echo"),)
     assert samples(text, "genq_generated_tokens_total")[model] >= 20
+    assert samples(text, "genq_prompt_tokens_total")[model] >= 8  # "a", "i": 2 words each
+    assert samples(text, "genq_prompt_tokens_cached_total")[model] == 0  # no prefix cache here
     assert samples(text, "genq_batch_size_distribution_count")[model] >= 5
     assert samples(text, "genq_jobs_total")[(("status", "succeeded"),)] == 4
     assert samples(text, "genq_model_inference_duration_seconds_count")[model] == 4
