@@ -87,7 +87,7 @@ class LlamaCppExecutor:
         self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
         self._streams: KvStreams | None = None  # copies between rows, and their pages (prepare)
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
-        self._cache_taken = NO_CACHE  # the counters at the last take_cache_stats()
+        self._cache_taken = NO_CACHE  # the running totals at the last take_cache_stats()
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -161,20 +161,15 @@ class LlamaCppExecutor:
         return self._streams
 
     @property
-    def evicted(self) -> int:
-        """Released rows whose kept cells were dropped to keep the prefix cache within
-        EngineConfig.llamacpp_cache_tokens."""
-        return self._evicted
-
-    @property
     def copies(self) -> int:
         """Prompts that got a copy of a free seq_id's stream for their prefix (llamacpp_rows.Taken)."""
         return self._copies
 
     @property
-    def reused_prompt_tokens(self) -> int:
-        """Prompt tokens not prefilled so far because their seq_id's cells already held them."""
-        return self._reused
+    def cache_totals(self) -> CacheStats:
+        """The prefix cache since prepare(): prompt tokens not prefilled because their seq_id held
+        their cells, free seq_ids emptied to keep within llamacpp_cache_tokens, tokens kept now."""
+        return CacheStats(self._reused, self._evicted, self._seq_ids.held_tokens)
 
     def cells(self, seq_id: int) -> int:
         """KV cells a seq_id holds (0 when empty): its highest position + 1."""
@@ -264,13 +259,8 @@ class LlamaCppExecutor:
         return self._require_chooser().take_mask_stats()
 
     def take_cache_stats(self) -> CacheStats:
-        last = self._cache_taken
-        self._cache_taken = CacheStats(self._reused, self._evicted, self._seq_ids.held_tokens)
-        return CacheStats(
-            self._reused - last.cached_prompt_tokens,
-            self._evicted - last.evictions,
-            self._cache_taken.kept_tokens,
-        )
+        last, self._cache_taken = self._cache_taken, self.cache_totals
+        return self._cache_taken.since(last)
 
     def close(self) -> None:
         """Free the context and the batch (the KV cache's memory); the model stays loaded."""

@@ -149,6 +149,11 @@ class CacheStats:
     #: Tokens the cache keeps now, at the end of the last of these steps.
     kept_tokens: int = 0
 
+    def since(self, earlier: CacheStats) -> CacheStats:
+        """These running totals less `earlier` ones: what the steps between them did."""
+        cached, evictions = earlier.cached_prompt_tokens, earlier.evictions
+        return CacheStats(self.cached_prompt_tokens - cached, self.evictions - evictions, self.kept_tokens)
+
 
 #: What a backend without a prefix cache reports.
 NO_CACHE = CacheStats()

@@ -83,7 +83,7 @@ def test_after_reuse_copies_and_moves_only_the_cells_held_are_resident_and_outpu
     futures = [engine.submit(_job(i, *job)) for i, job in enumerate(JOBS) if i]
     assert [first] + [future.result(60).text for future in futures] == solo
     _wait_for(lambda: executor.rows == 0)  # the last rows released: their cells settled
-    assert executor.moves and executor.copies and executor.reused_prompt_tokens
+    assert executor.moves and executor.copies and executor.cache_totals.cached_prompt_tokens
     pages = executor.kv_streams.pages
     assert pages is not None
     layout = pages.layout
@@ -115,7 +115,7 @@ def test_past_the_cache_bound_the_oldest_rows_cells_are_dropped_and_their_pages_
     for index, job in enumerate(JOBS[:4]):  # one at a time: each finished row keeps ~40 cells
         engine.submit(_job(index, *job)).result(60)
         _wait_for(lambda: executor.rows == 0)
-    assert executor.evicted >= 2
+    assert executor.cache_totals.evictions >= 2
     assert sum(executor.cells(row) for row in range(4)) <= 60 + 40  # the last job's row, and the bound
     pages = executor.kv_streams.pages
     assert pages is not None

@@ -174,11 +174,13 @@ def test_a_later_prompt_reuses_the_cells_of_a_released_row_and_computes_as_a_ful
             {"role": "user", "content": "And at night?"}]  # fmt: skip
     params = SamplingParams(max_tokens=12, logprobs=2)
     reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
-    assert executor.reused_prompt_tokens >= first.prompt_tokens  # at least the first prompt's cells
+    assert (
+        executor.cache_totals.cached_prompt_tokens >= first.prompt_tokens
+    )  # at least the first prompt's cells
     whole = llamacpp_engine(max_batch_size=4, llamacpp_prefix_cache=False)
     fresh = whole.submit(GenerationRequest("turn", params, messages=turn)).result(60)
     assert (reused.text, reused.logprobs) == (fresh.text, fresh.logprobs)
-    assert _executor(whole).reused_prompt_tokens == 0
+    assert _executor(whole).cache_totals.cached_prompt_tokens == 0
     _wait_for(lambda: _executor(whole).rows == 0)
     assert _executor(whole).cells(0) == 0  # off: a released row keeps nothing
 
@@ -215,7 +217,7 @@ def test_a_conversation_whose_cells_lie_away_from_the_run_gets_a_copy_of_them(
             {"role": "user", "content": "And at night?"}]  # fmt: skip
     params = SamplingParams(max_tokens=12, logprobs=2)
     reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
-    assert executor.reused_prompt_tokens >= first.prompt_tokens
+    assert executor.cache_totals.cached_prompt_tokens >= first.prompt_tokens
     assert (executor.copies, executor.moves) == (1, 0)  # copied beside the run: nothing to move
     assert executor.cells(0) == first.prompt_tokens + 5  # and the first turn's cells are still there
     engine.cancel("long1")
@@ -230,10 +232,10 @@ def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> 
     executor = _executor(engine)
     engine.submit(_chat("warm", PROMPTS[1], max_tokens=2)).result(60)
     scored = engine.submit(_chat("scored", PROMPTS[1], max_tokens=2, prompt_logprobs=1)).result(60)
-    assert executor.reused_prompt_tokens == 0  # every position's logits are needed: none skipped
+    assert executor.cache_totals.cached_prompt_tokens == 0  # every position's logits are needed: none skipped
     assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == scored.prompt_tokens
     engine.submit(_chat("again", PROMPTS[1], max_tokens=2)).result(60)
-    assert executor.reused_prompt_tokens == scored.prompt_tokens - 1  # all but the last token
+    assert executor.cache_totals.cached_prompt_tokens == scored.prompt_tokens - 1  # all but the last token
 
 
 def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
@@ -248,8 +250,12 @@ def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
     first = engine.submit(_chat("first", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
     again = engine.submit(_chat("again", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
     _wait_for(lambda: executor.rows == 0 and steps[-1].cache.kept_tokens > 0)
-    assert sum(step.cache.cached_prompt_tokens for step in steps) == executor.reused_prompt_tokens
-    assert executor.reused_prompt_tokens == again.prompt_tokens - 1  # all of it but its last token
+    assert (
+        sum(step.cache.cached_prompt_tokens for step in steps) == executor.cache_totals.cached_prompt_tokens
+    )
+    assert (
+        executor.cache_totals.cached_prompt_tokens == again.prompt_tokens - 1
+    )  # all of it but its last token
     assert (first.cached_prompt_tokens, again.cached_prompt_tokens) == (0, again.prompt_tokens - 1)
     assert sum(step.prefill_tokens for step in steps) == first.prompt_tokens + again.prompt_tokens
     assert steps[-1].cache.kept_tokens == sum(executor.cells(row) for row in range(2))
@@ -260,7 +266,7 @@ def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
     for index in range(3):
         bounded.submit(_chat(f"job{index}", PROMPTS[index], max_tokens=4, ignore_eos=True)).result(60)
     _wait_for(lambda: _executor(bounded).rows == 0 and sum(s.cache.evictions for s in steps) == 3)
-    assert _executor(bounded).evicted == 3 and steps[-1].cache.kept_tokens == 0
+    assert _executor(bounded).cache_totals.evictions == 3 and steps[-1].cache.kept_tokens == 0
 
 
 def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> None:
