@@ -128,9 +128,8 @@ def _scrape_until(port: int, labels: tuple[tuple[str, str], ...], expected: dict
     deadline = time.monotonic() + 10
     while True:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-        if all(samples(text, name).get(labels) == value for name, value in expected.items()):
-            return text
-        if time.monotonic() > deadline:
+        settled = all(samples(text, name).get(labels) == value for name, value in expected.items())
+        if settled or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
 

@@ -174,9 +174,8 @@ def test_a_later_prompt_reuses_the_cells_of_a_released_row_and_computes_as_a_ful
             {"role": "user", "content": "And at night?"}]  # fmt: skip
     params = SamplingParams(max_tokens=12, logprobs=2)
     reused = engine.submit(GenerationRequest("turn", params, messages=turn)).result(60)
-    assert (
-        executor.cache_totals.cached_prompt_tokens >= first.prompt_tokens
-    )  # at least the first prompt's cells
+    cached = executor.cache_totals.cached_prompt_tokens
+    assert cached >= first.prompt_tokens  # at least the first prompt's cells
     whole = llamacpp_engine(max_batch_size=4, llamacpp_prefix_cache=False)
     fresh = whole.submit(GenerationRequest("turn", params, messages=turn)).result(60)
     assert (reused.text, reused.logprobs) == (fresh.text, fresh.logprobs)
@@ -232,10 +231,10 @@ def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> 
     executor = _executor(engine)
     engine.submit(_chat("warm", PROMPTS[1], max_tokens=2)).result(60)
     scored = engine.submit(_chat("scored", PROMPTS[1], max_tokens=2, prompt_logprobs=1)).result(60)
-    assert executor.cache_totals.cached_prompt_tokens == 0  # every position's logits are needed: none skipped
+    assert executor.cache_totals.cached_prompt_tokens == 0  # every position's logits are needed
     assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == scored.prompt_tokens
     engine.submit(_chat("again", PROMPTS[1], max_tokens=2)).result(60)
-    assert executor.cache_totals.cached_prompt_tokens == scored.prompt_tokens - 1  # all but the last token
+    assert executor.cache_totals.cached_prompt_tokens == scored.prompt_tokens - 1  # all but the last
 
 
 def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
@@ -250,12 +249,9 @@ def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
     first = engine.submit(_chat("first", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
     again = engine.submit(_chat("again", PROMPTS[1], max_tokens=4, ignore_eos=True)).result(60)
     _wait_for(lambda: executor.rows == 0 and steps[-1].cache.kept_tokens > 0)
-    assert (
-        sum(step.cache.cached_prompt_tokens for step in steps) == executor.cache_totals.cached_prompt_tokens
-    )
-    assert (
-        executor.cache_totals.cached_prompt_tokens == again.prompt_tokens - 1
-    )  # all of it but its last token
+    cached = executor.cache_totals.cached_prompt_tokens
+    assert sum(step.cache.cached_prompt_tokens for step in steps) == cached
+    assert cached == again.prompt_tokens - 1  # all of it but its last token
     assert (first.cached_prompt_tokens, again.cached_prompt_tokens) == (0, again.prompt_tokens - 1)
     assert sum(step.prefill_tokens for step in steps) == first.prompt_tokens + again.prompt_tokens
     assert steps[-1].cache.kept_tokens == sum(executor.cells(row) for row in range(2))
