@@ -66,6 +66,8 @@ def test_a_chat_completion(client: openai.OpenAI, worker: WorkerProcess) -> None
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 5
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + 5
+    details = completion.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens == 0  # the echo engine has no prefix cache
     assert completion.model == TEST_MODEL
 
 
