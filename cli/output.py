@@ -68,7 +68,8 @@ def status_text(status: str) -> str:
 
 
 def summary(job: dict[str, Any]) -> str:
-    """One line: id, status, tokens, tokens/s, queue and inference time (and the error, if any)."""
+    """One line: id, status, tokens, tokens/s, the prompt tokens the worker's prefix cache held (when
+    any), queue and inference time (and the error, if any)."""
     metrics = job.get("metrics") or {}
     parts = [f"job {job['id']}", status_text(job["status"])]
     tokens, inference_ms = _tokens(job), metrics.get("inference_ms")
@@ -76,6 +77,9 @@ def summary(job: dict[str, Any]) -> str:
         parts.append(f"{tokens} tokens")
         if inference_ms:
             parts.append(f"{tokens / (inference_ms / 1000):.1f} tokens/s")
+    reused = ((job.get("output") or {}).get("usage") or {}).get("cached_prompt_tokens")
+    if reused:
+        parts.append(f"{reused} prompt tokens reused")
     if job.get("cached"):
         parts.append("cached")
     parts += [f"queue {_seconds(metrics.get('queue_ms'))}", f"inference {_seconds(inference_ms)}"]

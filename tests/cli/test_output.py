@@ -49,6 +49,10 @@ def test_the_summary_line() -> None:
     assert line == "job 0b6c · succeeded · 40 tokens · 20.0 tokens/s · queue 12 ms · inference 2.00 s"
     cached = _plain(output.summary(JOB | {"cached": True, "metrics": {}})).strip()
     assert cached == "job 0b6c · succeeded · 40 tokens · cached · queue – · inference –"
+    usage = {"completion_tokens": 40, "prompt_tokens": 30, "cached_prompt_tokens": 24}
+    reused = _plain(output.summary(JOB | {"output": {"text": "", "usage": usage}})).strip()
+    expected = "job 0b6c · succeeded · 40 tokens · 20.0 tokens/s · 24 prompt tokens reused · queue 12 ms"
+    assert reused == expected + " · inference 2.00 s"
 
 
 def test_an_error_is_shown_as_typed_and_never_read_as_markup() -> None:
