@@ -203,7 +203,9 @@ class KvStreams:
             self._context, self._state, written, target
         ):
             raise RuntimeError(f"llama.cpp could not copy seq_id {source}'s cells to {target}")
-        self.trim(target, self.cells(target))
+        held = self.cells(target)
+        self.wrote(target, held)  # so that dropping some of them later hands their pages back
+        self.trim(target, held)  # what the target held before, past the copy
 
     def serialized(self, row: int) -> bytes:
         """llama.cpp's serialization of `row`'s sequence, a copy."""

@@ -5,13 +5,14 @@ relies on), that nothing past them stays resident, and that outputs are unchange
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
-from tests.workers.engine.test_llamacpp_executor import _executor, _wait_for
-from workers.engine import GenerationRequest, SamplingParams
+from tests.workers.engine.test_llamacpp_executor import _executor, _verbatim, _wait_for
+from workers.engine import GenerationRequest, RequestError, SamplingParams
 from workers.engine.kv_pages import StreamLayout, in_place, row_bytes
 from workers.engine.pages import PAGE_BYTES, Region, resident_bytes
 
@@ -122,3 +123,31 @@ def test_past_the_cache_bound_the_oldest_rows_cells_are_dropped_and_their_pages_
     empty = [row for row in range(4) if executor.cells(row) == 0]
     assert len(empty) >= 2
     assert sum(resident_bytes(region) for row in empty for region in pages.layout.pages_past(row, 0)) == 0
+
+
+@pytest.mark.slow
+def test_a_copy_longer_than_the_prompt_that_takes_it_leaves_no_pages_past_its_cells(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """A prompt that shares only the start of a row's cells, when that row lies away from the run,
+    gets a copy of all of them in a row beside it and drops the rest: the pages of the rest go
+    back too, once its prompt is in."""
+    engine = llamacpp_engine(max_batch_size=5)
+    executor = _executor(engine)
+    engine.submit(_job(0, "Count to a hundred.", 200)).result(60)  # row 0: its prompt + 199 cells
+    started = [threading.Event() for _ in range(3)]
+    longs = [engine.submit(_verbatim(f"long{i}", f"Story {i}", started[i])) for i in range(3)]
+    assert all(event.wait(60) for event in started)
+    engine.cancel("long0")  # the run is 2-3: row 0 lies away from it
+    again = engine.submit(_job(0, "Count to a hundred.", 2)).result(60)
+    assert executor.copies == 1 and again.cached_prompt_tokens == again.prompt_tokens - 1
+    for name in ("long1", "long2"):
+        engine.cancel(name)
+    for future in longs:
+        with pytest.raises(RequestError):
+            future.result(30)
+    _wait_for(lambda: executor.rows == 0)
+    pages = executor.kv_streams.pages
+    assert pages is not None
+    past = [region for row in range(5) for region in pages.layout.pages_past(row, executor.cells(row))]
+    assert sum(map(resident_bytes, past)) == 0
