@@ -38,7 +38,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.executor import Executor
 from workers.engine.output import OutputProcessor, OutputRules, log_failure
 from workers.engine.scheduler import Abort, Limits, Scheduler
-from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.sequence import Sequence
 from workers.engine.types import (
     EngineStats,
     ErrorType,
@@ -230,13 +230,12 @@ class EngineCore:
         output = self._require_output()
         ended = []
         applied = 0
-        for sequence, token in self._executor.decode():
-            if sequence.status is not SequenceStatus.RUNNING:  # ended by an earlier token of this step
-                continue
-            applied += 1
+        for sequence, tokens in self._executor.decode():
             sequence.batch_size = max(sequence.batch_size, batch_size)
-            if output.apply(sequence, token):
+            before = len(sequence.completion)
+            if output.apply_run(sequence, tokens):
                 ended.append(sequence)
+            applied += len(sequence.completion) - before
         if ended:
             self._executor.release(ended)
         return applied

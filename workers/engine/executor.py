@@ -44,10 +44,11 @@ class Executor(Protocol):
     def join(self, sequence: Sequence) -> None:
         """Give the sequence just prefilled a row."""
 
-    def decode(self) -> list[tuple[Sequence, int]]:
-        """One step for every row: each row's sequence and its next token, in row order. A row may
-        get several tokens, in order (a zero-cost echo; speculative decoding would): the engine
-        applies them one at a time and drops those after the token that ended the sequence."""
+    def decode(self) -> list[tuple[Sequence, list[int]]]:
+        """One step for every row: each row's sequence and the tokens the step gave it, in row
+        order. A forward pass gives one; a zero-cost echo several, in order (speculative decoding
+        would too): the engine applies a row's tokens as one run (OutputProcessor.apply_run) and
+        drops those after the token that ended its sequence."""
 
     def release(self, sequences: list[Sequence]) -> None:
         """Free the rows of these sequences (they ended)."""

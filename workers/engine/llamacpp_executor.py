@@ -237,7 +237,7 @@ class LlamaCppExecutor:
         self._rows[sequence] = self._pending[1]
         self._pending = None
 
-    def decode(self) -> list[tuple[Sequence, int]]:
+    def decode(self) -> list[tuple[Sequence, list[int]]]:
         self._drop_pending()  # a prefill whose first token ended it never joined
         self._pack_rows()
         members = sorted(self._rows, key=self._rows.__getitem__)  # one run, in order: one forward pass
@@ -248,7 +248,7 @@ class LlamaCppExecutor:
         batch.n_tokens = len(members)
         self._forward(batch)
         tokens = self._require_chooser().choose(self._logits(len(members)), members)
-        return list(zip(members, tokens, strict=True))
+        return [(sequence, [token]) for sequence, token in zip(members, tokens, strict=True)]
 
     def release(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:

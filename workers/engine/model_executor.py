@@ -110,11 +110,12 @@ class ModelExecutor:
         self._require_batch().join(sequence, self._pending)
         self._pending = None
 
-    def decode(self) -> list[tuple[Sequence, int]]:
+    def decode(self) -> list[tuple[Sequence, list[int]]]:
         batch = self._require_batch()
         members = batch.members
         logits = self._forward_with_retry(batch, [sequence.completion[-1] for sequence in members])
-        return list(zip(members, self._choose(host_logits(logits), members), strict=True))
+        tokens = self._choose(host_logits(logits), members)
+        return [(sequence, [token]) for sequence, token in zip(members, tokens, strict=True)]
 
     def release(self, sequences: list[Sequence]) -> None:
         batch = self._require_batch()

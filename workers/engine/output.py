@@ -5,7 +5,9 @@ refused token fails the request, `unavailable`); the end-of-sequence token ends 
 (counted in completion_tokens, not shown in text; ignored with ignore_eos); a complete grammar ends
 it with "stop"; a stop string ends it with "stop", cut from the text with everything after it (one
 completed before min_tokens is not a stop, nor later); max_tokens, or the context filling up, ends it
-with "length". Otherwise its on_output callback may be called.
+with "length". Otherwise its on_output callback may be called. apply_run() applies the tokens one
+step gave a sequence as apply() would one by one (a run of several, from the zero-cost echo, that
+only length can end is appended at once).
 
 Stop strings are matched incrementally: each step decodes only the newest tokens (detokenizer.py)
 and searches them together with the end of the text already searched (as long as the longest stop
@@ -91,6 +93,38 @@ class OutputProcessor:
         if sequence.request.on_output is not None:
             self._maybe_stream(sequence)
         return False
+
+    def apply_run(self, sequence: Sequence, tokens: list[int]) -> bool:
+        """Apply a step's tokens for one sequence, in order, as apply() would one at a time: those
+        after the token that ends it are dropped. True when it ended. A run that cannot end but by
+        length (no grammar, stop strings or end-of-sequence token in play) is appended at once."""
+        if len(tokens) > 1 and self._only_length_ends(sequence, tokens):
+            return self._extend(sequence, tokens)
+        return any(self.apply(sequence, token) for token in tokens)
+
+    def _only_length_ends(self, sequence: Sequence, tokens: list[int]) -> bool:
+        params = sequence.request.params
+        no_eos = params.ignore_eos or self._eos.isdisjoint(tokens)
+        return no_eos and sequence.matcher is None and not params.stop
+
+    def _extend(self, sequence: Sequence, tokens: list[int]) -> bool:
+        """apply_run for a run that only max_tokens or the context can end."""
+        completion = sequence.completion
+        room = min(
+            sequence.request.params.max_tokens - len(completion),
+            self._context - len(sequence.prompt_ids) - len(completion),
+        )  # >= 1: a running sequence has not reached either
+        if len(tokens) < room:
+            completion.extend(tokens)
+            self.counters.tokens_generated += len(tokens)
+            if sequence.request.on_output is not None:
+                self._maybe_stream(sequence)
+            return False
+        taken = max(1, int(room))
+        completion.extend(tokens[:taken])
+        self.counters.tokens_generated += taken
+        self.finish(sequence, sequence.text.decode(completion, True), "length")
+        return True
 
     def finish(self, sequence: Sequence, text: str, reason: FinishReason) -> None:
         """Resolve the sequence's future with its result."""

@@ -7,7 +7,7 @@ the real engine (core.py: the same Scheduler and OutputProcessor, so cancel, dea
 strings, max_tokens and streaming behave as they do there); only its executor differs: `EchoExecutor`,
 whose every forward pass (each prefill, which gives a job its first token, and each decode step of
 the whole batch) takes `placeholder_step_s`. At 0 s a decode step gives each row ZERO_COST_TOKENS
-words at once (the engine applies them one by one, so stop strings and max_tokens cut exactly).
+words at once (the engine applies them as one run, so stop strings and max_tokens cut exactly).
 
 Its tokens are word positions: a prompt of N words is N tokens (prompt_tokens), token i of the
 completion is word i mod N, and a completion's text is its words joined by single spaces. It has no
@@ -66,18 +66,15 @@ class EchoExecutor:
     def join(self, sequence: Sequence) -> None:
         self._members[sequence] = None
 
-    def decode(self) -> list[tuple[Sequence, int]]:
+    def decode(self) -> list[tuple[Sequence, list[int]]]:
         if self._step_s:
             time.sleep(self._step_s)
-            return [(sequence, _next_word(sequence)) for sequence in self._members]
-        # At zero cost a step gives each row ZERO_COST_TOKENS words: an engine loop turn per word
-        # would make the machinery benchmark (bench/machinery.py) measure this loop, not the
-        # machinery. The engine drops a row's words after the one that ended it.
-        return [
-            (sequence, (len(sequence.completion) + i) % len(sequence.prompt_ids))
-            for sequence in self._members
-            for i in range(ZERO_COST_TOKENS)
-        ]
+            return [(sequence, [_next_word(sequence)]) for sequence in self._members]
+        # At zero cost a step gives each row a run of ZERO_COST_TOKENS words, which the engine
+        # applies as one (OutputProcessor.apply_run): an engine loop turn, or an apply, per word
+        # would make the machinery benchmark (bench/machinery.py) measure this echo's bookkeeping,
+        # not the machinery. The engine drops a row's words after the one that ended it.
+        return [(sequence, _words_after(sequence)) for sequence in self._members]
 
     def release(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:
@@ -99,6 +96,12 @@ class EchoExecutor:
 
 def _next_word(sequence: Sequence) -> int:
     return len(sequence.completion) % len(sequence.prompt_ids)
+
+
+def _words_after(sequence: Sequence) -> list[int]:
+    """The ZERO_COST_TOKENS words that follow the sequence's completion."""
+    words, start = len(sequence.prompt_ids), len(sequence.completion)
+    return [(start + i) % words for i in range(ZERO_COST_TOKENS)]
 
 
 class _Words:

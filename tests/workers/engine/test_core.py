@@ -46,7 +46,7 @@ class RefusingExecutor(EchoExecutor):
             raise RuntimeError("prefill exploded")
         return super().prefill(sequence)
 
-    def decode(self) -> list[tuple[Sequence, int]]:
+    def decode(self) -> list[tuple[Sequence, list[int]]]:
         if self.broken.is_set():
             raise RuntimeError("device lost")
         return super().decode()

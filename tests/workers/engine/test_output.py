@@ -1,4 +1,6 @@
-"""The OutputProcessor on the real tokenizer: tokens applied one at a time, as the engine loop does.
+"""The OutputProcessor on the real tokenizer: tokens applied one at a time, as the engine loop does
+for a model's steps, and as runs of several (a zero-cost echo's steps) that must end where one at a
+time would.
 
 The completions are tokenized texts, so a stop string can be made to straddle tokens on purpose.
 """
@@ -162,6 +164,50 @@ def test_streaming_holds_back_a_partial_stop_string(tokenizer: Tokenizer) -> Non
         assert final.startswith(update.text)
         assert not update.text.endswith("forty")  # could still become the stop string: held back
     assert [update.tokens for update in updates] == list(range(1, len(updates) + 1))
+
+
+RUNS = {
+    "max_tokens within a run": ({"max_tokens": 10}, 4, 2048, False),
+    "the context within a run": ({}, 4, 12, False),
+    "end-of-sequence within a run": ({}, 4, 2048, True),
+    "end-of-sequence ignored": ({"ignore_eos": True, "max_tokens": 9}, 4, 2048, True),
+    "a stop string within a run": ({"stop": ("forty-two",)}, 5, 2048, False),
+}
+
+
+@pytest.mark.parametrize("case", RUNS.values(), ids=list(RUNS))
+def test_a_run_of_tokens_ends_where_applying_them_one_at_a_time_would(
+    tokenizer: Tokenizer, case: tuple[dict[str, object], int, int, bool]
+) -> None:
+    params, run, context, with_eos = case
+    tokens = tokenizer.encode(TEXT)
+    if with_eos:
+        tokens[6:6] = [min(tokenizer.eos)]
+    rules = OutputRules(tokenizer.eos, context, math.inf)
+    one_by_one, in_runs = _sequence(tokenizer, **params), _sequence(tokenizer, **params)  # type: ignore[arg-type]
+    _feed(OutputProcessor(rules, lambda _: None), one_by_one, tokens)
+    processor = OutputProcessor(rules, lambda _: None)
+    runs = [tokens[start : start + run] for start in range(0, len(tokens), run)]
+    applied = 0  # runs, up to the one that ended the sequence (the engine then releases its row)
+    while not processor.apply_run(in_runs, runs[applied]):
+        applied += 1
+    expected, got = one_by_one.future.result(0), in_runs.future.result(0)
+    assert (got.text, got.finish_reason, got.completion_tokens) == (
+        expected.text, expected.finish_reason, expected.completion_tokens
+    )  # fmt: skip
+    assert in_runs.completion == one_by_one.completion and in_runs.status is one_by_one.status
+    assert applied == (expected.completion_tokens - 1) // run  # the run that ended it
+    assert processor.counters.tokens_generated == expected.completion_tokens
+
+
+def test_a_run_is_streamed_once_with_all_its_tokens(tokenizer: Tokenizer) -> None:
+    updates: list[OutputUpdate] = []
+    tokens = tokenizer.encode(TEXT)
+    processor, _ = _processor(tokenizer, interval=0.0)
+    sequence = _sequence(tokenizer, max_tokens=len(tokens) + 1, on_output=updates.append)
+    assert not processor.apply_run(sequence, tokens[:5]) and not processor.apply_run(sequence, tokens[5:])
+    assert [update.tokens for update in updates] == [5, len(tokens)]
+    assert updates[-1].text == TEXT
 
 
 def _random_ids(vocab: int) -> Iterator[list[int]]:
