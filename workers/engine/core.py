@@ -10,8 +10,9 @@ One step (`_step`), vLLM v1's EngineCore.step:
   2. schedule: the StepPlan (scheduler.py);
   3. apply its aborts: each fails with `canceled` or `timeout`; a running one's row is freed first;
   4. execute and update: prefill each admitted sequence alone and apply its first token (one that
-     ends there never takes a row); then decode one token for every row, apply them, and free the
-     rows of the sequences that ended.
+     ends there never takes a row); then decode every row (a model gives each one token, the
+     zero-cost echo a run of several), apply each row's tokens as one run (OutputProcessor.apply_run),
+     and free the rows of the sequences that ended.
 So a short job joins at the next step and leaves as soon as it is done: it never waits for a long one.
 
 Metrics: EngineConfig.on_step receives a StepStats after every step that did work (batch size,
