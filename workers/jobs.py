@@ -7,14 +7,21 @@ shared/store.py."""
 from __future__ import annotations
 
 import enum
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
+import redis.client
+import redis.exceptions
 
 from shared import keys, scripts
+from shared.logging import fields as log_fields
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
 from workers.webhook_bodies import completed_body
+
+log = logging.getLogger("genq.worker")
 
 #: Most messages one take looks at: messages of jobs that cannot run (canceled, taken over) are
 #: dropped on the way, and a long run of them must not make one long script.
@@ -97,19 +104,33 @@ class WorkerJobs:
         fields: dict[str, str | bytes],
         cache_entry: tuple[str, int] | None = None,
         record: dict[str, str] | None = None,
+        before: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> bool:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
         (cache key, ttl): on success the response is stored there in the same step. `record`, the
         job as this worker claimed it: when it has a `completed` webhook, its body is built here
-        and stored in the same step (workers/webhook_bodies.py)."""
+        and stored in the same step (workers/webhook_bodies.py). `before` adds commands that must
+        run before the job ends (its last output deltas) to the pipeline that sends the finish
+        script, one round trip for all; their failures are logged, never the job's."""
         fields = {"completed_at": repr(time.time()), **fields}
         hook = completed_body(record, fields) if record else None
         flat = [item for pair in fields.items() for item in pair]
         entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
-        done = self._finish(
-            keys=[keys.job(job_id), entry_key],
-            args=[worker_id, job_id, ttl, hook.url if hook else "", hook.body if hook else b"", *flat],
-        )
+        script_keys = [keys.job(job_id), entry_key]
+        args = [worker_id, job_id, ttl, hook.url if hook else "", hook.body if hook else b"", *flat]
+        if before is None:
+            return bool(self._finish(keys=script_keys, args=args))
+        pipe = self._redis.pipeline(transaction=False)
+        before(pipe)
+        # EVALSHA itself: a Script in a pipeline costs a SCRIPT EXISTS round trip on every execute.
+        pipe.evalsha(self._finish.sha, len(script_keys), *script_keys, *args)
+        *ahead, done = pipe.execute(raise_on_error=False)
+        if failed := [reply for reply in ahead if isinstance(reply, Exception)]:
+            log.warning("finish_ahead_failed", extra=log_fields(job_id=job_id, error=str(failed[0])))
+        if isinstance(done, redis.exceptions.NoScriptError):  # a restarted Redis forgot it
+            done = self._finish(keys=script_keys, args=args)  # the Script loads it again
+        elif isinstance(done, Exception):
+            raise done
         return bool(done)
 
     def hand_back(self, job_id: str, worker_id: str, record: dict[str, str], *, count_attempt: bool) -> bool:

@@ -5,10 +5,12 @@ per job) with the job's OutputUpdate; that only records the latest one per compl
 background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
 completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
 since the last entry, in the job output's format) when the job asked for them; the same pipeline
-names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream. Before a job's
-final state is written, `flush()` waits for the background thread's publish of that job, if one
-is under way, and publishes what is still pending, so a stream reader that sees the job terminal
-can drain the stream and miss nothing.
+names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream. When a job's
+result is in, `pending()` waits for the background thread's publish of that job, if one is under
+way, and hands what is still unpublished to the task thread as deltas, which the step that ends
+the job writes (`write()`) in the same pipeline as its finish script and before it
+(WorkerJobs.finish), so a stream reader that sees the job terminal can drain the stream and miss
+nothing, and the last delta costs no round trip of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 import orjson
 import redis
+import redis.client
 import redis.exceptions
 
 from shared import keys
@@ -33,6 +36,8 @@ log = logging.getLogger("genq.worker")
 OutputListener = Callable[[str], None]
 #: A job's completion: (job id, OutputUpdate.index).
 Completion = tuple[str, int]
+#: New output of a job, ready to write: (job id, the stream entry's fields).
+Delta = tuple[str, dict[str, str | int | bytes]]
 
 
 def token_entry(entry: TokenLogprob) -> dict[str, object]:
@@ -72,17 +77,33 @@ class OutputPublisher:
             self._latest[(job_id, update.index)] = update
             self._wake.notify()
 
-    def flush(self, job_id: str) -> None:
-        """Publish what is pending for a job now (from its task thread, before it ends): on return,
-        every update offered before the call is in the stream, or its publish failed and was logged."""
+    def pending(self, job_id: str) -> list[Delta]:
+        """From a job's task thread, once its result is in (no update comes after it): what of the
+        job's output is not in its stream yet, as deltas for write(). Waits for the background
+        thread's publish of the job, if one is under way, so none is written out of order."""
         with self._wake:
             # The background thread may hold this job's latest update, taken but not yet sent.
             self._settled.wait_for(lambda: job_id not in self._in_flight)
             pending = sorted((key, update) for key, update in self._latest.items() if key[0] == job_id)
             for key, _ in pending:
                 del self._latest[key]
-        for key, update in pending:
-            self._publish(key, update)
+        return [delta for key, update in pending if (delta := self._delta(key, update)) is not None]
+
+    def write(self, deltas: list[Delta], pipe: redis.client.Pipeline) -> None:
+        """Add the commands that write these deltas to a pipeline: each entry, its stream's expiry,
+        and the job's name on the output channel, which wakes its followers
+        (api/jobs/stream_hub.py), after the entry."""
+        for job_id, entry_fields in deltas:
+            stream = keys.job_stream(job_id)
+            pipe.xadd(stream, entry_fields, maxlen=keys.JOB_STREAM_MAXLEN)  # type: ignore[arg-type]
+            pipe.expire(stream, self._ttl_s)
+            pipe.publish(keys.JOB_OUTPUT_CHANNEL, job_id)
+
+    def announce(self, deltas: list[Delta]) -> None:
+        """Tell the listener of deltas that were written (once per job)."""
+        if self._listener is not None:
+            for job_id in dict.fromkeys(job_id for job_id, _ in deltas):
+                self._listener(job_id)
 
     def forget(self, job_id: str) -> None:
         with self._wake:
@@ -119,26 +140,29 @@ class OutputPublisher:
                 self._settled.notify_all()
 
     def _publish(self, key: Completion, update: OutputUpdate) -> None:
+        delta = self._delta(key, update)
+        if delta is None:
+            return
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            self.write([delta], pipe)
+            pipe.execute()
+        except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
+            log.warning("output_publish_failed", extra=fields(job_id=key[0], error=str(exc)))
+            return
+        self.announce([delta])
+
+    def _delta(self, key: Completion, update: OutputUpdate) -> Delta | None:
+        """What the update adds to what was published of its completion (None: nothing), counted
+        as published from now on."""
         chars, entries = self._published.get(key, (0, 0))
         new = update.logprobs[entries:] if update.logprobs is not None else ()
         if len(update.text) <= chars and not new:
-            return
+            return None
         self._published[key] = (max(chars, len(update.text)), entries + len(new))
         entry_fields: dict[str, str | int | bytes] = {"delta": update.text[chars:], "tokens": update.tokens}
         if update.index:
             entry_fields["index"] = update.index
         if update.logprobs is not None:
             entry_fields["logprobs"] = orjson.dumps([token_entry(entry) for entry in new])
-        job_id = key[0]
-        stream = keys.job_stream(job_id)
-        try:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.xadd(stream, entry_fields, maxlen=keys.JOB_STREAM_MAXLEN)  # type: ignore[arg-type]
-            pipe.expire(stream, self._ttl_s)
-            pipe.publish(keys.JOB_OUTPUT_CHANNEL, job_id)  # wakes its followers: api/jobs/stream_hub.py
-            pipe.execute()
-        except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
-            log.warning("output_publish_failed", extra=fields(job_id=job_id, error=str(exc)))
-            return
-        if self._listener is not None:
-            self._listener(job_id)
+        return key[0], entry_fields

@@ -20,8 +20,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import orjson
 import redis
@@ -41,7 +42,7 @@ from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult
 from workers.intake import Intake
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
-from workers.publish import OutputPublisher
+from workers.publish import Delta, OutputPublisher
 from workers.records import generation_request, success_fields
 from workers.webhooks import OutputWebhooks
 
@@ -54,6 +55,14 @@ FATAL_EXIT = 70
 
 class HandBack(Exception):
     """The job must go back to the queue (drain, or Redis unreachable for too long)."""
+
+
+class Ending(NamedTuple):
+    """How a job this worker ran ends: the record fields that say so, and what of its output is
+    not in its stream yet (written ahead of the finish, in its round trip)."""
+
+    fields: dict[str, str | bytes]
+    deltas: list[Delta]
 
 
 class WorkerRuntime:
@@ -239,6 +248,13 @@ class WorkerRuntime:
             self._inflight[job_id] = record
         self._report_inflight()
         try:
+            self._end_held(job_id, record)
+        finally:  # after the finish: its last deltas' `output` notices need the job followed
+            self.output.forget(job_id)
+            self._output_webhooks.forget(job_id)
+
+    def _end_held(self, job_id: str, record: dict[str, str]) -> None:
+        try:
             ended = self._generate(job_id, record)
         finally:
             with self._lock:
@@ -253,16 +269,27 @@ class WorkerRuntime:
         elif ended is not None:
             self._finish(job_id, record, ended)
 
-    def _finish(self, job_id: str, record: dict[str, str], fields: dict[str, str | bytes]) -> None:
-        """End the job; a success is also written to the response cache: in the same script when
-        the cache shares the job store's Redis, right before it otherwise, so that a client who
-        sees the job succeed and sends it again finds the answer cached."""
+    def _finish(self, job_id: str, record: dict[str, str], ending: Ending) -> None:
+        """End the job, its last output deltas written ahead of it in the same round trip; a
+        success is also written to the response cache: in the same script when the cache shares
+        the job store's Redis, right before it otherwise, so that a client who sees the job succeed
+        and sends it again finds the answer cached."""
+        fields, deltas = ending
         key = self._cache_key(record) if fields.get("status") == JobStatus.SUCCEEDED else None
         if key and self.cache_redis is not None:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
         in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
-        self._store(lambda: self.jobs.finish(job_id, self.worker_id, fields, in_script, record))
+        # Only the first attempt carries the deltas: a retry must not write one twice (one lost
+        # with a failed attempt, the API's follower makes up from the record: api/jobs/follow.py).
+        unsent = [deltas]
+
+        def finish() -> bool:
+            ahead = partial(self.output.write, unsent.pop() if unsent else [])
+            return self.jobs.finish(job_id, self.worker_id, fields, in_script, record, ahead)
+
+        self._store(finish)
+        self.output.announce(deltas)
 
     def _cache_key(self, record: dict[str, str]) -> str | None:
         """The key this worker's result answers: its own model revision, whatever the API assumed,
@@ -274,8 +301,9 @@ class WorkerRuntime:
             self.engine.model_id, self.engine.fingerprint, job_input, record.get("cache_scope", "")
         )
 
-    def _generate(self, job_id: str, record: dict[str, str]) -> dict[str, str | bytes] | None:
-        """The record fields that end the job, or None when it ended elsewhere (canceled)."""
+    def _generate(self, job_id: str, record: dict[str, str]) -> Ending | None:
+        """The record fields that end the job and its output not yet published, or None when it
+        ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
         job_input = orjson.loads(record["input"])
         request = generation_request(
@@ -289,19 +317,15 @@ class WorkerRuntime:
         self._output_webhooks.follow(job_id, job_input)
         try:
             result = self.engine.submit(request).result()
-            self.output.flush(job_id)
         except RequestError as exc:
             if exc.type is ErrorType.CANCELED:
                 return None
             error = {"type": exc.type, "message": exc.message}
             metrics.JOBS.labels("failed").inc()
-            return label | {"status": JobStatus.FAILED.value, "error": orjson.dumps(error)}
+            return Ending(label | {"status": JobStatus.FAILED.value, "error": orjson.dumps(error)}, [])
         except FatalEngineError as exc:  # on_fatal hands every job back and exits; never a failure
             self.on_engine_fatal(exc)
-        finally:
-            self.output.forget(job_id)
-            # A success's flush() has sent every delta, so every notice; an end without one needs none.
-            self._output_webhooks.forget(job_id)
+        deltas = self.output.pending(job_id)
         self._observe(result)
         metrics.JOB_LATENCY.labels(record["queue"]).observe(
             max(0.0, time.time() - float(record["created_at"]))
@@ -310,7 +334,7 @@ class WorkerRuntime:
         if self.settings.log_prompts:
             succeeded["output"] = result.text
         log.info("job_succeeded", extra=fields(**succeeded))
-        return label | success_fields(result)
+        return Ending(label | success_fields(result), deltas)
 
     def _observe(self, result: GenerationResult) -> None:
         model = self.model_id or ""

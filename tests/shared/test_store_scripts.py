@@ -4,6 +4,8 @@ Jobs are accepted through the real submit script, so every case starts from what
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -11,6 +13,7 @@ from typing import Any, cast
 import orjson
 import pytest
 import redis
+import redis.client
 
 from api.jobs.store import NewJob
 from shared import keys, scripts
@@ -279,6 +282,75 @@ def test_finish_after_a_hand_back_writes_nothing(client: redis.Redis, jobs: Work
     Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once()
     assert not jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"})
     assert record(client, "j1")["status"] == "queued"
+
+
+def _commands_while(client: redis.Redis, run: Callable[[], Any]) -> list[str]:
+    """The commands Redis ran while `run` ran, in order (MONITOR), each as its name and first key."""
+    marker = "end-of-run"
+    seen: list[str] = []
+
+    def run_then_mark() -> None:
+        run()
+        client.echo(marker)
+
+    with client.monitor() as monitor:
+        runner = threading.Thread(target=run_then_mark)
+        runner.start()
+        for entry in monitor.listen():
+            words = str(entry["command"]).split()
+            if marker in words:
+                break
+            seen.append(" ".join(words[:2]))
+        runner.join()
+    return seen
+
+
+def test_the_commands_ahead_of_a_finish_run_before_its_script_on_its_connection(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """A job's last output delta goes in the pipeline of its finish (workers/runtime.py), so a
+    stream reader that sees the job terminal finds the delta: it must run first."""
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    stream = keys.job_stream("j1")
+    outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+    def ahead(pipe: redis.client.Pipeline) -> None:
+        pipe.xadd(stream, {"delta": "x"})
+
+    commands = _commands_while(client, lambda: jobs.finish("j1", "w1", outcome, before=ahead))
+    outer = [command for command in commands if command.split()[0].upper() in ("XADD", "EVALSHA")]
+    assert outer[0] == f"XADD {stream}" and outer[1].startswith("EVALSHA")
+    assert client.xlen(stream) == 1 and record(client, "j1")["status"] == "succeeded"
+
+
+def test_a_finish_whose_script_redis_forgot_still_ends_the_job_and_writes_ahead_once(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """After a Redis restart the scripts are gone (NOSCRIPT): the finish loads its own again,
+    and the commands ahead of it, already run, are not sent a second time."""
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    client.script_flush()
+    stream = keys.job_stream("j1")
+    outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+    assert jobs.finish("j1", "w1", outcome, before=lambda pipe: pipe.xadd(stream, {"delta": "x"}))
+    assert client.xlen(stream) == 1 and record(client, "j1")["status"] == "succeeded"
+
+
+def test_a_command_ahead_of_a_finish_that_fails_is_logged_and_the_job_still_ends(
+    client: redis.Redis, jobs: WorkerJobs, caplog: pytest.LogCaptureFixture
+) -> None:
+    submit(client, "j1")
+    deliver(client, "j1")
+    jobs.claim("j1", "w1")
+    client.set("not-a-stream", "x")
+    outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+    with caplog.at_level(logging.WARNING, logger="genq.worker"):
+        done = jobs.finish("j1", "w1", outcome, before=lambda pipe: pipe.xadd("not-a-stream", {"delta": "x"}))
+    assert done and record(client, "j1")["status"] == "succeeded"
+    assert "finish_ahead_failed" in [entry.getMessage() for entry in caplog.records]
 
 
 @pytest.mark.parametrize(("count_attempt", "attempts"), [(False, "0"), (True, "1")])

@@ -1,8 +1,8 @@
 """workers/publish.py: a running job's output reaches its Redis Stream as deltas that add up to
 the text, with the stream's expiry; each completion (OpenAI's n) has its own deltas; log-probability
-entries are sent once each; flush() publishes what is pending before the job's end is written,
-and waits for a publish the background thread has under way; a Redis that went away costs a log
-line, never the job (real Redis)."""
+entries are sent once each; pending() hands the task thread what is unpublished when the job's
+result is in, for the pipeline that ends the job, and waits for a publish the background thread
+has under way; a Redis that went away costs a log line, never the job (real Redis)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def published(redis_client: redis.Redis) -> Iterator[tuple[OutputPublisher, list
 
 class HeldPublisher(OutputPublisher):
     """A publisher whose background thread stops between taking an update out of the pending
-    ones and sending it to Redis, until `release` is set: the window a flush() must not slip
+    ones and sending it to Redis, until `release` is set: the window a pending() must not slip
     through."""
 
     def __init__(self, client: redis.Redis, listener: OutputListener | None = None) -> None:
@@ -50,6 +50,16 @@ class HeldPublisher(OutputPublisher):
         super()._publish(key, update)
 
 
+def _flush(publisher: OutputPublisher, client: redis.Redis, job_id: str) -> None:
+    """What the step that ends a job does with its output: WorkerJobs.finish sends the deltas in
+    the pipeline of its script (tests/shared/test_store_scripts.py checks that part)."""
+    deltas = publisher.pending(job_id)
+    pipe = client.pipeline(transaction=False)
+    publisher.write(deltas, pipe)
+    pipe.execute()
+    publisher.announce(deltas)
+
+
 def _entries(client: redis.Redis, job_id: str) -> list[dict[str, str]]:
     stream = cast(list[tuple[str, dict[str, str]]], client.xrange(keys.job_stream(job_id)))
     return [entry for _, entry in stream]
@@ -61,7 +71,7 @@ def test_flushed_deltas_add_up_to_the_text(
     publisher, heard = published
     for text, tokens in [("Hel", 1), ("Hello", 2), ("Hello", 2), ("Hello world", 3)]:
         publisher.offer("j1", OutputUpdate(text, tokens))
-        publisher.flush("j1")
+        _flush(publisher, redis_client, "j1")
     entries = _entries(redis_client, "j1")
     assert "".join(e["delta"] for e in entries) == "Hello world"
     assert [e["tokens"] for e in entries] == ["1", "2", "3"]  # an update with nothing new is skipped
@@ -84,7 +94,7 @@ def test_each_entry_names_its_job_on_the_output_channel_after_it_is_readable(
         heard = []
         for job_id, text in [("j1", "a"), ("j2", "b"), ("j1", "a c"), ("j1", "a c")]:
             publisher.offer(job_id, OutputUpdate(text, len(text)))
-            publisher.flush(job_id)
+            _flush(publisher, redis_client, job_id)
             message = pubsub.get_message(timeout=0.5)
             if message is not None:
                 heard.append(message["data"])
@@ -105,16 +115,16 @@ def test_the_background_thread_publishes_the_latest_update(
     assert "".join(e["delta"] for e in _entries(redis_client, "j1")) == "a b"
 
 
-def test_flush_waits_for_the_background_threads_publish_of_the_job(redis_client: redis.Redis) -> None:
-    """A flush() that finds nothing pending because the background thread has just taken the
-    job's last update returns only once that update is in the stream: the job's end, written
-    next, never comes before its last delta."""
+def test_pending_waits_for_the_background_threads_publish_of_the_job(redis_client: redis.Redis) -> None:
+    """A pending() that finds nothing because the background thread has just taken the job's last
+    update returns only once that update is in the stream: the job's end, written next, never
+    comes before its last delta."""
     publisher = HeldPublisher(redis_client)
     try:
         publisher.offer("j1", OutputUpdate("last words", 4))
         assert publisher.taken.wait(5)  # taken out of the pending ones, not yet in Redis
         threading.Timer(0.3, publisher.release.set).start()
-        publisher.flush("j1")
+        _flush(publisher, redis_client, "j1")
         in_stream = [e["delta"] for e in _entries(redis_client, "j1")]
     finally:
         publisher.release.set()
@@ -122,7 +132,7 @@ def test_flush_waits_for_the_background_threads_publish_of_the_job(redis_client:
     assert in_stream == ["last words"]
 
 
-def test_a_failed_background_publish_does_not_hold_flush(
+def test_a_failed_background_publish_does_not_hold_pending(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     gone = EmbeddedRedis(tmp_path, appendonly=False)  # never started
@@ -132,7 +142,7 @@ def test_a_failed_background_publish_does_not_hold_flush(
         assert publisher.taken.wait(5)
         with caplog.at_level(logging.WARNING, logger="genq.worker"):
             publisher.release.set()
-            publisher.flush("j1")  # returns once the background thread's attempt failed
+            assert publisher.pending("j1") == []  # returns once the background thread's attempt failed
             messages = [r.getMessage() for r in caplog.records]
     finally:
         publisher.stop()
@@ -146,10 +156,10 @@ def test_each_completion_has_its_own_deltas_and_logprobs_go_once(
     first = TokenLogprob(5, "Hi", "Hi", -0.5, ((5, "Hi", -0.5), (6, "Yo", -1.5)))
     second = TokenLogprob(7, "!", "!", float("-inf"))
     publisher.offer("j1", OutputUpdate("Hi", 1, (first,), index=1))
-    publisher.flush("j1")
+    _flush(publisher, redis_client, "j1")
     publisher.offer("j1", OutputUpdate("Hi!", 2, (first, second), index=1))
     publisher.offer("j1", OutputUpdate("Other", 1, (), index=0))
-    publisher.flush("j1")
+    _flush(publisher, redis_client, "j1")
     entries = _entries(redis_client, "j1")
     second_completion = [e for e in entries if e.get("index") == "1"]
     assert "".join(e["delta"] for e in second_completion) == "Hi!"
@@ -165,10 +175,10 @@ def test_forget_starts_a_job_over(
     """A job handed back and run again streams its new run from its first character."""
     publisher, _ = published
     publisher.offer("j1", OutputUpdate("abc", 1))
-    publisher.flush("j1")
+    _flush(publisher, redis_client, "j1")
     publisher.forget("j1")
     publisher.offer("j1", OutputUpdate("abc", 1))
-    publisher.flush("j1")
+    _flush(publisher, redis_client, "j1")
     assert [e["delta"] for e in _entries(redis_client, "j1")] == ["abc", "abc"]
 
 
@@ -178,9 +188,11 @@ def test_a_redis_error_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCa
     heard: list[str] = []
     publisher = OutputPublisher(client, TTL_S, listener=heard.append)
     try:
-        publisher.offer("j1", OutputUpdate("text", 1))
         with caplog.at_level(logging.WARNING, logger="genq.worker"):
-            publisher.flush("j1")
+            publisher.offer("j1", OutputUpdate("text", 1))
+            deadline = time.monotonic() + 5
+            while not caplog.records and time.monotonic() < deadline:
+                time.sleep(0.01)
     finally:
         publisher.stop()
     assert "output_publish_failed" in [r.getMessage() for r in caplog.records] and heard == []
