@@ -315,6 +315,7 @@ def test_the_commands_ahead_of_a_finish_run_before_its_script_on_its_connection(
     jobs.claim("j1", "w1")
     stream = keys.job_stream("j1")
     outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+
     def ahead(pipe: redis.client.Pipeline) -> None:
         pipe.xadd(stream, {"delta": "x"})
 
