@@ -104,7 +104,7 @@ class WorkerJobs:
         fields: dict[str, str | bytes],
         cache_entry: tuple[str, int] | None = None,
         record: dict[str, str] | None = None,
-        before: Callable[[redis.client.Pipeline], None] | None = None,
+        before: Callable[[redis.client.Pipeline], object] | None = None,
     ) -> bool:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
         (cache key, ttl): on success the response is stored there in the same step. `record`, the

@@ -293,7 +293,7 @@ def _commands_while(client: redis.Redis, run: Callable[[], Any]) -> list[str]:
         run()
         client.echo(marker)
 
-    with client.monitor() as monitor:
+    with client.monitor() as monitor:  # type: ignore[no-untyped-call]
         runner = threading.Thread(target=run_then_mark)
         runner.start()
         for entry in monitor.listen():
