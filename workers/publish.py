@@ -10,7 +10,9 @@ result is in, `pending()` waits for the background thread's publish of that job,
 way, and hands what is still unpublished to the task thread as deltas, which the step that ends
 the job writes (`write()`) in the same pipeline as its finish script and before it
 (WorkerJobs.finish), so a stream reader that sees the job terminal can drain the stream and miss
-nothing, and the last delta costs no round trip of its own.
+no update the engine offered, and the last delta costs no round trip of its own. (The text a job
+generated after its last update is in its record only: the API's follower sends it,
+api/jobs/follow.py.)
 """
 
 from __future__ import annotations

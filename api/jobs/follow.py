@@ -7,8 +7,9 @@ terminal. So: read what is there (late join), then sleep until the process's str
 events hub says the job ended: new entries are read with one short XRANGE, and the job's end (or
 RECHECK_S without news) is read from the record. Once the record is terminal, one more read drains
 everything left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job
-that ended with text its stream lacks (a cached job, one whose worker could not publish) gets that
-text as one last `Output` with id FINAL_ID.
+that ended with text its stream lacks gets that text as one last `Output` with id FINAL_ID: the
+text generated after the engine's last (throttled) update of a job is in its record only, and so is
+all of a cached job's, or what a worker could not publish.
 """
 
 from __future__ import annotations
