@@ -1,11 +1,12 @@
 """A job's record in the engine's terms and back: its stored input becomes a GenerationRequest,
-a GenerationResult becomes the record fields that end the job."""
+a GenerationResult becomes the record fields that end the job (with its last output deltas, an
+Ending)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -13,7 +14,15 @@ from shared.schemas import JobStatus
 from shared.structured import schema_of
 from workers.engine import GenerationRequest, GenerationResult, SamplingParams
 from workers.engine.types import OutputUpdate
-from workers.publish import token_entry
+from workers.publish import Delta, token_entry
+
+
+class Ending(NamedTuple):
+    """How a job a worker ran ends: the record fields that say so, and what of its output is not
+    in its stream yet (written ahead of the finish, in its round trip: WorkerJobs.finish)."""
+
+    fields: dict[str, str | bytes]
+    deltas: list[Delta]
 
 
 def generation_request(

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import orjson
 import redis
@@ -42,8 +42,8 @@ from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult
 from workers.intake import Intake
 from workers.jobs import ClaimOutcome, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
-from workers.publish import Delta, OutputPublisher
-from workers.records import generation_request, success_fields
+from workers.publish import OutputPublisher
+from workers.records import Ending, generation_request, success_fields
 from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
@@ -55,14 +55,6 @@ FATAL_EXIT = 70
 
 class HandBack(Exception):
     """The job must go back to the queue (drain, or Redis unreachable for too long)."""
-
-
-class Ending(NamedTuple):
-    """How a job this worker ran ends: the record fields that say so, and what of its output is
-    not in its stream yet (written ahead of the finish, in its round trip)."""
-
-    fields: dict[str, str | bytes]
-    deltas: list[Delta]
 
 
 class WorkerRuntime:
@@ -285,7 +277,8 @@ class WorkerRuntime:
         unsent = [deltas]
 
         def finish() -> bool:
-            ahead = partial(self.output.write, unsent.pop() if unsent else [])
+            batch = unsent.pop() if unsent else []
+            ahead = partial(self.output.write, batch) if batch else None  # nothing ahead: no pipeline
             return self.jobs.finish(job_id, self.worker_id, fields, in_script, record, ahead)
 
         self._store(finish)
