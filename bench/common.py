@@ -315,6 +315,19 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total / _TICKS
 
 
+def voluntary_switches(pid: int) -> int:
+    """How often the threads of process `pid` have given up the CPU to wait (a lock, the GIL, a
+    socket's reply): each hand-off of a job between threads, each Redis round trip, counts."""
+    total = 0
+    with _ignore_gone():
+        for thread in Path(f"/proc/{pid}/task").iterdir():
+            with _ignore_gone():
+                for line in (thread / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+    return total
+
+
 def rss_mb(pids: Sequence[int]) -> float:
     total_kb = 0
     for pid in pids:

@@ -68,6 +68,7 @@ from bench.common import (
     start_api,
     start_redis,
     start_worker,
+    voluntary_switches,
     write_report,
 )
 from bench.end_to_end import cpu_per_item, run_celery, start_bare_worker
@@ -251,6 +252,7 @@ async def submit_with_webhooks(port: int, count: int, concurrency: int, url: str
 
 def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float = 300.0) -> dict[str, Any]:
     receiver = Receiver()
+    cpu_before = time.process_time()
     try:
         started = time.perf_counter()
         ids = run_async(submit_with_webhooks(port, count, concurrency, receiver.url))
@@ -260,6 +262,7 @@ def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float 
         deliveries = list(receiver.deliveries)
     finally:
         receiver.close()
+    own_cpu_s = time.process_time() - cpu_before
     delivered = {job for job, _, _ in deliveries}
     last = max((at for _, _, at in deliveries), default=started)
     return {
@@ -269,6 +272,9 @@ def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float 
         "all_delivered": set(ids) <= delivered,
         "redundant_deliveries": len(deliveries) - len(delivered),
         "deliveries_per_s": round(len(delivered) / (last - started), 1) if last > started else None,
+        # This process's CPU: the submitting clients and the receiver (2 cores: one that ate a core
+        # would bound the run, not genq).
+        "bench_cpu_ms_per_job": round(own_cpu_s * 1000 / max(1, count), 3),
     }
 
 
@@ -335,6 +341,16 @@ def with_gc_passes(port: int, run: Callable[[], dict[str, Any]], items_key: str)
 # --- The run ------------------------------------------------------------------------------------
 
 
+def with_switches(pid: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `run` (a genq run) and add the worker's voluntary context switches per job: its threads'
+    hand-offs and Redis round trips, a count that moves far less with the host's noise than CPU."""
+    before = voluntary_switches(pid)
+    result = run()
+    switches = voluntary_switches(pid) - before
+    result["worker_switches_per_job"] = round(switches / max(1, result["succeeded"]), 2)
+    return result
+
+
 def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: ExitStack,
             scratch: Path, webhooks: int = 0) -> dict[str, Any]:  # fmt: skip
     redis_server = start_redis(stack, scratch / "redis")
@@ -360,7 +376,9 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
         row: dict[str, Any] = {"concurrency": concurrency, "celery": celery}
         for mode in modes:
             genq_run = partial(run_genq, port, count, concurrency, mode, max_tokens)
-            with_cpu = partial(cpu_per_item, genq_pids, genq_run, "succeeded")
+            with_cpu = partial(
+                cpu_per_item, genq_pids, partial(with_switches, worker.process.pid, genq_run), "succeeded"
+            )
             genq = with_commands(client, partial(with_gc_passes, port, with_cpu, "succeeded"), "succeeded")
             genq["rate_ratio"] = ratio(genq["jobs_per_s"], celery["tasks_per_s"])
             genq["p99_to_queueing"] = ratio(genq["latency_p99_ms"], genq["queueing_ms"])
@@ -418,11 +436,12 @@ def print_tables(report: dict[str, Any]) -> None:
                     ["C", "jobs/s", "celery/s", "x celery", "p50", "p90", "p99", "max", "C/R ms", "p99/(C/R)",
                      "redis cmd/job", "redis cmd/task", "failed"], rows)  # fmt: skip
         cpu_rows = [[run["concurrency"], *run[mode]["cpu_ms_per_item"].values(),
-                     *run["celery"]["cpu_ms_per_item"].values(),
+                     *run["celery"]["cpu_ms_per_item"].values(), run[mode]["worker_switches_per_job"],
                      " / ".join(map(str, run[mode]["api_gc_passes_per_1000"].values()))]
                     for run in report["runs"]]  # fmt: skip
         print_table(f"CPU ms per job ({mode}) / task", ["C", "api", "worker", "redis (genq)", "celery worker",
-                    "redis (celery)", "api GC passes per 1,000 jobs (gen 0 / 1 / 2)"], cpu_rows)  # fmt: skip
+                    "redis (celery)", "worker switches/job", "api GC passes per 1,000 jobs (gen 0 / 1 / 2)"],
+                    cpu_rows)  # fmt: skip
     print(f"targets: {report['targets']}")
 
 

@@ -20,7 +20,7 @@ import redis
 
 from shared import keys
 from shared.logging import fields
-from workers.jobs import ClaimOutcome, Taken, WorkerJobs
+from workers.jobs import ClaimOutcome, NextTake, Taken, WorkerJobs
 
 log = logging.getLogger("genq.worker")
 
@@ -43,12 +43,23 @@ class Intake:
         self._wait_s = wait_s
         self._closing = closing
 
-    def next_job(self) -> Taken | None:
+    def next_take(self) -> NextTake:
+        """A take to send with the finish of the thread's job (WorkerJobs.finish `then`), for
+        next_job() to use."""
+        return NextTake(self._worker_id, self._lists)
+
+    def next_job(self, sent: NextTake | None = None) -> Taken | None:
         """The next queued job, claimed for this worker: one waiting now, else the first to come
         within wait_s; None when none came, the worker is closing, or a message is not a job's
-        (it stays where it was, for Celery's delivery)."""
+        (it stays where it was, for Celery's delivery). `sent`: the take that went with the
+        thread's last finish; the job it claimed comes back even when closing (the worker holds
+        it), and when it found none, the thread goes straight to its wait."""
+        if sent is not None and sent.done and (sent.taken is not None or self._wait_s <= 0):
+            return sent.taken
+        looked = sent is not None and sent.done
         while not self._closing.is_set():
-            taken = self._jobs.take(self._worker_id, self._lists)
+            taken = None if looked else self._jobs.take(self._worker_id, self._lists)
+            looked = False
             if taken is not None or self._wait_s <= 0:
                 return taken
             popped = self._redis.brpop(self._lists, timeout=self._wait_s)

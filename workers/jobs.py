@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 import redis.client
@@ -49,6 +50,32 @@ class Claim:
     record: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class NextTake:
+    """A task thread's take of its next job (WorkerJobs.take), sent in the round trip of its
+    finish, right after the finish script: a thread that goes on to its next job then spends one
+    round trip between two jobs where it spent two. Its reply is kept here for the thread's next
+    take (workers/intake.py). A take whose reply was an error (a restarted Redis forgot the
+    script) counts as not sent: the thread takes as usual."""
+
+    worker_id: str
+    queue_lists: list[str]
+    #: Whether its reply came; then `taken` is what it took (None: no job was waiting).
+    done: bool = False
+    taken: Taken | None = None
+
+    def landed(self, reply: object) -> None:
+        if not isinstance(reply, Exception):
+            self.done, self.taken = True, _taken(cast(list[bytes | str], reply))
+
+
+def _taken(flat: list[bytes | str]) -> Taken | None:
+    """A take script's reply: (job id, the record its claim left), or None when it took nothing."""
+    if not flat:
+        return None
+    return as_text(flat[0]), flat_record(flat[1:])
+
+
 class WorkerJobs:
     """The worker's view of job records (blocking; called from Celery task threads)."""
 
@@ -81,14 +108,16 @@ class WorkerJobs:
     def take(self, worker_id: str, queue_lists: list[str]) -> Taken | None:
         """Take the next queued job off the broker's lists (highest priority first) and claim it, in
         one step: (job id, its record as the claim left it), or None when no message waits."""
-        flat = self._take(
-            keys=queue_lists,
-            args=[worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,
-                  WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS],
-        )  # fmt: skip
-        if not flat:
-            return None
-        return as_text(flat[0]), flat_record(flat[1:])
+        return _taken(self._take(keys=queue_lists, args=self._take_args(worker_id)))
+
+    def _take_args(self, worker_id: str) -> list[str | int | float | bytes]:
+        return [worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,
+                WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS]  # fmt: skip
+
+    def _take_after(self, pipe: redis.client.Pipeline, then: NextTake) -> None:
+        """Add `then`'s take to a finish's pipeline (EVALSHA, as the finish script there)."""
+        lists = then.queue_lists
+        pipe.evalsha(self._take.sha, len(lists), *lists, *self._take_args(then.worker_id))
 
     def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
         """Extend the leases of the jobs this worker runs; the ids it no longer holds."""
@@ -105,26 +134,34 @@ class WorkerJobs:
         cache_entry: tuple[str, int] | None = None,
         record: dict[str, str] | None = None,
         before: Callable[[redis.client.Pipeline], object] | None = None,
+        then: NextTake | None = None,
     ) -> bool:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
         (cache key, ttl): on success the response is stored there in the same step. `record`, the
         job as this worker claimed it: when it has a `completed` webhook, its body is built here
         and stored in the same step (workers/webhook_bodies.py). `before` adds commands that must
         run before the job ends (its last output deltas) to the pipeline that sends the finish
-        script, one round trip for all; their failures are logged, never the job's."""
+        script, one round trip for all; their failures are logged, never the job's. `then`, the
+        thread's next take, goes after the script in the same round trip (NextTake)."""
         fields = {"completed_at": repr(time.time()), **fields}
         hook = completed_body(record, fields) if record else None
         flat = [item for pair in fields.items() for item in pair]
         entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
         script_keys = [keys.job(job_id), entry_key]
         args = [worker_id, job_id, ttl, hook.url if hook else "", hook.body if hook else b"", *flat]
-        if before is None:
+        if before is None and then is None:
             return bool(self._finish(keys=script_keys, args=args))
         pipe = self._redis.pipeline(transaction=False)
-        before(pipe)
+        if before is not None:
+            before(pipe)
         # EVALSHA itself: a Script in a pipeline costs a SCRIPT EXISTS round trip on every execute.
         pipe.evalsha(self._finish.sha, len(script_keys), *script_keys, *args)
-        *ahead, done = pipe.execute(raise_on_error=False)
+        if then is not None:
+            self._take_after(pipe, then)
+        replies = pipe.execute(raise_on_error=False)
+        if then is not None:
+            then.landed(replies.pop())
+        *ahead, done = replies
         if failed := [reply for reply in ahead if isinstance(reply, Exception)]:
             log.warning("finish_ahead_failed", extra=log_fields(job_id=job_id, error=str(failed[0])))
         if isinstance(done, redis.exceptions.NoScriptError):  # a restarted Redis forgot it

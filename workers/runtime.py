@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import TypeVar
 
 import orjson
@@ -40,7 +39,7 @@ from shared.store import as_text
 from workers import scalein
 from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
 from workers.intake import Intake
-from workers.jobs import ClaimOutcome, WorkerJobs
+from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
 from workers.records import Ending, generation_request, success_fields
@@ -189,35 +188,45 @@ class WorkerRuntime:
     # --- one job ---------------------------------------------------------------------------------
     def run(self, job_id: str) -> None:
         """Run the delivered job to a terminal state, or hand it back (drain timeout); then the
-        jobs this thread takes straight from the queue (_take_queued). Raises HandBack when the
-        store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
+        jobs this thread takes straight from the queue (_take_queued) until half the visibility
+        timeout is over. Raises HandBack when the store cannot be written for STORE_RETRY_S: the
+        broker must redeliver the message."""
+        until = time.monotonic() + self.settings.visibility_timeout_s / 2
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
+        then = None
         if claim.outcome is ClaimOutcome.CLAIMED:
-            self._run_claimed(job_id, claim.record)
+            then = self._next_take(until)
+            self._run_claimed(job_id, claim.record, then)
         else:
             log.info(
                 "job_skipped", extra=fields(job_id=job_id, outcome=claim.outcome.value, status=claim.status)
             )
-        self._take_queued()
+        self._take_queued(until, then)
 
-    def _take_queued(self) -> None:
+    def _take_queued(self, until: float, then: NextTake | None = None) -> None:
         """Run the jobs this thread gets from the queue itself (workers/intake.py), one after
         another, so that a job costs no broker delivery of its own (no BRPOP, kombu bookkeeping,
         task dispatch or ack). The thread holds one job at a time, as a delivered task does, so the
         worker never holds more jobs than it has threads. Ends when none came within the wait, on
         drain, when the store cannot be reached (a job it held then ends by its lease, as a
-        delivered one does), or after half the visibility timeout (kombu would then deliver this
-        task's message again)."""
-        until = time.monotonic() + self.settings.visibility_timeout_s / 2
-        while self.intake is not None and time.monotonic() < until:
+        delivered one does), or at `until` (kombu would then deliver the task's message again).
+        Each finish takes the next job in its round trip (NextTake); that job runs, whatever the time."""
+        while self.intake is not None and (then is not None or time.monotonic() < until):
             try:
-                taken = self.intake.next_job()
+                taken = self.intake.next_job(then)
                 if taken is None:
                     return
-                self._run_claimed(*taken)
+                then = self._next_take(until)
+                self._run_claimed(*taken, then)
             except (HandBack, redis.exceptions.RedisError) as exc:
                 log.warning("take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
                 return
+
+    def _next_take(self, until: float) -> NextTake | None:
+        """The take to send with the next finish; None when this thread takes no more."""
+        if self.intake is None or self._closing.is_set() or time.monotonic() >= until:
+            return None
+        return self.intake.next_take()
 
     def take_from(self, queue_lists: list[str]) -> None:
         """Let task threads take queued jobs from these lists (in the order the worker's BRPOP
@@ -231,8 +240,9 @@ class WorkerRuntime:
             self._closing,
         )
 
-    def _run_claimed(self, job_id: str, record: dict[str, str]) -> None:
-        """Run a job this worker claimed to a terminal state, or hand it back (drain timeout)."""
+    def _run_claimed(self, job_id: str, record: dict[str, str], then: NextTake | None = None) -> None:
+        """Run a job this worker claimed to a terminal state, or hand it back (drain timeout);
+        `then` goes with its finish."""
         if record.get("started_at"):
             wait_s = float(record["started_at"]) - float(record["created_at"])
             metrics.QUEUE_WAIT.labels(record["queue"]).observe(max(0.0, wait_s))
@@ -240,12 +250,12 @@ class WorkerRuntime:
             self._inflight[job_id] = record
         self._report_inflight()
         try:
-            self._end_held(job_id, record)
+            self._end_held(job_id, record, then)
         finally:  # after the finish: its last deltas' `output` notices need the job followed
             self.output.forget(job_id)
             self._output_webhooks.forget(job_id)
 
-    def _end_held(self, job_id: str, record: dict[str, str]) -> None:
+    def _end_held(self, job_id: str, record: dict[str, str], then: NextTake | None) -> None:
         try:
             ended = self._generate(job_id, record)
         finally:
@@ -259,9 +269,9 @@ class WorkerRuntime:
                 metrics.HANDED_BACK.labels("drain").inc()
                 log.info("job_handed_back", extra=fields(job_id=job_id, reason="drain"))
         elif ended is not None:
-            self._finish(job_id, record, ended)
+            self._finish(job_id, record, ended, then)
 
-    def _finish(self, job_id: str, record: dict[str, str], ending: Ending) -> None:
+    def _finish(self, job_id: str, record: dict[str, str], ending: Ending, then: NextTake | None) -> None:
         """End the job, its last output deltas written ahead of it in the same round trip; a
         success is also written to the response cache: in the same script when the cache shares
         the job store's Redis, right before it otherwise, so that a client who sees the job succeed
@@ -272,14 +282,15 @@ class WorkerRuntime:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
             write_entry(self.cache_redis, key, entry, self.settings.cache_ttl_s)
         in_script = (key, self.settings.cache_ttl_s) if key and self.cache_redis is None else None
-        # Only the first attempt carries the deltas: a retry must not write one twice (one lost
-        # with a failed attempt, the API's follower makes up from the record: api/jobs/follow.py).
-        unsent = [deltas]
+        # Only the first attempt carries the deltas and the next take: a retry must not write a
+        # delta twice (one lost with a failed attempt, the API's follower makes up from the record:
+        # api/jobs/follow.py), and a take whose reply was lost left its job to the lease reaper.
+        unsent = [(deltas, then)]
 
         def finish() -> bool:
-            batch = unsent.pop() if unsent else []
+            batch, take = unsent.pop() if unsent else ([], None)
             ahead = partial(self.output.write, batch) if batch else None  # nothing ahead: no pipeline
-            return self.jobs.finish(job_id, self.worker_id, fields, in_script, record, ahead)
+            return self.jobs.finish(job_id, self.worker_id, fields, in_script, record, ahead, take)
 
         self._store(finish)
         self.output.announce(deltas)
@@ -387,11 +398,3 @@ class WorkerRuntime:
                     self.engine.cancel(message["data"])
         finally:
             pubsub.close()
-
-
-def ready_file_fresh(path: Path, max_age_s: float) -> bool:
-    """For `genq health worker`: the ready file exists and the heartbeat touched it recently."""
-    try:
-        return time.time() - path.stat().st_mtime < max_age_s
-    except FileNotFoundError:
-        return False

@@ -95,11 +95,14 @@ def test_machinery_quick(tmp_path: Path) -> None:
             passes = genq["api_gc_passes_per_1000"]
             assert set(passes) == {"0", "1", "2"} and min(passes.values()) >= 0
             assert genq["redis_commands_per_item"] > 0 and genq["client_cpu_ms_per_job"] > 0
+            # Each job's Redis round trips alone make the worker's threads wait several times.
+            assert genq["worker_switches_per_job"] >= 2
             if mode != "sse":  # a stream's reads can push the store's scripts out of the top ten
                 assert "evalsha" in genq["redis_top_commands_per_item"]
     hooks = report["webhooks"]
     assert hooks["accepted"] == hooks["delivered_jobs"] == 20 and hooks["all_delivered"]
     assert hooks["redundant_deliveries"] == 0 and hooks["deliveries_per_s"] > 0
+    assert hooks["bench_cpu_ms_per_job"] > 0
     assert set(report["targets"]["poll"]) == {
         "rate_at_least_celery_from_c16",
         "rate_never_falls",

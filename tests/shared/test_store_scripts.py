@@ -17,9 +17,10 @@ import redis.client
 
 from api.jobs.store import NewJob
 from shared import keys, scripts
+from shared.celery_app import queue_lists
 from shared.reaper import Reaper
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
-from workers.jobs import ClaimOutcome, WorkerJobs
+from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
 LIST = keys.queue_key(QUEUE, 0)
@@ -284,7 +285,7 @@ def test_finish_after_a_hand_back_writes_nothing(client: redis.Redis, jobs: Work
     assert record(client, "j1")["status"] == "queued"
 
 
-def _commands_while(client: redis.Redis, run: Callable[[], Any]) -> list[str]:
+def commands_while(client: redis.Redis, run: Callable[[], Any]) -> list[str]:
     """The commands Redis ran while `run` ran, in order (MONITOR), each as its name and first key."""
     marker = "end-of-run"
     seen: list[str] = []
@@ -319,7 +320,7 @@ def test_the_commands_ahead_of_a_finish_run_before_its_script_on_its_connection(
     def ahead(pipe: redis.client.Pipeline) -> None:
         pipe.xadd(stream, {"delta": "x"})
 
-    commands = _commands_while(client, lambda: jobs.finish("j1", "w1", outcome, before=ahead))
+    commands = commands_while(client, lambda: jobs.finish("j1", "w1", outcome, before=ahead))
     outer = [command for command in commands if command.split()[0].upper() in ("XADD", "EVALSHA")]
     assert outer[0] == f"XADD {stream}" and outer[1].startswith("EVALSHA")
     assert client.xlen(stream) == 1 and record(client, "j1")["status"] == "succeeded"
@@ -352,6 +353,47 @@ def test_a_command_ahead_of_a_finish_that_fails_is_logged_and_the_job_still_ends
         done = jobs.finish("j1", "w1", outcome, before=lambda pipe: pipe.xadd("not-a-stream", {"delta": "x"}))
     assert done and record(client, "j1")["status"] == "succeeded"
     assert "finish_ahead_failed" in [entry.getMessage() for entry in caplog.records]
+
+
+def test_a_finish_takes_the_next_job_in_its_round_trip(client: redis.Redis, jobs: WorkerJobs) -> None:
+    """A task thread that goes on to its next job sends that take right after its finish script
+    (workers/runtime.py `then`): the job ends, then the next is taken and claimed, both scripts
+    back to back on one connection."""
+    submit(client, "j1")
+    submit(client, "j2")
+    assert (jobs.take("w1", queue_lists(QUEUE)) or ("",))[0] == "j1"
+    then = NextTake("w1", queue_lists(QUEUE))
+    outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
+    commands = commands_while(client, lambda: jobs.finish("j1", "w1", outcome, then=then))
+    outer = [command for command in commands if command.split()[0].upper() == "EVALSHA"]
+    assert outer == [f"EVALSHA {script(client, 'finish').sha}", f"EVALSHA {script(client, 'take').sha}"]
+    assert record(client, "j1")["status"] == "succeeded"
+    assert then.done and then.taken is not None and then.taken[0] == "j2"
+    assert (record(client, "j2")["status"], record(client, "j2")["worker"]) == ("running", "w1")
+    assert then.taken[1] == record(client, "j2") and client.llen(LIST) == 0
+
+
+def test_a_take_after_a_finish_that_finds_nothing_says_so(client: redis.Redis, jobs: WorkerJobs) -> None:
+    submit(client, "j1")
+    jobs.take("w1", queue_lists(QUEUE))
+    then = NextTake("w1", queue_lists(QUEUE))
+    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"}, then=then)
+    assert then.done and then.taken is None
+
+
+def test_a_take_after_a_finish_whose_scripts_redis_forgot_counts_as_not_sent(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """After a Redis restart (NOSCRIPT for both) the finish loads its script again and ends the
+    job; the take never ran, so the thread is told to take as usual, and nothing is claimed."""
+    submit(client, "j1")
+    submit(client, "j2")
+    jobs.take("w1", queue_lists(QUEUE))
+    client.script_flush()
+    then = NextTake("w1", queue_lists(QUEUE))
+    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"}, then=then)
+    assert record(client, "j1")["status"] == "succeeded"
+    assert not then.done and record(client, "j2")["status"] == "queued" and client.llen(LIST) == 1
 
 
 @pytest.mark.parametrize(("count_attempt", "attempts"), [(False, "0"), (True, "1")])

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from shared.celery_app import queue_lists
-from tests.shared.test_store_scripts import LIST, QUEUE, client, jobs, record, submit
+from tests.shared.test_store_scripts import LIST, QUEUE, client, commands_while, jobs, record, submit
 from workers.intake import Intake
-from workers.jobs import WorkerJobs
+from workers.jobs import NextTake, WorkerJobs
 
 __all__ = ["client", "jobs"]  # the fixtures, shared with the store scripts' tests
 
@@ -88,3 +88,58 @@ def test_a_closing_worker_takes_nothing(client: redis.Redis, intake: Callable[..
     closing.set()
     assert intake(closing=closing).next_job() is None
     assert record(client, "j1")["status"] == "queued" and client.llen(LIST) == 1
+
+
+def _finished_with_next_take(client: redis.Redis, jobs: WorkerJobs, intake: Intake, *queued: str) -> NextTake:
+    """Take j1 and finish it with the take of the thread's next job, as workers/runtime.py does;
+    `queued` are submitted meanwhile."""
+    submit(client, "j1")
+    assert (intake.next_job() or ("",))[0] == "j1"
+    for job_id in queued:
+        submit(client, job_id)
+    then = intake.next_take()
+    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"}, then=then)
+    return then
+
+
+def _sent(client: redis.Redis, run: Callable[[], object]) -> list[str]:
+    """The commands `run` sent (MONITOR), less a new connection's greeting."""
+    greeting = ("HELLO", "CLIENT")
+    return [command for command in commands_while(client, run) if not command.upper().startswith(greeting)]
+
+
+def test_the_job_a_finish_took_comes_with_no_command_sent(
+    client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
+) -> None:
+    """The finish of the thread's last job took and claimed the next (WorkerJobs.finish `then`):
+    it is run without another round trip, even by a worker closing meanwhile (it holds the job)."""
+    closing = threading.Event()
+    make = intake(wait_s=5.0, closing=closing)
+    then = _finished_with_next_take(client, jobs, make, "j2")
+    closing.set()
+    got: list[object] = []
+    assert _sent(client, lambda: got.append(make.next_job(then))) == []
+    assert got[0] == ("j2", record(client, "j2")) and record(client, "j2")["worker"] == "w1"
+
+
+def test_when_the_finish_took_nothing_the_thread_goes_straight_to_its_wait(
+    client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
+) -> None:
+    make = intake(wait_s=5.0)
+    then = _finished_with_next_take(client, jobs, make)
+    assert then.done and then.taken is None
+    later(0.3, lambda: submit(client, "j2"))
+    got: list[object] = []
+    commands = _sent(client, lambda: got.append(make.next_job(then)))
+    assert commands[0].upper().startswith("BRPOP") and got[0] == ("j2", record(client, "j2"))
+    assert intake(wait_s=0.0).next_job(_finished_with_next_take(client, jobs, make)) is None
+
+
+def test_a_take_the_finish_could_not_make_is_made_by_the_thread(
+    client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
+) -> None:
+    make = intake(wait_s=5.0)
+    submit(client, "j2")
+    then = make.next_take()  # never sent (its finish failed, or Redis had forgotten the script)
+    taken = make.next_job(then)
+    assert taken is not None and taken[0] == "j2" and record(client, "j2")["status"] == "running"
