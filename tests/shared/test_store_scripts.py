@@ -366,7 +366,8 @@ def test_a_finish_takes_the_next_job_in_its_round_trip(client: redis.Redis, jobs
     outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
     commands = commands_while(client, lambda: jobs.finish("j1", "w1", outcome, then=then))
     outer = [command for command in commands if command.split()[0].upper() == "EVALSHA"]
-    assert outer == [f"EVALSHA {script(client, 'finish').sha}", f"EVALSHA {script(client, 'take').sha}"]
+    shas = [client.register_script(scripts.source(name)).sha for name in ("finish", "take")]
+    assert outer == [f"EVALSHA {sha}" for sha in shas]
     assert record(client, "j1")["status"] == "succeeded"
     assert then.done and then.taken is not None and then.taken[0] == "j2"
     assert (record(client, "j2")["status"], record(client, "j2")["worker"]) == ("running", "w1")
