@@ -211,7 +211,7 @@ class WorkerRuntime:
         drain, when the store cannot be reached (a job it held then ends by its lease, as a
         delivered one does), or at `until` (kombu would then deliver the task's message again).
         Each finish takes the next job in its round trip (NextTake); that job runs, whatever the time."""
-        while self.intake is not None and (then is not None or time.monotonic() < until):
+        while self.intake is not None and ((then is not None and then.done) or time.monotonic() < until):
             try:
                 taken = self.intake.next_job(then)
                 if taken is None:
