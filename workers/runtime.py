@@ -188,9 +188,8 @@ class WorkerRuntime:
     # --- one job ---------------------------------------------------------------------------------
     def run(self, job_id: str) -> None:
         """Run the delivered job to a terminal state, or hand it back (drain timeout); then the
-        jobs this thread takes straight from the queue (_take_queued) until half the visibility
-        timeout is over. Raises HandBack when the store cannot be written for STORE_RETRY_S: the
-        broker must redeliver the message."""
+        jobs this thread takes straight from the queue (_take_queued). Raises HandBack when the
+        store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
         until = time.monotonic() + self.settings.visibility_timeout_s / 2
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
         then = None
@@ -209,8 +208,8 @@ class WorkerRuntime:
         task dispatch or ack). The thread holds one job at a time, as a delivered task does, so the
         worker never holds more jobs than it has threads. Ends when none came within the wait, on
         drain, when the store cannot be reached (a job it held then ends by its lease, as a
-        delivered one does), or at `until` (kombu would then deliver the task's message again).
-        Each finish takes the next job in its round trip (NextTake); that job runs, whatever the time."""
+        delivered one does), or at `until`, half the visibility timeout after the task began (kombu
+        would then deliver its message again). A job a finish took (NextTake) runs even past it."""
         while self.intake is not None and ((then is not None and then.done) or time.monotonic() < until):
             try:
                 taken = self.intake.next_job(then)
@@ -289,6 +288,7 @@ class WorkerRuntime:
 
         def finish() -> bool:
             batch, take = unsent.pop() if unsent else ([], None)
+            take = None if self._closing.is_set() else take  # a draining worker takes no more
             ahead = partial(self.output.write, batch) if batch else None  # nothing ahead: no pipeline
             return self.jobs.finish(job_id, self.worker_id, fields, in_script, record, ahead, take)
 

@@ -118,6 +118,25 @@ async def test_a_drained_job_goes_back_to_the_queue_without_an_attempt(
     assert redis_client.zscore(keys.queued(record["queue"]), job_id) is not None  # findable again
 
 
+async def test_a_thread_whose_job_ends_takes_the_next_with_its_finish_but_not_once_draining(
+    runtime: WorkerRuntime, redis_client: redis.Redis
+) -> None:
+    """A thread's finish takes its next job in the same round trip (workers/jobs.py NextTake): a
+    backlog is run by the one thread; a drain that began while a job ran takes none after it."""
+    runtime.take_from([keys.queue_key(keys.queue_for_model(runtime.settings.model), 0)])
+    first, second = [await accepted(runtime.settings, max_tokens=3) for _ in range(2)]
+    await asyncio.to_thread(runtime.run, first)
+    assert [redis_client.hget(keys.job(job), "status") for job in (first, second)] == ["succeeded"] * 2
+    held, waiting = [await accepted(runtime.settings, max_tokens=40) for _ in range(2)]
+    running = threading.Thread(target=runtime.run, args=(held,))
+    running.start()
+    await wait_until_running(redis_client, [held])
+    runtime.drain(timeout_s=30)  # SIGTERM: `held` may end; nothing new is taken
+    await asyncio.to_thread(running.join, 30)
+    assert redis_client.hget(keys.job(held), "status") == "succeeded"
+    assert redis_client.hget(keys.job(waiting), "status") == "queued"
+
+
 @contextmanager
 def monitored(client: redis.Redis) -> Iterator[list[str]]:
     """Every command the server runs inside the block, as MONITOR shows it."""
