@@ -5,7 +5,8 @@ The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFOR
 terminal. So: read what is there (late join), then sleep until the process's stream hub
 (api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new entries came, or the
 events hub says the job ended: new entries are read with one short XRANGE, and the job's end (or
-RECHECK_S without news) is read from the record. Once the record is terminal, one more read drains
+RECHECK_S without news) is read from the record, first when both woke it (a job's last deltas and
+its end come in one round trip of its worker). Once the record is terminal, one more read drains
 everything left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job
 that ended with text its stream lacks gets that text as one last `Output` with id FINAL_ID: the
 text generated after the engine's last (throttled) update of a job is in its record only, and so is
@@ -152,6 +153,11 @@ async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIte
             moved.set()
             ended.set()
             next_check = loop.time() + _recheck_s()
+        if ended.is_set():  # first: the stream of a job that ended is read once, by _finish
+            ended.clear()
+            job = await queue.get(job_id, owner)
+            if job["status"].is_terminal():
+                break
         if moved.is_set():
             moved.clear()  # before the read: an entry added during it sets it again
             entries = await queue.stream_entries(job_id, cursor)
@@ -161,10 +167,6 @@ async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIte
                 yield _output(entry)
             if len(entries) >= READ_COUNT:
                 moved.set()  # a full page: there may be more
-        if ended.is_set():
-            ended.clear()
-            job = await queue.get(job_id, owner)
-            continue
         # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
         woken.clear()
         while not (moved.is_set() or ended.is_set() or loop.time() >= next_check):

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from api.edge.concurrency import Slot
-from api.jobs.follow import FINAL_ID, Done, Failure, Output, StreamEvent, follow
+from api.jobs.follow import FINAL_ID, Done, Failure, Output, StreamEvent, follow, watched
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID
 from api.routes.stream import open_stream
@@ -135,6 +135,33 @@ async def test_a_wake_for_new_entries_costs_one_read_of_the_stream_and_none_of_t
     await asyncio.wait_for(following, 5)
     assert [e.delta for e in events if isinstance(e, Output)] == [" 1", " 2", " 3", " 4", " 5"]
     assert isinstance(events[-1], Done)
+
+
+async def test_a_follower_woken_by_a_last_entry_and_the_end_together_reads_the_stream_once(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """A job's last deltas and its end come together (the worker writes them in one round trip):
+    the record is read first, and the stream of a job that ended is read once, after it (it used
+    to be read for the entry, then again for the end)."""
+    job_id = await submitted(queue)
+    watching = await watched(queue, job_id, OWNER)
+    events: list[StreamEvent] = []
+
+    async def collect() -> None:
+        async for event in follow(queue, job_id, OWNER, watching=watching):
+            events.append(event)
+
+    following = asyncio.create_task(collect())
+    scripted.claim(job_id)
+    await asyncio.sleep(0.3)  # the follower has read the empty stream and waits
+    reads = calls(redis_client, "xrange"), calls(redis_client, "hgetall")
+    entry = scripted.publish(job_id, "last", 1)
+    scripted.succeed(job_id, "last", 1)
+    watching.moved.set()  # both wakes before the follower runs, whatever order the hubs see them in
+    watching.ended.set()
+    await asyncio.wait_for(following, 5)
+    assert events[0] == Output(entry, "last", 1) and isinstance(events[-1], Done)
+    assert (calls(redis_client, "xrange") - reads[0], calls(redis_client, "hgetall") - reads[1]) == (1, 1)
 
 
 async def test_entries_without_a_message_still_reach_the_follower_at_the_jobs_end(
