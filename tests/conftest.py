@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -255,3 +257,35 @@ async def wait_until_acked(client: redis.Redis, timeout_s: float = 15.0) -> None
     while (left := client.hlen(keys.KOMBU_UNACKED)) != 0:
         assert time.monotonic() < deadline, f"{left} message(s) never acknowledged"
         await asyncio.sleep(0.05)
+
+
+@contextmanager
+def monitored(client: redis.Redis) -> Iterator[list[str]]:
+    """Every command the server runs inside the block, as MONITOR shows it."""
+    seen: list[str] = []
+    watching, end = threading.Event(), f"end-of-watch-{uuid.uuid4().hex}"
+
+    def watch() -> None:
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            watching.set()
+            for command in monitor.listen():
+                seen.append(command["command"])
+                if command["command"] == f"ECHO {end}":
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert watching.wait(5)
+    yield seen
+    client.echo(end)
+    watcher.join(5)
+    assert not watcher.is_alive()
+
+
+def commands_while(client: redis.Redis, run: Callable[[], object]) -> list[str]:
+    """The commands Redis ran while `run` ran, in order, each as its name and first key, less a new
+    connection's greeting (HELLO, CLIENT SETINFO) and monitored()'s end."""
+    with monitored(client) as seen:
+        run()
+    skipped = ("HELLO", "CLIENT", "ECHO END-OF-WATCH-")
+    return [" ".join(str(command).split()[:2]) for command in seen if not command.upper().startswith(skipped)]

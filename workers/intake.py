@@ -56,12 +56,12 @@ class Intake:
         it), and when it found none, the thread goes straight to its wait."""
         if sent is not None and sent.done and (sent.taken is not None or self._wait_s <= 0):
             return sent.taken
-        looked = sent is not None and sent.done
         while not self._closing.is_set():
-            taken = None if looked else self._jobs.take(self._worker_id, self._lists)
-            looked = False
-            if taken is not None or self._wait_s <= 0:
-                return taken
+            if sent is None or not sent.done:  # else it looked already, in the finish's round trip
+                taken = self._jobs.take(self._worker_id, self._lists)
+                if taken is not None or self._wait_s <= 0:
+                    return taken
+            sent = None
             popped = self._redis.brpop(self._lists, timeout=self._wait_s)
             if popped is None:
                 return None

@@ -222,8 +222,8 @@ class WorkerRuntime:
                 return
 
     def _next_take(self, until: float) -> NextTake | None:
-        """The take to send with the next finish; None when this thread takes no more."""
-        if self.intake is None or self._closing.is_set() or time.monotonic() >= until:
+        """The take to send with the next finish (which checks for a drain); None past `until`."""
+        if self.intake is None or time.monotonic() >= until:
             return None
         return self.intake.next_take()
 

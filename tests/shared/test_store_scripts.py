@@ -5,7 +5,6 @@ Jobs are accepted through the real submit script, so every case starts from what
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -20,6 +19,7 @@ from shared import keys, scripts
 from shared.celery_app import queue_lists
 from shared.reaper import Reaper
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
+from tests.conftest import commands_while
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
@@ -283,27 +283,6 @@ def test_finish_after_a_hand_back_writes_nothing(client: redis.Redis, jobs: Work
     Reaper(client, MAX_ATTEMPTS, TIMEOUT_S, 1.0).run_once()
     assert not jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"})
     assert record(client, "j1")["status"] == "queued"
-
-
-def commands_while(client: redis.Redis, run: Callable[[], Any]) -> list[str]:
-    """The commands Redis ran while `run` ran, in order (MONITOR), each as its name and first key."""
-    marker = "end-of-run"
-    seen: list[str] = []
-
-    def run_then_mark() -> None:
-        run()
-        client.echo(marker)
-
-    with client.monitor() as monitor:  # type: ignore[no-untyped-call]
-        runner = threading.Thread(target=run_then_mark)
-        runner.start()
-        for entry in monitor.listen():
-            words = str(entry["command"]).split()
-            if marker in words:
-                break
-            seen.append(" ".join(words[:2]))
-        runner.join()
-    return seen
 
 
 def test_the_commands_ahead_of_a_finish_run_before_its_script_on_its_connection(

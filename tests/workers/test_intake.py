@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from shared.celery_app import queue_lists
-from tests.shared.test_store_scripts import LIST, QUEUE, client, commands_while, jobs, record, submit
+from tests.conftest import commands_while
+from tests.shared.test_store_scripts import LIST, QUEUE, client, jobs, record, submit
 from workers.intake import Intake
 from workers.jobs import NextTake, WorkerJobs
 
@@ -102,12 +103,6 @@ def _finished_with_next_take(client: redis.Redis, jobs: WorkerJobs, intake: Inta
     return then
 
 
-def _sent(client: redis.Redis, run: Callable[[], object]) -> list[str]:
-    """The commands `run` sent (MONITOR), less a new connection's greeting."""
-    greeting = ("HELLO", "CLIENT")
-    return [command for command in commands_while(client, run) if not command.upper().startswith(greeting)]
-
-
 def test_the_job_a_finish_took_comes_with_no_command_sent(
     client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
 ) -> None:
@@ -118,7 +113,7 @@ def test_the_job_a_finish_took_comes_with_no_command_sent(
     then = _finished_with_next_take(client, jobs, make, "j2")
     closing.set()
     got: list[object] = []
-    assert _sent(client, lambda: got.append(make.next_job(then))) == []
+    assert commands_while(client, lambda: got.append(make.next_job(then))) == []
     assert got[0] == ("j2", record(client, "j2")) and record(client, "j2")["worker"] == "w1"
 
 
@@ -130,7 +125,7 @@ def test_when_the_finish_took_nothing_the_thread_goes_straight_to_its_wait(
     assert then.done and then.taken is None
     later(0.3, lambda: submit(client, "j2"))
     got: list[object] = []
-    commands = _sent(client, lambda: got.append(make.next_job(then)))
+    commands = commands_while(client, lambda: got.append(make.next_job(then)))
     assert commands[0].upper().startswith("BRPOP") and got[0] == ("j2", record(client, "j2"))
     assert intake(wait_s=0.0).next_job(_finished_with_next_take(client, jobs, make)) is None
 

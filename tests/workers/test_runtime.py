@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import pytest
@@ -18,7 +16,7 @@ import redis
 
 from shared import keys, scripts
 from shared.config import Settings
-from tests.conftest import api_client, wait_until_running
+from tests.conftest import api_client, monitored, wait_until_running
 from workers.engine import build_engine
 from workers.runtime import WorkerRuntime
 from workers.webhooks import OutputWebhooks
@@ -135,29 +133,6 @@ async def test_a_thread_whose_job_ends_takes_the_next_with_its_finish_but_not_on
     await asyncio.to_thread(running.join, 30)
     assert redis_client.hget(keys.job(held), "status") == "succeeded"
     assert redis_client.hget(keys.job(waiting), "status") == "queued"
-
-
-@contextmanager
-def monitored(client: redis.Redis) -> Iterator[list[str]]:
-    """Every command the server runs inside the block, as MONITOR shows it."""
-    seen: list[str] = []
-    watching, end = threading.Event(), f"end-of-watch-{uuid.uuid4().hex}"
-
-    def watch() -> None:
-        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
-            watching.set()
-            for command in monitor.listen():
-                seen.append(command["command"])
-                if command["command"] == f"ECHO {end}":
-                    return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    assert watching.wait(5)
-    yield seen
-    client.echo(end)
-    watcher.join(5)
-    assert not watcher.is_alive()
 
 
 async def test_only_jobs_whose_webhook_wants_output_reach_the_notifier(
