@@ -49,8 +49,8 @@ def submit_jobs(client: redis.Redis, count: int) -> None:
         message, queue_list = job_message(job_id, queue, 0)
         submit(
             keys=[keys.job(job_id), keys.owner_jobs(OWNER), queue_list, "", "", "", keys.owner_live(OWNER)],
-            args=[job_id, int(now * 1e6), DAY_S, message, 60, "", "(0", repr(now), "", "", job.fields_json(),
-                  0, 0, job.stored_bytes, int(now // DAY_S), 1],
+            args=[job_id, int(now * 1e6), DAY_S, message, 60, "", "(0", repr(now), "", "",
+                  0, 0, job.stored_bytes, int(now // DAY_S), 1, *job.fields()],
             client=pipe,
         )  # fmt: skip
         if len(pipe) >= 500:

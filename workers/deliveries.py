@@ -156,7 +156,8 @@ class Sight:
     """What an attempt reads of its delivery when it claims it (look_delivery in
     shared/lua/common.lua), for order_wait() and prepare()."""
 
-    #: The job's (or batch's) record; empty when it expired.
+    #: The job's (or batch's) record; empty when it expired. With a frozen body, only its `input`
+    #: (all that attempt reads of it: order_wait's webhook filter).
     record: dict[str, str]
     #: The URL and body frozen for it (by an earlier attempt, or by the worker that finished the
     #: job); None before that.

@@ -70,9 +70,9 @@ class NewJob:
         """What the job's input costs its owner's stored-bytes bound."""
         return len(self.input_json) + len(self.metadata_json)
 
-    def fields_json(self) -> bytes:
-        """The record as the submit script takes it: [field, value, field, value, ...]."""
-        return orjson.dumps([item for pair in self.record.items() for item in pair])
+    def fields(self) -> list[str]:
+        """The record as the submit script takes it: field, value, field, value, ..."""
+        return [item for pair in self.record.items() for item in pair]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +174,9 @@ class JobStore:
                   keys.owner_live(job.owner)],
             args=[job.job_id, score, self._job_ttl_s, message, self._idempotency_ttl_s,
                   f"{job.job_id} {digest}", f"({trim_below}", repr(time.time()),
-                  known.output if known else "", known.model_label if known else "", job.fields_json(),
+                  known.output if known else "", known.model_label if known else "",
                   bounds.live_jobs, bounds.stored_bytes, job.stored_bytes, today,
-                  -(-self._job_ttl_s // 86_400)],
+                  -(-self._job_ttl_s // 86_400), *job.fields()],
         )  # fmt: skip
         outcome = int(reply[0])
         if outcome == SUBMIT_HIT:

@@ -191,6 +191,16 @@ local function expire_queued(job_key_, job_id, error_json, now)
   promote_followers(job_key_, job_id, now)
 end
 
+-- The delivery tag of a task message (kombu's JSON envelope): found in its `properties` by a
+-- pattern when it is a plain word (genq's tags are new_id()s, kombu's uuid4s), as cjson would
+-- read it only after decoding the whole envelope (~10 us more of Redis's time per claim).
+local function delivery_tag(message)
+  local properties = string.find(message, '"properties":', 1, true)
+  local tag = properties and string.match(message, '"delivery_tag":%s*"([%w%-]*)"[,}]', properties)
+  if tag then return tag end
+  return cjson.decode(message)['properties']['delivery_tag']
+end
+
 -- Claim a job for worker `worker` (claim.lua: a delivered message; take.lua: one it took from
 -- its queue list itself): a queued one before its deadline, or a running one whose lease lapsed
 -- (its worker stopped renewing it: a takeover, which runs even past the queue deadline, since
@@ -224,7 +234,7 @@ local function claim_job(job, job_id, worker, c)
     return 'expired', 'failed'
   end
   local tag = ''
-  if rec[6] then tag = cjson.decode(rec[6])['properties']['delivery_tag'] end
+  if rec[6] then tag = delivery_tag(rec[6]) end
   local lease = tonumber(now) + tonumber(c.lease_s)
   -- attempts counts this start: the HINCRBY by 1 folded into the HSET (no script changes it meanwhile).
   local attempts = string.format('%d', tonumber(rec[5] or '0') + 1)
@@ -272,7 +282,17 @@ end
 -- and previous secrets} (a wait that makes no attempt sets the count back in its ending).
 local function look_delivery(delivery, record, start_delivery, start_field)
   local frozen = redis.call('HMGET', delivery, 'url', 'body', 'owner')
-  local seen = {frozen, redis.call('HGETALL', record), false, false, false}
+  -- An attempt that sends a frozen body reads only the job's input of its record (the webhook
+  -- filter, whether `completed` waits for `start`): the whole record, ~20 fields, went through
+  -- Lua and the reply for nothing. A first attempt builds its body from the whole record.
+  local read = {}
+  if not (frozen[1] and frozen[2]) then
+    read = redis.call('HGETALL', record)
+  else
+    local input = redis.call('HGET', record, 'input')
+    if input then read = {'input', input} end
+  end
+  local seen = {frozen, read, false, false, false}
   if start_delivery ~= '' then
     seen[3] = redis.call('HEXISTS', record, start_field)
     seen[4] = redis.call('HMGET', start_delivery, 'outcome', 'next_at')

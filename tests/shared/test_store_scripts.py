@@ -4,6 +4,7 @@ Jobs are accepted through the real submit script, so every case starts from what
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -66,8 +67,8 @@ def submit(
     inflight = keys.inflight(cache_key) if cache_key else ""
     return list(script(client, "submit")(
         keys=[keys.job(job_id), keys.owner_jobs(owner), queue_list, "", inflight, "", keys.owner_live(owner)],
-        args=[job_id, int(now * 1e6), 86_400, message, 60, "", "(0", repr(now), "", "", job.fields_json(),
-              bounds[0], bounds[1], job.stored_bytes, int(now // 86_400), 1],
+        args=[job_id, int(now * 1e6), 86_400, message, 60, "", "(0", repr(now), "", "",
+              bounds[0], bounds[1], job.stored_bytes, int(now // 86_400), 1, *job.fields()],
     ))  # fmt: skip
 
 
@@ -150,6 +151,24 @@ def test_claim_of_a_queued_job(client: redis.Redis, jobs: WorkerJobs) -> None:
     assert (rec["status"], rec["worker"], rec["attempts"], rec["delivery_tag"]) == ("running", "w1", "1", tag)
     assert float(rec["lease"]) > time.time() + LEASE_S - 5 and "message" not in rec
     assert indexed(client, "j1") == {"leases", "live"}
+
+
+@pytest.mark.parametrize(
+    ("tag", "spaced"),
+    [("0f3e-a1", False), ("0f3e-a1", True), ('a "quoted", tag', True)],
+    ids=["genq", "kombu", "not-a-word"],
+)
+def test_claim_records_the_messages_delivery_tag(
+    client: redis.Redis, jobs: WorkerJobs, tag: str, spaced: bool
+) -> None:
+    """A claim finds the tag by a pattern in genq's compact JSON and in kombu's (json.dumps'
+    spacing), and decodes the whole message for a tag that is not a plain word."""
+    submit(client, "j1")
+    envelope = orjson.loads(cast(str, client.hget(keys.job("j1"), "message")))
+    envelope["properties"]["delivery_tag"] = tag
+    client.hset(keys.job("j1"), "message", json.dumps(envelope) if spaced else orjson.dumps(envelope))
+    assert jobs.claim("j1", "w1").outcome is ClaimOutcome.CLAIMED
+    assert record(client, "j1")["delivery_tag"] == tag
 
 
 def test_claim_past_the_deadline_fails_the_job(client: redis.Redis, jobs: WorkerJobs) -> None:

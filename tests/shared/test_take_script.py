@@ -5,9 +5,12 @@ checks the state after."""
 
 from __future__ import annotations
 
+import json
 import time
+from typing import cast
 
 import orjson
+import pytest
 import redis
 
 from shared import keys
@@ -85,6 +88,21 @@ def test_messages_of_jobs_that_cannot_run_are_dropped_on_the_way(
     assert record(client, "running")["worker"] == "w1"
     late = record(client, "late")
     assert late["status"] == "failed" and orjson.loads(late["error"])["type"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("job_id", "spaced"), [("j1", False), ("j1", True), ("j.1 x", False)], ids=["genq", "kombu", "not-a-word"]
+)
+def test_a_message_is_read_in_either_json_spacing_and_with_any_id(
+    client: redis.Redis, jobs: WorkerJobs, job_id: str, spaced: bool
+) -> None:
+    """The take finds the task and id by patterns in genq's compact JSON and in kombu's (json.dumps'
+    spacing), and decodes the whole message for an id that is not a plain word."""
+    submit(client, job_id)
+    envelope = orjson.loads(cast(str, client.rpop(LIST)))
+    client.rpush(LIST, json.dumps(envelope) if spaced else orjson.dumps(envelope))
+    assert take(jobs) == job_id
+    assert record(client, job_id)["status"] == "running"
 
 
 def test_a_message_of_another_task_goes_back_and_ends_the_take(client: redis.Redis, jobs: WorkerJobs) -> None:

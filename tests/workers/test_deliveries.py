@@ -166,7 +166,7 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
 ) -> None:
     """State before, claim_and_look(), state after: the claim's outcome and the delivery's
     generation are the script's; a claimed generation comes with what its attempt reads (the
-    frozen body, the record, the `start` delivery a `completed` one waits for) and, its body
+    frozen body, the record's input, the `start` delivery a `completed` one waits for) and, its body
     being frozen, its attempt counted with the owner's signing keys; any other outcome with
     nothing read or counted."""
     for name, value in {
@@ -177,7 +177,9 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
         "attempts": "2",
     }.items():
         redis_client.hset(DELIVERY.key, name, value)
-    redis_client.hset(DELIVERY.record_key, mapping={"status": "succeeded", START_MESSAGE_FIELD: "m"})
+    redis_client.hset(
+        DELIVERY.record_key, mapping={"status": "succeeded", "input": "{}", START_MESSAGE_FIELD: "m"}
+    )
     redis_client.set(keys.webhook_key_secrets("alice")[1], "previous-of-alice")
     start = Delivery.of("job-1", "start", "")
     redis_client.hset(start.key, mapping={"outcome": "pending", "next_at": "12.5"})
@@ -188,10 +190,10 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
     if claim != "claimed":
         assert sight is None and redis_client.hget(DELIVERY.key, "attempts") == "2"
         return
-    record = {"status": "succeeded", START_MESSAGE_FIELD: "m"}
     frozen = Frozen("http://x/", b"{}", "alice")
     counted = Prepared(frozen, 3, [None, "previous-of-alice"])
-    assert sight == Sight(record, frozen, True, "pending", "12.5", counted)
+    # Of the record, all an attempt of a frozen body reads is its input.
+    assert sight == Sight({"input": "{}"}, frozen, True, "pending", "12.5", counted)
     assert redis_client.hget(DELIVERY.key, "attempts") == "3"
     assert sight.uncounted() == {"attempts": "2"}  # what a wait's ending sets back
 

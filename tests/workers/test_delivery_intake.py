@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import orjson
 import pytest
@@ -73,14 +74,18 @@ def test_a_waiting_message_is_taken_with_its_generation_claimed(
     ],
     ids=["output", "start", "batch"],
 )
+@pytest.mark.parametrize("said_by", ["argsrepr", "body"])
 def test_the_script_names_the_delivery_python_names(
     redis_client: redis.Redis,
     deliveries: Deliveries,
     intake: Callable[..., DeliveryIntake],
     delivery: Delivery,
+    said_by: str,
 ) -> None:
-    # The script decodes the base64 body itself; job ids of other lengths pad it differently.
+    # The script reads the args from the argsrepr when it says them, else from the base64 body.
     publish(deliveries, delivery, task_id="task-9")
+    if said_by == "body":
+        redis_client.lpush(WEBHOOK_LIST, without_argsrepr(cast(str, redis_client.rpop(WEBHOOK_LIST))))
     taken = intake().next()
     assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == delivery
     assert redis_client.hget(delivery.key, "generation") == "0"
@@ -108,7 +113,9 @@ def test_a_taken_delivery_comes_with_what_a_delivered_ones_claim_reads(
     taken = intake().next()
     assert taken is not None and taken.claim is Claim.CLAIMED and taken.sight is not None
     assert taken.sight.frozen == Frozen("http://x/", b"{}", "alice")
-    assert taken.sight.record == redis_client.hgetall(delivery.record_key)
+    # Of the record, a frozen body's attempt reads only the input (the webhook filter).
+    record_input = redis_client.hget(delivery.record_key, "input")
+    assert taken.sight.record == ({"input": record_input} if record_input else {})
     assert taken.sight.counted is not None and taken.sight.counted.attempt == 1  # counted by the take
     looked = deliveries.claim_and_look(delivery, 1)[2]  # the next generation's claim
     assert looked is not None and looked.counted is not None and looked.counted.attempt == 2
@@ -116,14 +123,33 @@ def test_a_taken_delivery_comes_with_what_a_delivered_ones_claim_reads(
     assert taken.sight.start_never_sent is (delivery == COMPLETED)
 
 
+def test_a_first_attempt_reads_the_whole_record_to_build_its_body(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    start = Delivery.of("job-22", "start", "task-1")
+    redis_client.hset(keys.job("job-22"), mapping={"input": "{}", "created_at": "1.5"})
+    publish(deliveries, start)
+    taken = intake().next()
+    assert taken is not None and taken.sight is not None and taken.sight.frozen is None
+    assert taken.sight.record == redis_client.hgetall(keys.job("job-22"))
+
+
+def without_argsrepr(message: bytes | str) -> bytes:
+    """The message with an argsrepr that does not say its args (Celery truncates a long one)."""
+    envelope = orjson.loads(message)
+    envelope["headers"]["argsrepr"] = "[...]"
+    return orjson.dumps(envelope)
+
+
 @pytest.mark.parametrize("length", [1, 2, 3, 4])
 def test_every_padding_of_the_body_decodes(
     redis_client: redis.Redis, intake: Callable[..., DeliveryIntake], length: int
 ) -> None:
+    # The script reads the args from the body itself when the argsrepr does not say them.
     job_id = "j" * length
     redis_client.hset(keys.job(job_id), "status", "succeeded")
     message = task_message(keys.WEBHOOK_TASK, "task-1", [job_id, "completed"], keys.WEBHOOK_QUEUE, 0)
-    redis_client.lpush(WEBHOOK_LIST, message)
+    redis_client.lpush(WEBHOOK_LIST, without_argsrepr(message))
     taken = intake().next()
     assert taken is not None and taken.claim is Claim.CLAIMED
     assert redis_client.hget(Delivery.of(job_id, "completed", "task-1").key, "outcome") == "pending"
@@ -147,6 +173,14 @@ def test_a_message_of_another_task_goes_back(
         task_message(keys.GENERATE_TASK, "job-1", ["job-1"], keys.WEBHOOK_QUEUE, 0),
         b"not json",
         orjson.dumps({"headers": {"task": keys.WEBHOOK_TASK, "id": "t"}, "properties": {}, "body": "!!"}),
+        # Its argsrepr does not say its args, and its body is not base64.
+        orjson.dumps(
+            {
+                "headers": {"task": keys.WEBHOOK_TASK, "id": "t", "argsrepr": "['a', 'b', 'c']"},
+                "properties": {"body_encoding": "base64"},
+                "body": "!!",
+            }
+        ),
     ):
         redis_client.delete(WEBHOOK_LIST)
         redis_client.lpush(WEBHOOK_LIST, message)
