@@ -73,6 +73,7 @@ from bench.common import (
 )
 from bench.end_to_end import cpu_per_item, run_celery, start_bare_worker
 from bench.loadgen import Session, collector_paused, http_request, json_post
+from bench.redis_time import SCRIPT_COLUMNS, script_rows, with_script_times
 
 MODEL = "placeholder-echo"
 #: Seconds each client waits for its job (the long-poll's `wait`, or `Prefer: wait`).
@@ -366,7 +367,7 @@ def with_switches(pid: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]
 
 
 def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: ExitStack,
-            scratch: Path, webhooks: int = 0) -> dict[str, Any]:  # fmt: skip
+            scratch: Path, webhooks: int = 0, script_times: bool = False) -> dict[str, Any]:  # fmt: skip
     redis_server = start_redis(stack, scratch / "redis")
     assert redis_server.process is not None
     settings = {**BENCH_SETTINGS, "REDIS_URL": redis_server.url, "DATA_DIR": str(scratch / "genq"),
@@ -393,7 +394,10 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
             with_cpu = partial(
                 cpu_per_item, genq_pids, partial(with_switches, worker.process.pid, genq_run), "succeeded"
             )
-            genq = with_commands(client, partial(with_gc_passes, port, with_cpu, "succeeded"), "succeeded")
+            genq_run = partial(with_gc_passes, port, with_cpu, "succeeded")
+            if script_times:
+                genq_run = partial(with_script_times, client, genq_run, "succeeded")
+            genq = with_commands(client, genq_run, "succeeded")
             genq["rate_ratio"] = ratio(genq["jobs_per_s"], celery["tasks_per_s"])
             genq["p99_to_queueing"] = ratio(genq["latency_p99_ms"], genq["queueing_ms"])
             row[mode] = genq
@@ -408,6 +412,8 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
         # Per delivered job: its submission, its run and its delivery, each process's share.
         pids = {**genq_pids, "webhook_worker": hooks_worker.process.pid}
         hooks_run = partial(cpu_per_item, pids, partial(run_webhooks, port, webhooks), "delivered_jobs")
+        if script_times:
+            hooks_run = partial(with_script_times, client, hooks_run, "delivered_jobs")
         report["webhooks"] = hooks = with_commands(client, hooks_run, "delivered_jobs")
         print(f"  webhooks: {hooks['delivered_jobs']}/{hooks['accepted']} delivered, "
               f"{hooks['deliveries_per_s']} deliveries/s, CPU ms per delivered job "
@@ -456,6 +462,12 @@ def print_tables(report: dict[str, Any]) -> None:
         print_table(f"CPU ms per job ({mode}) / task", ["C", "api", "worker", "redis (genq)", "celery worker",
                     "redis (celery)", "worker switches/job", "api GC passes per 1,000 jobs (gen 0 / 1 / 2)"],
                     cpu_rows)  # fmt: skip
+    rows = [row for run in report["runs"] for mode in report["modes"] if "redis_scripts" in run[mode]
+            for row in script_rows(f"C={run['concurrency']} {mode}", run[mode]["redis_scripts"])]  # fmt: skip
+    if "redis_scripts" in report.get("webhooks", {}):
+        rows += script_rows("webhooks", report["webhooks"]["redis_scripts"])
+    if rows:
+        print_table("Redis time per Lua script call (SLOWLOG, every command logged)", SCRIPT_COLUMNS, rows)
     print(f"targets: {report['targets']}")
 
 
@@ -485,6 +497,8 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="poll", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--concurrency", default=None, help="comma-separated C values (default: all)")
     parser.add_argument("--webhooks", type=int, default=0, help="also N jobs with a completed webhook each")
+    parser.add_argument("--script-times", action="store_true",
+                        help="also each Lua script's Redis time per call (bench/redis_time.py)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="max_tokens per job (default: the API's GENQ_DEFAULT_MAX_TOKENS)")  # fmt: skip
 
@@ -502,7 +516,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"quick": args.quick, "machine": machine(), "model": MODEL, "modes": modes,
                               "max_tokens": args.max_tokens, "sizes": sizes.__dict__}  # fmt: skip
     with bench_stack("machinery") as (stack, scratch):
-        report.update(measure(sizes, modes, args.max_tokens, stack, scratch, args.webhooks))
+        report.update(
+            measure(sizes, modes, args.max_tokens, stack, scratch, args.webhooks, args.script_times)
+        )
     print_tables(report)
     write_report(args.out, "machinery", report, plot)
     return report

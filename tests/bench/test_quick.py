@@ -74,7 +74,8 @@ def test_end_to_end_quick(tmp_path: Path) -> None:
 
 
 def test_machinery_quick(tmp_path: Path) -> None:
-    report = run_quick("machinery", tmp_path, "--modes", "poll,prefer,sse", "--webhooks", "20")
+    flags = ["--modes", "poll,prefer,sse", "--webhooks", "20", "--script-times"]
+    report = run_quick("machinery", tmp_path, *flags)
     assert report["modes"] == ["poll", "prefer", "sse"]
     assert [run["concurrency"] for run in report["runs"]] == [1, 4]
     for run in report["runs"]:
@@ -99,7 +100,14 @@ def test_machinery_quick(tmp_path: Path) -> None:
             assert genq["worker_switches_per_job"] >= 2
             if mode != "sse":  # a stream's reads can push the store's scripts out of the top ten
                 assert "evalsha" in genq["redis_top_commands_per_item"]
+            assert "evalsha" in genq["redis_top_usec_per_item"]
+            # Each job: one submit and one finish; claimed from a delivery or taken by a thread.
+            scripts = genq["redis_scripts"]
+            assert scripts["submit"]["calls_per_item"] == scripts["finish"]["calls_per_item"] == 1
+            claims = sum(scripts[name]["calls_per_item"] for name in ("claim", "take") if name in scripts)
+            assert claims >= 1 and all(t["median_us"] > 0 for t in scripts.values())
     hooks = report["webhooks"]
+    assert {"webhook_take", "webhook_claim"} & set(hooks["redis_scripts"])
     assert hooks["accepted"] == hooks["delivered_jobs"] == 20 and hooks["all_delivered"]
     assert hooks["redundant_deliveries"] == 0 and hooks["deliveries_per_s"] > 0
     assert hooks["bench_cpu_ms_per_job"] > 0
