@@ -29,6 +29,10 @@ commands run inside scripts count too, by name), and the API's cyclic-GC passes 
 per generation (its /metrics before and after). Bare Celery: C asyncio clients, each LPUSHing the
 message bytes genq's API pushes and BLPOPing the key the task writes (bench/end_to_end.py).
 
+`--script-times` adds each Lua script's Redis time per call (median, p99, mean; every command
+logged to SLOWLOG meanwhile, which costs Redis a little: bench/redis_time.py); every run reports
+Redis's time per job by command (`redis_top_usec_per_item`, EVALSHA holding its scripts' commands).
+
 "What queueing explains": in a closed loop with C clients and a service rate of R jobs/s, a job
 waits behind the C - 1 others, so its latency is about C / R; the report gives p99 / (C / R).
 Writes <out>/machinery.json and <out>/machinery.png.
