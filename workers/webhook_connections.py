@@ -39,6 +39,7 @@ import socket
 import ssl
 import threading
 import time
+import types
 import typing
 from dataclasses import dataclass
 
@@ -123,6 +124,54 @@ class _DeadlineSocket:
         return io.BufferedReader(_UntilDeadline(self._sock, self._deadline))
 
 
+#: An answer's head, as http.client reads it: most bytes in one line, most lines.
+HEAD_LINE_BYTES = 65_536
+HEAD_LINES = 100
+
+
+def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
+    """An answer's header lines, read as http.client.parse_headers reads them (the same limits,
+    the same HTTPMessage) but stored without email's FeedParser, which parse_headers runs on them:
+    ~28% of a webhook worker's CPU per delivery (py-spy, one task thread). A value is the text after
+    the colon, leading blanks dropped (email's compat32 policy); a folded line continues the last
+    value. A line that is no `name: value` (email ends the head there and counts the rest as body)
+    marks the answer `Connection: close`, so its connection is never reused on a guess at framing."""
+    message = http.client.HTTPMessage()
+    pairs: list[list[str]] = []
+    for _ in range(HEAD_LINES + 1):
+        line = fp.readline(HEAD_LINE_BYTES + 1)
+        if len(line) > HEAD_LINE_BYTES:
+            raise http.client.LineTooLong("header line")
+        if line in (b"\r\n", b"\n", b""):
+            break
+        text = line.decode("iso-8859-1").rstrip("\r\n")
+        name, colon, value = text.partition(":")
+        if text[:1] in (" ", "\t") and pairs:
+            pairs[-1][1] += "\r\n" + text  # obsolete line folding, kept as email keeps it
+        elif colon and name and not any(c.isspace() for c in name):
+            pairs.append([name, value.lstrip(" \t")])
+        else:
+            pairs.append(["Connection", "close"])
+    else:
+        raise http.client.HTTPException(f"got more than {HEAD_LINES} headers")
+    for name, value in pairs:
+        message[name] = value
+    return message
+
+
+class _Answer(http.client.HTTPResponse):
+    """http.client's HTTPResponse with the head read by read_head: `begin` is the standard
+    library's own code (its status line, 100-continue, chunked, length and keep-alive rules), run
+    with read_head where it calls parse_headers (tests/workers/test_webhook_connections.py checks
+    both read every kind of answer alike)."""
+
+    begin = types.FunctionType(
+        http.client.HTTPResponse.begin.__code__,
+        {**vars(http.client), "parse_headers": read_head},
+        "begin",
+    )
+
+
 class _Pinned(http.client.HTTPConnection):
     """An HTTPConnection to the Route's checked address; TLS, for https, verified for its name;
     its answers read by a deadline (answer_by)."""
@@ -137,7 +186,7 @@ class _Pinned(http.client.HTTPConnection):
 
     def _answer(self, sock: socket.socket, **kwargs: typing.Any) -> http.client.HTTPResponse:
         reader: typing.Any = _DeadlineSocket(sock, self.answer_by)
-        return http.client.HTTPResponse(reader, **kwargs)
+        return _Answer(reader, **kwargs)
 
     def connect(self) -> None:
         try:

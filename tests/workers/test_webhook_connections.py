@@ -7,11 +7,14 @@ answers not read to their end: tests/workers/test_webhook_http.py.)"""
 from __future__ import annotations
 
 import http.client
+import io
 import time
+
+import pytest
 
 from tests.workers.conftest import CountingServer, KeptAliveReceiver, serve
 from workers import webhook_http
-from workers.webhook_connections import Connection, Pool, Route
+from workers.webhook_connections import HEAD_LINE_BYTES, HEAD_LINES, Connection, Pool, Route, _Answer
 
 
 def _routes(port: int) -> list[Route]:
@@ -81,3 +84,63 @@ def test_a_connection_whose_answer_was_not_read_to_its_end_is_closed_not_kept(
     _post(connection)  # the answer's body is never read: the attempt never marks it reusable
     pool.give_back(connection)
     assert pool.idle_count() == 0 and connection.closed
+
+
+class _Bytes:
+    """What HTTPResponse reads an answer through: a socket's makefile, here over fixed bytes."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self._raw))
+
+
+ANSWERS = {
+    "length": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A:  spaced \r\n\r\nok",
+    "chunked": b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    "close": b"HTTP/1.1 500 Oops\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+    "no length": b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end",
+    "http/1.0": b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx",
+    "http/1.0 keep-alive": (
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n"
+    ),
+    "no content": b"HTTP/1.1 204 No Content\r\n\r\n",
+    "100 continue": (
+        b"HTTP/1.1 100 Continue\r\nX: 1\r\n\r\nHTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"
+    ),
+    "folded": b"HTTP/1.1 200 OK\r\nX-Long: one\r\n  two\r\nContent-Length: 0\r\n\r\n",
+    "repeated": b"HTTP/1.1 200 OK\r\nSet-Cookie: a\r\nSet-Cookie: b\r\nContent-Length: 0\r\n\r\n",
+    "negative length": b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+    "LF only": b"HTTP/1.1 200 OK\nContent-Length: 1\n\nz",
+}
+
+
+@pytest.mark.parametrize("raw", ANSWERS.values(), ids=ANSWERS.keys())
+def test_an_answer_is_read_as_http_client_reads_it(raw: bytes) -> None:
+    """_Answer reads its head with read_head, not email's parser: the same status, framing,
+    keep-alive verdict, headers and body as http.client's own HTTPResponse."""
+    ours, stock = _Answer(_Bytes(raw)), http.client.HTTPResponse(_Bytes(raw))  # type: ignore[arg-type]
+    ours.begin()
+    stock.begin()
+    framing = ("status", "reason", "version", "chunked", "length", "will_close")
+    assert [getattr(ours, name) for name in framing] == [getattr(stock, name) for name in framing]
+    assert ours.getheaders() == stock.getheaders()
+    assert ours.read() == stock.read()
+
+
+def test_a_head_line_that_is_no_header_ends_reuse_of_the_connection() -> None:
+    # email's parser ends the head at such a line; read_head reads on but marks the answer closing.
+    raw = b"HTTP/1.1 200 OK\r\nnot a header\r\nContent-Length: 0\r\n\r\n"
+    answer = _Answer(_Bytes(raw))  # type: ignore[arg-type]
+    answer.begin()
+    assert answer.status == 200 and answer.will_close
+
+
+def test_a_head_of_too_many_or_too_long_lines_is_refused() -> None:
+    many = b"HTTP/1.1 200 OK\r\n" + b"X: 1\r\n" * (HEAD_LINES + 1) + b"\r\n"
+    with pytest.raises(http.client.HTTPException, match="more than"):
+        _Answer(_Bytes(many)).begin()  # type: ignore[arg-type]
+    long = b"HTTP/1.1 200 OK\r\nX: " + b"a" * HEAD_LINE_BYTES + b"\r\n\r\n"
+    with pytest.raises(http.client.LineTooLong):
+        _Answer(_Bytes(long)).begin()  # type: ignore[arg-type]
