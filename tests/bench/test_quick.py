@@ -118,6 +118,15 @@ def test_machinery_quick(tmp_path: Path) -> None:
     }
 
 
+def test_webhook_drain_quick(tmp_path: Path) -> None:
+    report = run_quick("webhook_drain", tmp_path)
+    assert [run["threads"] for run in report["runs"]] == [1, 16]
+    for run in report["runs"]:
+        assert run["all_delivered"] and run["redundant_deliveries"] == 0
+        assert run["deliveries_per_s"] > 0 and run["cpu_ms_per_delivery"] > 0
+    assert set(report["medians"]) == {"1", "16"}
+
+
 def test_scale_quick(tmp_path: Path) -> None:
     report = run_quick("scale", tmp_path)
     levels = report["levels"]
