@@ -52,7 +52,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -80,6 +80,8 @@ from bench.loadgen import Session, collector_paused, http_request, json_post
 from bench.redis_time import SCRIPT_COLUMNS, script_rows, with_script_times
 
 MODEL = "placeholder-echo"
+#: What a counter read by counted() is keyed by.
+Key = TypeVar("Key")
 #: Seconds each client waits for its job (the long-poll's `wait`, or `Prefer: wait`).
 WAIT_S = 30
 MODES = ("poll", "prefer", "sse")
@@ -231,6 +233,16 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def wait_for(self, ids: list[str], deadline: float) -> None:
+        """Until every job of `ids` had a delivery, or time.monotonic() passes `deadline`. It
+        counts first and builds the set of delivered jobs only once there are enough deliveries:
+        this process shares the host's cores with the stack it measures."""
+        wanted = set(ids)
+        while time.monotonic() < deadline:
+            if len(self.deliveries) >= len(wanted) and wanted <= {job for job, _, _ in self.deliveries}:
+                return
+            time.sleep(0.01)
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -261,9 +273,7 @@ def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float 
     try:
         started = time.perf_counter()
         ids = run_async(submit_with_webhooks(port, count, concurrency, receiver.url))
-        deadline = time.monotonic() + timeout_s
-        while len({job for job, _, _ in receiver.deliveries}) < len(ids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        receiver.wait_for(ids, time.monotonic() + timeout_s)
         deliveries = list(receiver.deliveries)
     finally:
         receiver.close()
@@ -286,21 +296,17 @@ def run_webhooks(port: int, count: int, concurrency: int = 16, timeout_s: float 
 # --- Redis commands -----------------------------------------------------------------------------
 
 
-def command_counts(client: redis.Redis) -> Counter[str]:
-    """Calls per command so far, and (as "usec:<command>") the microseconds Redis spent in each: a
-    script's own time includes the commands it calls, which are counted again on their own."""
+def command_stats(client: redis.Redis) -> Counter[tuple[str, str]]:
+    """Per command so far, keyed ("calls" or "usec", its name): its calls, and the microseconds
+    Redis spent in it (a script's time includes the commands it calls, counted again on their own)."""
     stats = client.info("commandstats")
-    counts: Counter[str] = Counter()
-    for name, value in stats.items():
-        command = name.removeprefix("cmdstat_")
-        counts[command] = int(value["calls"])
-        counts[f"usec:{command}"] = int(value["usec"])
-    return counts
+    return Counter({(field, name.removeprefix("cmdstat_")): int(value[field])
+                    for name, value in stats.items() for field in ("calls", "usec")})  # fmt: skip
 
 
 def counted(
-    read: Callable[[], Counter[str]], run: Callable[[], dict[str, Any]]
-) -> tuple[dict[str, Any], Counter[str]]:
+    read: Callable[[], Counter[Key]], run: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], Counter[Key]]:
     """`run`'s result, and how much each of `read`'s counters grew meanwhile."""
     before = read()
     result = run()
@@ -310,18 +316,16 @@ def counted(
 
 
 def with_commands(client: redis.Redis, run: Callable[[], dict[str, Any]], items_key: str) -> dict[str, Any]:
-    """Run `run` and add the Redis commands per item (total and the most frequent) to its result."""
-    result, after = counted(partial(command_counts, client), run)
-    after.pop("info", None)  # ours
-    after.pop("usec:info", None)
-    usec = Counter({name.removeprefix("usec:"): n for name, n in after.items() if name.startswith("usec:")})
-    calls = Counter({name: n for name, n in after.items() if not name.startswith("usec:")})
+    """Run `run` and add the Redis commands per item (total and the most frequent) and Redis's time
+    per item by command (the scripts first: their time holds their commands') to its result."""
+    result, grown = counted(partial(command_stats, client), run)
+    calls, usec = (Counter({name: n for (kind, name), n in grown.items() if kind == field and name != "info"})
+                   for field in ("calls", "usec"))  # fmt: skip  # INFO is ours
     items = max(1, result[items_key])
     result["redis_commands_per_item"] = round(sum(calls.values()) / items, 2)
     result["redis_top_commands_per_item"] = {
         name: round(count / items, 2) for name, count in calls.most_common(10) if count > 0
     }
-    # Where Redis's time went, per item: the scripts first (their time holds their commands').
     result["redis_top_usec_per_item"] = {
         name: round(spent / items, 1) for name, spent in usec.most_common(6) if spent > 0
     }

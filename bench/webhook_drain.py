@@ -78,13 +78,11 @@ def drain(settings: dict[str, str], scratch: Path, port: int, jobs: int, threads
             pid = start_worker(stack, name, settings, scratch, args=args).process.pid
             # Warm-up: each thread's first deliveries pay its first connections and lookups.
             warm = run_async(submit_with_webhooks(port, WARM_UP_PER_THREAD * threads, 16, receiver.url))
-            while not set(warm) <= {job for job, _, _ in receiver.deliveries} and time.monotonic() < deadline:
-                time.sleep(0.01)
+            receiver.wait_for(warm, deadline)
             cpu_before, before = cpu_seconds([pid]), len(receiver.deliveries)
             started = time.perf_counter()
             client.eval(RELEASE, 2, HELD, WEBHOOK_LIST)
-            while not set(ids) <= {job for job, _, _ in receiver.deliveries} and time.monotonic() < deadline:
-                time.sleep(0.01)
+            receiver.wait_for(ids, deadline)
             wall_s, cpu_s = time.perf_counter() - started, cpu_seconds([pid]) - cpu_before
     finally:
         receiver.close()

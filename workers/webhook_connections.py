@@ -124,7 +124,7 @@ class _DeadlineSocket:
         return io.BufferedReader(_UntilDeadline(self._sock, self._deadline))
 
 
-#: An answer's head, as http.client reads it: most bytes in one line, most lines.
+#: An answer's head, as http.client reads it: most bytes in one line, most lines (its end's too).
 HEAD_LINE_BYTES = 65_536
 HEAD_LINES = 100
 
@@ -139,7 +139,7 @@ def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
     marks the answer `Connection: close`, so its connection is never reused on a guess at framing."""
     message = http.client.HTTPMessage()
     pairs: list[list[str]] = []
-    for _ in range(HEAD_LINES + 1):
+    for _ in range(HEAD_LINES):  # the blank line that ends the head counts, as in http.client
         line = fp.readline(HEAD_LINE_BYTES + 1)
         if len(line) > HEAD_LINE_BYTES:
             raise http.client.LineTooLong("header line")

@@ -8,12 +8,11 @@
 -- KEYS: the queue lists. ARGV: worker id, now, lease seconds, timeout error JSON, max attempts,
 -- worker-lost error JSON, the generation task's name, most messages to look at.
 -- Returns {} (nothing to take), or {job id, field, value, ...}: the claimed job's record.
--- A task message's task name and id (its headers'): found by patterns when both are plain words,
--- as in every message genq (shared/messages.py) and Celery write, for decoding the ~1 KB
--- envelope cost ~10 us of Redis's time per take; else decoded. nil when it is no task message.
+-- A task message's task name and id (its headers'): by word_field (common.lua) when both are
+-- plain words, else decoded. nil when it is no task message.
 local function task_of(message)
-  local task = string.match(message, '"task":%s*"([%w_%.%-]+)"[,}]')
-  local id = task and string.match(message, '"id":%s*"([%w%-]+)"[,}]')
+  local task = word_field(message, 'task')
+  local id = task and word_field(message, 'id')
   if id then return task, id end
   local ok, decoded = pcall(cjson.decode, message)
   local headers = ok and type(decoded) == 'table' and decoded['headers']
