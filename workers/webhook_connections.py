@@ -9,13 +9,15 @@ settings it was opened with. A connection is taken only by an attempt whose own 
 for every attempt) allowed its address, for the same host name, so its certificate was verified
 against that name when it was opened, exactly as a new one's would be.
 
-The connections are the standard library's `http.client.HTTPConnection`, whose `connect` goes to
-the checked address and, for https, wraps the socket verified against the URL's host name (sent
-as SNI). It was chosen over httpcore for cost: one attempt's exchange measured 99-126 us of CPU
-against httpcore's 181-212 (h11 validates every header and runs an event state machine per
-request, and sends head and body apart; http.client sends them in one write), the largest part of
-a webhook worker's CPU per delivery once its Redis round trips were cut to one (README's
-Performance section).
+A connection is the standard library's `http.client.HTTPConnection`, whose `connect` goes to the
+checked address and, for https, wraps the socket verified against the URL's host name (sent as
+SNI); its answers are read by http.client's own `HTTPResponse.begin` (_Answer). It was chosen over
+httpcore for cost: one attempt's exchange measured 99-126 us of CPU against httpcore's 181-212
+(h11 validates every header and runs an event state machine per request, and sends head and body
+apart), the largest part of a webhook worker's CPU per delivery once its Redis round trips were cut
+to one (README's Performance section). The request itself is the caller's bytes, sent in one write
+(Connection.exchange): its head is built from what workers/webhook_http.py checked once per URL,
+where http.client's `request()` checks and encodes every header again on every attempt.
 
 Threads: a taken connection is out of the pool until its thread gives it back, so two threads
 never share one. Only a connection whose answer was read to its end, and which the receiver did
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import http.client
 import io
-import math
 import select
 import socket
 import ssl
@@ -101,8 +102,7 @@ class _UntilDeadline(io.RawIOBase):
             raise TimeoutError("the answer did not come within the attempt's timeout")
         if self._left_bytes <= 0:
             raise AnswerTooLarge(f"the answer went on past {ANSWER_CAP_BYTES} bytes")
-        if left != math.inf:  # no deadline set: the socket's own timeout
-            self._sock.settimeout(left)
+        self._sock.settimeout(left)
         with memoryview(buffer) as view:
             read = self._raw.readinto(view[: self._left_bytes])
         self._left_bytes -= read or 0
@@ -174,20 +174,13 @@ class _Answer(http.client.HTTPResponse):
 
 
 class _Pinned(http.client.HTTPConnection):
-    """An HTTPConnection to the Route's checked address; TLS, for https, verified for its name;
-    its answers read by a deadline (answer_by)."""
+    """An HTTPConnection to the Route's checked address (its socket, and the TLS, for https,
+    verified for the Route's name): only its connect and close are used (Connection.exchange)."""
 
     def __init__(self, route: Route, tls: ssl.SSLContext | None, timeout_s: float | None) -> None:
         super().__init__(route.address, route.port, timeout=timeout_s)
         self._route = route
         self._tls = tls
-        #: When (time.monotonic()) the answer to the request in flight must have been read by.
-        self.answer_by = math.inf
-        self.response_class = self._answer  # type: ignore[assignment]
-
-    def _answer(self, sock: socket.socket, **kwargs: typing.Any) -> http.client.HTTPResponse:
-        reader: typing.Any = _DeadlineSocket(sock, self.answer_by)
-        return _Answer(reader, **kwargs)
 
     def connect(self) -> None:
         try:
@@ -224,15 +217,31 @@ class Connection:
 
     def set_timeout(self, timeout_s: float) -> None:
         """Every network wait from now on (connect, each send) is cut at timeout_s; the answer is
-        read by answer_within()'s deadline."""
+        read by exchange()'s deadline."""
         self.http.timeout = timeout_s
         if self.http.sock is not None:
             self.http.sock.settimeout(timeout_s)
 
-    def answer_within(self, seconds: float) -> None:
-        """The answer to the request just sent (status line, headers and body) is read within
-        `seconds` from now, or its reads raise TimeoutError."""
-        self.http.answer_by = time.monotonic() + seconds
+    def exchange(self, request: bytes, answer_within_s: float) -> http.client.HTTPResponse:
+        """Send `request` (its head and body, whole, in one write; connecting first when it is not
+        open) and read its answer's head, the answer (status line, headers and body) read within
+        `answer_within_s` of the request going out, or its reads raise TimeoutError. http.client's
+        `request()` would check and encode each header on every attempt (~35 us of CPU): the
+        caller builds the head from what it checked once per URL (workers/webhook_http.py), and
+        http.client's own code reads the answer (_Answer)."""
+        if self.http.sock is None:
+            self.http.connect()
+        sock = self.http.sock
+        sock.sendall(request)
+        reader: typing.Any = _DeadlineSocket(sock, time.monotonic() + answer_within_s)
+        answer = _Answer(reader, method="POST")
+        try:
+            answer.begin()
+        except BaseException:
+            answer.close()
+            raise
+        self.answered += 1
+        return answer
 
     def has_expired(self) -> bool:
         """Whether the receiver closed it (or sent what no request asked for) while it was idle."""

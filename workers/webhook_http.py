@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import functools
 import http.client
+import re
 import socket
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -112,10 +114,19 @@ class _Url:
     #: The host name (IDNA-encoded), without brackets for an IPv6 literal.
     host: str
     port: int
-    #: The Host header: the name, and the port when it is not the scheme's default.
-    netloc: bytes
-    #: Path and query, as sent.
-    target: str
+    #: The request's head up to the attempt's own headers: the request line, and the headers
+    #: every attempt to this URL sends alike (Host: the name, and the port when it is not the
+    #: scheme's default).
+    head: bytes
+
+
+#: What http.client refuses in a request's target: controls and spaces (no header can be slipped in).
+_TARGET_REFUSED = re.compile(r"[\x00-\x20\x7f]")
+#: A header as an attempt may send it: a token, then a value of visible ASCII and spaces. Stricter
+#: than http.client's check (a value is never folded, never holds a control or a byte past ASCII):
+#: no value can end its line and start another.
+_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\x20-\x7e]*")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,7 +134,28 @@ def _parse(url: str) -> _Url:
     parsed = httpx.URL(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     target = parsed.raw_path.decode("ascii")
-    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, parsed.netloc, target)
+    if not target.startswith("/") or _TARGET_REFUSED.search(target):
+        raise http.client.InvalidURL(f"the URL's path can not be sent as it is: {target!r}")
+    # accept-encoding: identity, as http.client sent it: an answer's body is never decoded.
+    common = {"host": parsed.netloc.decode("ascii"), "accept": "*/*", "accept-encoding": "identity",
+              "content-type": "application/json", "user-agent": USER_AGENT}  # fmt: skip
+    head = f"POST {target} HTTP/1.1\r\n".encode("ascii") + _header_lines(common)
+    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, head)
+
+
+def _header_lines(headers: Mapping[str, str]) -> bytes:
+    """`headers` as lines of a request's head; ValueError for a name or value that could not be
+    sent as it is (a value holding a line break would add a header of its own)."""
+    for name, value in headers.items():
+        if not (_NAME.fullmatch(name) and _VALUE.fullmatch(value)):
+            raise ValueError(f"the webhook header {name!r} can not be sent as it is")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("ascii")
+
+
+def _request(parsed: _Url, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The whole request: the URL's head, this attempt's headers and the body's length, the body."""
+    own = _header_lines({**headers, "content-length": str(len(body))})
+    return b"".join((parsed.head, own, b"\r\n", body))
 
 
 def _post_pinned(
@@ -131,25 +163,18 @@ def _post_pinned(
 ) -> int:
     """POST to each checked address in turn until one accepts the connection; its status."""
     parsed = _parse(url)
-    request_headers = {
-        **headers,
-        "host": parsed.netloc.decode("ascii"),
-        "accept": "*/*",
-        "content-type": "application/json",
-        "content-length": str(len(body)),
-        "user-agent": USER_AGENT,
-    }
+    request = _request(parsed, headers, body)
     failure: ConnectError | None = None
     for address in addresses:
         route = Route(parsed.scheme, parsed.host, parsed.port, address.split("%", 1)[0])
         try:
-            return _send(route, parsed.target, body, request_headers, timeout_s)
+            return _send(route, request, timeout_s)
         except ConnectError as exc:
             failure = exc
     raise failure or ConnectError("no address to connect to")
 
 
-def _send(route: Route, target: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+def _send(route: Route, request: bytes, timeout_s: float) -> int:
     """The status of one POST on a kept connection to `route`, or on a new one. A kept one the
     receiver closed as the request went out (it failed before any answer's status line) gets the
     request once more on a new connection, as a receiver that had closed it earlier would have."""
@@ -157,25 +182,20 @@ def _send(route: Route, target: str, body: bytes, headers: dict[str, str], timeo
     connection = _POOL.take(route, tls)
     answered = connection.answered
     try:
-        return _exchange(connection, target, body, headers, timeout_s)
+        return _exchange(connection, request, timeout_s)
     except CLOSED_UNDER_US:
         if not connection.reused or connection.answered != answered:
             raise
-    return _exchange(Connection(route, tls), target, body, headers, timeout_s)
+    return _exchange(Connection(route, tls), request, timeout_s)
 
 
-def _exchange(
-    connection: Connection, target: str, body: bytes, headers: dict[str, str], timeout_s: float
-) -> int:
+def _exchange(connection: Connection, request: bytes, timeout_s: float) -> int:
     """Send the request on `connection` (head and body in one write), read at most the cap of its
     answer, and give the connection back (kept only when the answer was read to its end and the
     receiver did not ask to close)."""
     connection.set_timeout(timeout_s)
     try:
-        connection.http.request("POST", target, body=body, headers=headers)
-        connection.answer_within(timeout_s)
-        response = connection.http.getresponse()
-        connection.answered += 1
+        response = connection.exchange(request, timeout_s)
         try:
             ended = _read_capped(response)
         finally:

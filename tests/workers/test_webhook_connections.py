@@ -43,8 +43,8 @@ def test_idle_connections_are_bounded_in_number_and_age(servers: list[CountingSe
 
 def _post(connection: Connection) -> http.client.HTTPResponse:
     connection.set_timeout(5)
-    connection.http.request("POST", "/", body=b"{}", headers={"host": connection.route.host})
-    return connection.http.getresponse()
+    head = f"POST / HTTP/1.1\r\nhost: {connection.route.host}\r\ncontent-length: 2\r\n\r\n"
+    return connection.exchange(head.encode() + b"{}", 5)
 
 
 def _use(pool: Pool, connection: Connection) -> None:

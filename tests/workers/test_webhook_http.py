@@ -6,6 +6,7 @@ goes to the checked address. (The SSRF guard's address classes: tests/shared/tes
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
+import httpx
 import pytest
 import trustme
 
@@ -67,6 +69,72 @@ def test_the_body_and_headers_arrive_with_the_original_host(receiver: str) -> No
     assert headers["host"] == receiver.removeprefix("http://")
     assert headers["webhook-id"] == "msg_1" and headers["user-agent"] == USER_AGENT
     assert headers["content-type"] == "application/json"
+
+
+class _Captured:
+    """A socket that keeps what http.client sends through it."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+
+
+def _as_received(raw: bytes) -> tuple[str, list[tuple[str, str]], bytes]:
+    """A request as a receiver reads it: its request line, its headers (names in any case and
+    order), its body."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    line, *lines = head.decode("latin-1").split("\r\n")
+    fields = [(name.lower(), value) for name, _, value in (item.partition(": ") for item in lines)]
+    return line, sorted(fields), body
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://receiver.example/hook",
+        "http://receiver.example:8080/a/b?x=1&y=%20z",
+        "https://receiver.example/",
+        "https://receiver.example:8443",
+        "http://[::1]:9000/hook",
+        "http://bücher.example/pfad/ä?q=é",
+    ],
+)
+def test_a_request_is_the_one_http_client_sends(url: str) -> None:
+    """The head built once per URL, and each attempt's own headers, are what http.client's
+    request() sent for the same attempt: the same request line, headers and body."""
+    body, headers = b'{"a":1}', {"webhook-id": "msg_1", "webhook-timestamp": "1765000000"}
+    parsed = webhook_http._parse(url)
+    ours = webhook_http._request(parsed, headers, body)
+    stock = http.client.HTTPConnection(parsed.host, parsed.port)
+    captured = _Captured()
+    stock.sock = captured
+    host = httpx.URL(url).netloc.decode("ascii")
+    stock.request("POST", httpx.URL(url).raw_path.decode("ascii"), body=body, headers={
+        **headers, "host": host, "accept": "*/*", "content-type": "application/json",
+        "content-length": str(len(body)), "user-agent": USER_AGENT,
+    })  # fmt: skip
+    assert _as_received(ours) == _as_received(captured.sent)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"webhook-id": "msg_1\r\nx-injected: 1"},
+        {"webhook-id": "msg_1\nx-injected: 1"},
+        {"webhook-id": "msg_1\x00"},
+        {"webhook-id": "mßg"},
+        {"webhook id": "msg_1"},
+        {"": "msg_1"},
+    ],
+)
+def test_a_header_that_could_add_a_line_is_refused_and_nothing_is_sent(
+    receiver: str, headers: dict[str, str]
+) -> None:
+    with pytest.raises(ValueError, match="can not be sent"):
+        post(receiver + "/hook", b"{}", headers, OPEN, timeout_s=5)
+    assert Receiver.seen == []
 
 
 def test_statuses_are_reported_and_redirects_not_followed(receiver: str) -> None:
