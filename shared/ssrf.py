@@ -15,6 +15,7 @@ delivery then connects to the address that was checked.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 from dataclasses import dataclass
@@ -71,6 +72,14 @@ def blocked_reason(address: IPAddress) -> str | None:
     return _class_of(address)
 
 
+@functools.lru_cache(maxsize=4096)
+def _blocked_reason_of(text: str) -> str | None:
+    """blocked_reason of an address as resolved (its text), remembered: an address's classes never
+    change, and judging one costs 10-26 us (every class scans its table of networks), paid for each
+    address of each webhook submit and delivery attempt, which resolve the same few addresses."""
+    return blocked_reason(ipaddress.ip_address(text))
+
+
 def _class_of(address: IPAddress) -> str | None:
     checks = [
         ("loopback", address.is_loopback),
@@ -111,7 +120,7 @@ def check_addresses(host: str, addresses: list[str], policy: TargetPolicy) -> li
     if policy.allow_private:
         return addresses
     for text in addresses:
-        reason = blocked_reason(ipaddress.ip_address(text.split("%", 1)[0]))
+        reason = _blocked_reason_of(text.split("%", 1)[0])
         if reason is not None:
             raise InvalidRequest(
                 f"webhook host {host!r} resolves to a {reason} address ({text})", param="webhook"

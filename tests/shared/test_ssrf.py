@@ -68,8 +68,15 @@ async def test_submit_accepts_public_targets(api: httpx.AsyncClient, url: str) -
 
 @pytest.mark.parametrize(("url", "reason"), BLOCKED)
 def test_delivery_check_refuses_forbidden_targets(settings: Settings, url: str, reason: str) -> None:
-    with pytest.raises(webhook_http.Refused, match=re.escape(reason)):
-        webhook_http.checked_addresses(url, settings.webhook_policy)
+    for _ in range(2):  # and again, when the address's verdict is remembered
+        with pytest.raises(webhook_http.Refused, match=re.escape(reason)):
+            webhook_http.checked_addresses(url, settings.webhook_policy)
+
+
+@pytest.mark.parametrize("url", ALLOWED)
+def test_delivery_check_allows_public_targets_every_time(settings: Settings, url: str) -> None:
+    for _ in range(2):
+        assert webhook_http.checked_addresses(url, settings.webhook_policy)
 
 
 def test_delivery_refusal_is_final_and_sends_nothing(settings: Settings) -> None:
