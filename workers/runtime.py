@@ -24,7 +24,6 @@ from functools import partial
 from typing import TypeVar
 
 import orjson
-import redis
 import redis.exceptions
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -43,6 +42,7 @@ from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
 from workers.records import Ending, generation_request, success_fields
+from workers.redis_threads import ThreadConnections
 from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
@@ -64,7 +64,7 @@ class WorkerRuntime:
         #: Jobs this worker runs at once (its Celery concurrency), published with its heartbeat.
         self.slots = settings.concurrency
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.redis = redis.Redis.from_url(
+        self.redis = ThreadConnections.from_url(
             settings.require_redis_url(),
             decode_responses=True,
             socket_connect_timeout=2.0,
