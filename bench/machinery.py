@@ -21,7 +21,8 @@ keep-alive connection each, bench/loadgen.py) submits a job with a unique prompt
 receiver, with a `genq worker --queues=webhooks` beside the model worker: whether every job's
 `job.completed` arrived (once), deliveries per second from the first submission to the last
 delivery, and per delivered job (its submission, run and delivery) each process's CPU (the
-webhook worker's beside the others') and the Redis commands.
+webhook worker's beside the others') and the Redis commands. `--webhook-threads T` gives the webhook
+worker T task threads (default: its own default, GENQ_WORKER_CONCURRENCY else max_batch_size).
 
 Per concurrency: jobs/s, latency p50/p90/p99/max (from the POST to the terminal answer), the CPU
 each process spent per job, the Redis commands per job (INFO commandstats before and after:
@@ -375,7 +376,8 @@ def with_switches(pid: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]
 
 
 def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: ExitStack,
-            scratch: Path, webhooks: int = 0, script_times: bool = False) -> dict[str, Any]:  # fmt: skip
+            scratch: Path, webhooks: int = 0, script_times: bool = False,
+            webhook_threads: int | None = None) -> dict[str, Any]:  # fmt: skip
     redis_server = start_redis(stack, scratch / "redis")
     assert redis_server.process is not None
     settings = {**BENCH_SETTINGS, "REDIS_URL": redis_server.url, "DATA_DIR": str(scratch / "genq"),
@@ -416,13 +418,17 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
     shown = {name: value for name, value in settings.items() if name not in ("REDIS_URL", "DATA_DIR")}
     report: dict[str, Any] = {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
     if webhooks:
-        hooks_worker = start_worker(stack, "webhooks", settings, scratch, args=["--queues=webhooks"])
+        threads = [f"--concurrency={webhook_threads}"] if webhook_threads else []
+        hooks_worker = start_worker(
+            stack, "webhooks", settings, scratch, args=["--queues=webhooks", *threads]
+        )
         # Per delivered job: its submission, its run and its delivery, each process's share.
         pids = {**genq_pids, "webhook_worker": hooks_worker.process.pid}
         hooks_run = partial(cpu_per_item, pids, partial(run_webhooks, port, webhooks), "delivered_jobs")
         if script_times:
             hooks_run = partial(with_script_times, client, hooks_run, "delivered_jobs")
         report["webhooks"] = hooks = with_commands(client, hooks_run, "delivered_jobs")
+        hooks["webhook_threads"] = webhook_threads or "default"
         print(f"  webhooks: {hooks['delivered_jobs']}/{hooks['accepted']} delivered, "
               f"{hooks['deliveries_per_s']} deliveries/s, CPU ms per delivered job "
               f"{hooks['cpu_ms_per_item']}, {hooks['redis_commands_per_item']} Redis commands",
@@ -505,6 +511,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="poll", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--concurrency", default=None, help="comma-separated C values (default: all)")
     parser.add_argument("--webhooks", type=int, default=0, help="also N jobs with a completed webhook each")
+    parser.add_argument("--webhook-threads", type=int, default=None,
+                        help="the webhook worker's task threads (default: its own, GENQ_WORKER_CONCURRENCY "
+                             "else max_batch_size)")  # fmt: skip
     parser.add_argument("--script-times", action="store_true",
                         help="also each Lua script's Redis time per call (bench/redis_time.py)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=None,
@@ -524,9 +533,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"quick": args.quick, "machine": machine(), "model": MODEL, "modes": modes,
                               "max_tokens": args.max_tokens, "sizes": sizes.__dict__}  # fmt: skip
     with bench_stack("machinery") as (stack, scratch):
-        report.update(
-            measure(sizes, modes, args.max_tokens, stack, scratch, args.webhooks, args.script_times)
-        )
+        options = (args.webhooks, args.script_times, args.webhook_threads)
+        report.update(measure(sizes, modes, args.max_tokens, stack, scratch, *options))
     print_tables(report)
     write_report(args.out, "machinery", report, plot)
     return report

@@ -74,7 +74,7 @@ def test_end_to_end_quick(tmp_path: Path) -> None:
 
 
 def test_machinery_quick(tmp_path: Path) -> None:
-    flags = ["--modes", "poll,prefer,sse", "--webhooks", "20", "--script-times"]
+    flags = ["--modes", "poll,prefer,sse", "--webhooks", "20", "--webhook-threads", "3", "--script-times"]
     report = run_quick("machinery", tmp_path, *flags)
     assert report["modes"] == ["poll", "prefer", "sse"]
     assert [run["concurrency"] for run in report["runs"]] == [1, 4]
@@ -110,7 +110,7 @@ def test_machinery_quick(tmp_path: Path) -> None:
     assert {"webhook_take", "webhook_claim"} & set(hooks["redis_scripts"])
     assert hooks["accepted"] == hooks["delivered_jobs"] == 20 and hooks["all_delivered"]
     assert hooks["redundant_deliveries"] == 0 and hooks["deliveries_per_s"] > 0
-    assert hooks["bench_cpu_ms_per_job"] > 0
+    assert hooks["bench_cpu_ms_per_job"] > 0 and hooks["webhook_threads"] == 3
     assert set(report["targets"]["poll"]) == {
         "rate_at_least_celery_from_c16",
         "rate_never_falls",
