@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +15,7 @@ import pytest
 from tests.kube import core_api, kube
 from workers import webhook_http
 
-__all__ = ["core_api", "kube", "servers"]
+__all__ = ["QuietServer", "core_api", "kube", "servers"]
 
 
 class KeptAliveReceiver(BaseHTTPRequestHandler):
@@ -35,7 +36,18 @@ class KeptAliveReceiver(BaseHTTPRequestHandler):
         return None
 
 
-class CountingServer(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that takes a client dropping its connection in silence: tests drop
+    them on purpose (a refused certificate, a connection the pool closes), and socketserver would
+    print each one's traceback to the terminal."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+class CountingServer(QuietServer):
     """Counts the TCP connections it accepts."""
 
     daemon_threads = True

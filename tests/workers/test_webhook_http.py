@@ -21,7 +21,7 @@ import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
-from tests.workers.conftest import CountingServer, KeptAliveReceiver, serve
+from tests.workers.conftest import CountingServer, KeptAliveReceiver, QuietServer, serve
 from workers import webhook_http
 from workers.webhook_http import USER_AGENT, post
 
@@ -52,7 +52,7 @@ class Receiver(BaseHTTPRequestHandler):
 @pytest.fixture
 def receiver() -> Iterator[str]:
     Receiver.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server = QuietServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://localhost:{server.server_address[1]}"
     server.shutdown()
@@ -239,7 +239,7 @@ def _https_receiver(
 ) -> tuple[ThreadingHTTPServer, int]:
     """A receiver on 127.0.0.1 whose certificate `ca` issued for `name`."""
     Receiver.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = QuietServer(("127.0.0.1", 0), handler)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert(name).configure_cert(tls)
     server.socket = tls.wrap_socket(server.socket, server_side=True)

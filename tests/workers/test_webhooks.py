@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ from shared import keys
 from shared.config import Settings
 from shared.signing import headers, parse_secrets
 from tests.conftest import WorkerProcess, api_client, suite_settings
+from tests.workers.conftest import QuietServer
 from workers.deliveries import Delivery
 from workers.webhooks import OutputWebhooks, wants_output
 
@@ -86,7 +87,7 @@ class Receiver:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = QuietServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.server.block_on_close = False
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
