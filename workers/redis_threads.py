@@ -4,7 +4,8 @@ A worker's task threads, its engine loop, its publisher and its reaper share one
 redis-py checks a connection out of the pool for every command and back after it: its lock, a
 `poll()` for stray bytes on the socket, and its bookkeeping cost ~20 us of CPU per command (58-61
 against 37-38 us for a script call on a held connection, measured in a loop on this project's
-2-core VM), several commands per job in a process whose CPU per job is ~0.6-1.3 ms. Here each
+2-core VM), paid by each job's single commands (its claim or take, lease renewals, waits on the
+queue) and each webhook attempt's take, in processes whose CPU per job is ~0.5-1.3 ms. Here each
 thread keeps one connection of the pool for its single commands (a `single_connection_client`
 over the same pool, made at the thread's first command), so none is checked out per command.
 

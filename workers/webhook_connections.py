@@ -82,9 +82,8 @@ class _UntilDeadline(io.RawIOBase):
     none past ANSWER_CAP_BYTES: an answer's status line, headers and body are all read by then,
     however a receiver drips them (per-read timeouts alone would let a byte per timeout hold an
     attempt for hours), and a head of endless headers costs no more memory than that (http.client
-    alone allows 100 lines of 64 KiB). It reads through the socket's own unbuffered makefile, which
-    holds the socket open until closed, so an answer can still be read once http.client has closed
-    the connection of an answer that ends it."""
+    alone allows 100 lines of 64 KiB). It reads through the socket's own unbuffered makefile (what
+    http.client's answer reads from)."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         super().__init__()
