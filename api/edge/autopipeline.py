@@ -67,6 +67,8 @@ class Commands(Protocol):
 
     async def execute(self, *args: Any) -> Any: ...
 
+    async def execute_in_order(self, *commands: Sequence[Any]) -> list[Any]: ...
+
     async def run_script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any: ...
 
     async def aclose(self) -> None: ...
@@ -80,6 +82,11 @@ class DirectCommands:
 
     async def execute(self, *args: Any) -> Any:
         return await self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    async def execute_in_order(self, *commands: Sequence[Any]) -> list[Any]:
+        """One after another, each sent once the one before it was answered (a pool may hand each
+        command another connection); the first error is raised and the rest are not sent."""
+        return [await self.execute(*command) for command in commands]
 
     async def run_script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         return await script(keys=keys, args=args)
@@ -127,13 +134,30 @@ class AutoPipeline:
     async def execute(self, *args: Any) -> Any:
         """Run one command (its name, then its arguments) and return its parsed reply, as
         `client.execute_command(*args)` would."""
+        return await self._queued(args, asyncio.get_running_loop())
+
+    async def execute_in_order(self, *commands: Sequence[Any]) -> list[Any]:
+        """Several commands, sent in this order in the same turn on the one connection, so Redis
+        runs each after the one before it (not atomically: another client's command may run in
+        between): a read placed after another sees what that one saw, or newer. One round trip
+        for all. Their replies, in order, once all came; the first error among them is raised."""
         loop = asyncio.get_running_loop()
+        replies = await asyncio.gather(
+            *(self._queued(tuple(c), loop) for c in commands), return_exceptions=True
+        )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies
+
+    def _queued(self, args: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """A future for the reply to `args`, which goes out at the end of this turn."""
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((args, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     async def run_script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """EVALSHA of a registered script, loading it first if the server does not know it yet

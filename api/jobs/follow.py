@@ -2,12 +2,14 @@
 (the /v1/jobs/{id}/stream SSE endpoint, OpenAI-style streaming).
 
 The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record turns
-terminal. So: read what is there (late join), then sleep until the process's stream hub
-(api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new entries came, or the
-events hub says the job ended: new entries are read with one short XRANGE, and the job's end (or
-RECHECK_S without news) is read from the record, first when both woke it (a job's last deltas and
-its end come in one round trip of its worker). Once the record is terminal, one more read drains
-everything left, and `Done` follows. No follower ever holds a Redis connection while it waits. A job
+terminal. So: read the record and what the stream holds (a late join), then sleep until the
+process's stream hub (api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new
+entries came, or the events hub says the job ended: new entries are read with one short XRANGE;
+the job's end (or RECHECK_S without news) is read from the record and, in the same round trip, the
+stream after it (JobQueue.get_with_entries: the XRANGE runs after the HGETALL, so once the record
+is terminal it holds every entry left), first when both woke it (a job's last deltas and its end
+come in one round trip of its worker). A short job's stream costs two round trips, `Done` after
+the second. No follower ever holds a Redis connection while it waits. A job
 that ended with text its stream lacks gets that text as one last `Output` with id FINAL_ID: the
 text generated after the engine's last (throttled) update of a job is in its record only, and so is
 all of a cached job's, or what a worker could not publish.
@@ -27,7 +29,7 @@ import redis.exceptions
 
 from api.jobs.events import set_within
 from api.jobs.queue import JobQueue
-from api.jobs.streams import READ_COUNT, START_ID, OutputEntry, entry_order
+from api.jobs.streams import READ_COUNT, START_ID, OutputEntry
 from shared.errors import NotFound
 from shared.logging import fields
 from shared.schemas import JobStatus, JobView
@@ -84,7 +86,8 @@ class Watched:
     """A job read after its follower's wake-ups were registered: where a stream starts. Reading
     after registering is what makes the first read enough (a job that ends during it still wakes
     the follower), so a route that must answer 404 before its stream starts (api/routes/stream.py)
-    opens this and hands it to follow() instead of reading the record a second time.
+    opens this and hands it to follow() instead of reading the record a second time. The first
+    page of the job's stream after `entries_after` is read with the record, in the same round trip.
 
     close() unregisters the wake-ups; it may run more than once (the stream's end, and a response
     whose body never started)."""
@@ -92,32 +95,37 @@ class Watched:
     def __init__(
         self,
         owner: str,
-        job: JobView,
+        read: tuple[JobView, list[OutputEntry]],
+        entries_after: str,
         woken: asyncio.Event,
-        moved: Relay,
-        ended: Relay,
+        relays: tuple[Relay, Relay],
         registered: contextlib.ExitStack,
     ) -> None:
-        self.owner, self.job = owner, job
+        self.owner = owner
+        self.job, self.entries = read
+        self.entries_after = entries_after
         #: Set by either hub; `moved` (new stream entries) and `ended` (the record may be
         #: terminal) say which.
-        self.woken, self.moved, self.ended = woken, moved, ended
+        self.woken = woken
+        self.moved, self.ended = relays
         self.registered = registered
 
     def close(self) -> None:
         self.registered.close()
 
 
-async def watched(queue: JobQueue, job_id: str, owner: str) -> Watched:
-    """Registers a follower's wake-ups with both hubs, then reads the job: NotFound (unknown, or
-    someone else's) leaves nothing registered."""
+async def watched(queue: JobQueue, job_id: str, owner: str, after_id: str = START_ID) -> Watched:
+    """Registers a follower's wake-ups with both hubs, then reads the job and the entries after
+    `after_id` (all of them for FINAL_ID: it is no entry): NotFound (unknown, or someone else's)
+    leaves nothing registered."""
     woken = asyncio.Event()
     moved, ended = Relay(woken), Relay(woken)
+    entries_after = START_ID if after_id == FINAL_ID else after_id
     with contextlib.ExitStack() as registering:
         registering.enter_context(queue.watch(job_id, ended))
         registering.enter_context(queue.follow_stream(job_id, moved))
-        job = await queue.get(job_id, owner)
-        return Watched(owner, job, woken, moved, ended, registering.pop_all())
+        read = await queue.get_with_entries(job_id, owner, entries_after)
+        return Watched(owner, read, entries_after, woken, (moved, ended), registering.pop_all())
 
 
 async def follow(
@@ -127,7 +135,7 @@ async def follow(
     `watching` when the caller opened it (and then this closes it), else from a fresh one."""
     try:
         if watching is None:
-            watching = await watched(queue, job_id, owner)
+            watching = await watched(queue, job_id, owner, after_id)
         with contextlib.closing(watching):
             async for event in _follow(queue, watching, after_id):
                 yield event
@@ -140,33 +148,42 @@ async def follow(
 
 async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIterator[StreamEvent]:
     loop = asyncio.get_running_loop()
-    job, cursor = watching.job, after_id
+    job = watching.job
+    if after_id == FINAL_ID and job["status"].is_terminal():
+        yield Done(job)  # all of it was sent: FINAL_ID is the last output event
+        return
+    # FINAL_ID of a job not over is not one of ours: from the start.
+    sent = _Sent(START_ID if after_id == FINAL_ID else after_id)
     job_id, owner = job["id"], watching.owner
     woken, moved, ended = watching.woken, watching.moved, watching.ended
-    if cursor == FINAL_ID and not job["status"].is_terminal():
-        cursor = START_ID  # FINAL_ID is only handed out once a job ended: not one of ours
+    entries = watching.entries
+    if watching.entries_after != sent.cursor:  # opened for another cursor: read again
+        entries = []
+        moved.set()
     next_check = loop.time() + _recheck_s()
     quiet_since = loop.time()
-    moved.set()  # what the stream holds already (a late join)
-    while not job["status"].is_terminal():
+    while True:
+        for entry in entries:
+            quiet_since = loop.time()
+            yield sent.output(entry)
+        full, entries = len(entries) >= READ_COUNT, []
+        if job["status"].is_terminal():
+            break
+        if full:
+            moved.set()  # there may be more
         if loop.time() >= next_check:  # no news for a while: read both, lest a message was lost
             moved.set()
             ended.set()
             next_check = loop.time() + _recheck_s()
-        if ended.is_set():  # first: the stream of a job that ended is read once, by _finish
+        if ended.is_set():
             ended.clear()
-            job = await queue.get(job_id, owner)
-            if job["status"].is_terminal():
-                break
+            moved.clear()  # the read reads the stream too (an entry added during it sets it again)
+            job, entries = await queue.get_with_entries(job_id, owner, sent.cursor)
+            continue
         if moved.is_set():
             moved.clear()  # before the read: an entry added during it sets it again
-            entries = await queue.stream_entries(job_id, cursor)
-            for entry in entries:
-                cursor = entry.id
-                quiet_since = loop.time()
-                yield _output(entry)
-            if len(entries) >= READ_COUNT:
-                moved.set()  # a full page: there may be more
+            entries = await queue.stream_entries(job_id, sent.cursor)
+            continue
         # Idle: no Redis command until a hub wakes it or the recheck is due; pings meanwhile.
         woken.clear()
         while not (moved.is_set() or ended.is_set() or loop.time() >= next_check):
@@ -175,8 +192,24 @@ async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIte
             if loop.time() - quiet_since >= HEARTBEAT_S:
                 quiet_since = loop.time()
                 yield Ping()
-    async for event in _finish(queue, job, cursor):
+    async for event in _finish(queue, job, sent, full):
         yield event
+
+
+class _Sent:
+    """What a follower sent: the last entry's id, and the text of the job's first completion
+    when it sent the stream from its start (None after a resume: an earlier connection got what
+    came before)."""
+
+    def __init__(self, cursor: str) -> None:
+        self.cursor = cursor
+        self.text: list[str] | None = [] if cursor == START_ID else None
+
+    def output(self, entry: OutputEntry) -> Output:
+        self.cursor = entry.id
+        if self.text is not None and entry.index == 0:
+            self.text.append(entry.delta)
+        return Output(entry.id, entry.delta, entry.tokens, entry.index, entry.logprobs)
 
 
 class Relay(asyncio.Event):
@@ -198,32 +231,29 @@ def _recheck_s() -> float:
     return RECHECK_S * random.uniform(0.5, 1.0)
 
 
-async def _finish(queue: JobQueue, job: JobView, cursor: str) -> AsyncIterator[StreamEvent]:
-    """After the record turned terminal: the entries left after `cursor`, any text the stream
-    lacks, then Done."""
-    if cursor != FINAL_ID:
+async def _finish(queue: JobQueue, job: JobView, sent: _Sent, more: bool) -> AsyncIterator[StreamEvent]:
+    """After the record turned terminal and the entries read with it were sent: the rest of the
+    stream when that page was full, any text the stream lacks, then Done."""
+    if more:
+        for entry in await queue.stream_entries(job["id"], sent.cursor):
+            yield sent.output(entry)
+    if sent.text is not None:
+        streamed = "".join(sent.text)
+    else:  # resumed: what the stream carried before the cursor is read back
         entries = await queue.stream_entries(job["id"], START_ID)
-        after = entry_order(cursor)
-        for entry in entries:
-            if entry_order(entry.id) > after:
-                yield _output(entry)
-        missing = _missing_text(job, entries)
-        if missing:
-            yield Output(FINAL_ID, missing, _completion_tokens(job))
+        streamed = "".join(entry.delta for entry in entries if entry.index == 0)
+    missing = _missing_text(job, streamed)
+    if missing:
+        yield Output(FINAL_ID, missing, _completion_tokens(job))
     yield Done(job)
 
 
-def _output(entry: OutputEntry) -> Output:
-    return Output(entry.id, entry.delta, entry.tokens, entry.index, entry.logprobs)
-
-
-def _missing_text(job: JobView, entries: list[OutputEntry]) -> str:
+def _missing_text(job: JobView, streamed: str) -> str:
     """The end of a succeeded job's text (its first completion's) that its stream never carried
-    ('' when none, or when the stream is no prefix of it: then the `Done` job's output is the
-    authority)."""
+    ('' when none, or when the stream's text is no prefix of it: then the `Done` job's output
+    is the authority)."""
     output = job.get("output") or {}
     text = str(output.get("text") or "")
-    streamed = "".join(entry.delta for entry in entries if entry.index == 0)
     if job["status"] is not JobStatus.SUCCEEDED or not text.startswith(streamed):
         return ""
     return text[len(streamed) :]

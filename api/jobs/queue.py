@@ -22,7 +22,7 @@ from api.jobs.events import JobEvents, set_within
 from api.jobs.queue_stats import QueueStatsReader
 from api.jobs.store import JobStore, NewJob
 from api.jobs.stream_hub import StreamHub
-from api.jobs.streams import OutputEntry, OutputStreams
+from api.jobs.streams import OutputEntry, OutputStreams, page_command, page_of
 from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
@@ -260,6 +260,17 @@ class JobQueue:
             if is_terminal(record) or remaining <= 0:
                 return public_job(record)
             await _changed_or_recheck(changed, remaining)
+
+    async def get_with_entries(
+        self, job_id: str, owner: str, after_id: str
+    ) -> tuple[JobView, list[OutputEntry]]:
+        """The job, and up to READ_COUNT of its stream's entries after `after_id`, read right after
+        the record in the same round trip. Once the record is terminal that read holds every
+        entry the job will have (its worker writes the last ones before the record turns
+        terminal), unless the page is full."""
+        _require_job_id(job_id)
+        record, rows = await self._store.get_then(job_id, owner, page_command(job_id, after_id))
+        return _found(job_id, record), page_of(rows)
 
     async def stream_entries(self, job_id: str, after_id: str) -> list[OutputEntry]:
         """The job's output deltas after entry `after_id`, without waiting. Callers check the owner

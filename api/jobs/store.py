@@ -5,7 +5,7 @@ The record codec both tiers share is shared/store.py; the worker's side is worke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, cast
@@ -191,10 +191,15 @@ class JobStore:
         return Submitted(existing_id, created=False, request_digest=existing_digest)
 
     async def get(self, job_id: str, owner: str) -> dict[str, str] | None:
-        record = cast(dict[str, str], await self._commands.execute("HGETALL", keys.job(job_id)))
-        if not record or record.get("owner") != owner:
-            return None
-        return record
+        return _owned(await self._commands.execute("HGETALL", keys.job(job_id)), owner)
+
+    async def get_then(
+        self, job_id: str, owner: str, then: Sequence[Any]
+    ) -> tuple[dict[str, str] | None, Any]:
+        """get(), and the reply to `then`, a command Redis runs right after reading the record
+        (api/edge/autopipeline.py execute_in_order): one round trip for both."""
+        record, reply = await self._commands.execute_in_order(("HGETALL", keys.job(job_id)), then)
+        return _owned(record, owner), reply
 
     async def webhook_log(self, job_id: str, newest: int) -> list[dict[str, Any]]:
         rows = await self._redis.lrange(keys.webhook_log(job_id), -newest, -1)
@@ -233,3 +238,10 @@ def _over_bound(bound: str, limit: int) -> QuotaExceeded:
         f"this API key holds {what[bound]} ({setting[bound]}); wait for some to finish or expire",
         param=bound,
     )
+
+
+def _owned(record: Any, owner: str) -> dict[str, str] | None:
+    """An HGETALL reply as the owner's job record; None when there is none, or it is not theirs."""
+    if not record or record.get("owner") != owner:
+        return None
+    return cast(dict[str, str], record)

@@ -46,12 +46,6 @@ def is_entry_id(text: str) -> bool:
     return _ENTRY_ID.match(text) is not None
 
 
-def entry_order(entry_id: str) -> tuple[int, int]:
-    """A sort key for entry ids (they compare as number pairs, not as strings)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq)
-
-
 class OutputStreams:
     """The API's reader of job output streams (asyncio). Reads go through the API's AutoPipeline:
     thousands of followers woken together (a hub reconnect wakes them all) share its one
@@ -62,9 +56,7 @@ class OutputStreams:
 
     async def read(self, job_id: str, after_id: str) -> list[OutputEntry]:
         """Up to READ_COUNT entries after `after_id`, oldest first."""
-        stream = keys.job_stream(job_id)
-        rows = await self._commands.execute("XRANGE", stream, f"({after_id}", "+", "COUNT", READ_COUNT)
-        return _entries(list(rows or []))
+        return page_of(await self._commands.execute(*page_command(job_id, after_id)))
 
     async def read_all(self, job_id: str, after_id: str = START_ID) -> list[OutputEntry]:
         """Every entry after `after_id` (paged), without waiting."""
@@ -77,8 +69,14 @@ class OutputStreams:
         return found
 
 
-def _entries(rows: list[Any]) -> list[OutputEntry]:
-    return [_entry(str(entry_id), fields) for entry_id, fields in rows]
+def page_command(job_id: str, after_id: str) -> tuple[Any, ...]:
+    """The command that reads up to READ_COUNT entries after `after_id` (page_of reads its reply)."""
+    return ("XRANGE", keys.job_stream(job_id), f"({after_id}", "+", "COUNT", READ_COUNT)
+
+
+def page_of(rows: Any) -> list[OutputEntry]:
+    """The entries of page_command's reply, oldest first."""
+    return [_entry(str(entry_id), fields) for entry_id, fields in rows or []]
 
 
 def _entry(entry_id: str, fields: dict[str, Any]) -> OutputEntry:

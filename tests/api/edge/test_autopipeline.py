@@ -83,6 +83,35 @@ async def test_a_bad_argument_fails_only_its_own_command(aclient: aioredis.Redis
     assert await aclient.exists("b") == 0
 
 
+@pytest.mark.parametrize("kind", ["auto", "direct"])
+async def test_commands_in_order_run_one_after_another(aclient: aioredis.Redis, kind: str) -> None:
+    """execute_in_order: each command runs after the one before it, and the replies come back in
+    order, with redis-py's callbacks applied; AutoPipeline sends them all in one round trip."""
+    commands = AutoPipeline(aclient) if kind == "auto" else DirectCommands(aclient)
+    await aclient.hset("h", mapping={"n": "0"})
+    trips_before, sent_before = batches()
+    replies = await commands.execute_in_order(
+        ("HINCRBY", "h", "n", 1), ("HGETALL", "h"), ("HINCRBY", "h", "n", 1), ("HGETALL", "h")
+    )
+    assert replies == [1, {"n": "1"}, 2, {"n": "2"}]
+    trips, sent = batches()
+    assert (trips - trips_before, sent - sent_before) == ((1, 4) if kind == "auto" else (0, 0))
+
+
+async def test_commands_in_order_raise_the_first_error_once_all_answered(aclient: aioredis.Redis) -> None:
+    """An error reply fails the whole call with that error (redis-py's), but the commands after
+    it still ran: they were sent in the same write."""
+    commands = AutoPipeline(aclient)
+    await aclient.set("text", "not a hash")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await commands.execute_in_order(("HGETALL", "text"), ("SET", "after", "1"))
+    assert await aclient.get("after") == "1"
+    direct = DirectCommands(aclient)
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await direct.execute_in_order(("HGETALL", "text"), ("SET", "not-sent", "1"))
+    assert await aclient.exists("not-sent") == 0  # one after another: nothing after an error
+
+
 async def test_concurrent_commands_share_one_connection(aclient: aioredis.Redis) -> None:
     commands = AutoPipeline(aclient)
     ids = await asyncio.gather(*(commands.execute("CLIENT", "ID") for _ in range(100)))

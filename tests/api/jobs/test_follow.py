@@ -8,8 +8,11 @@ import time
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from api.edge.concurrency import Slot
+from api.jobs import follow as follow_module
+from api.jobs import streams
 from api.jobs.follow import FINAL_ID, Done, Failure, Output, StreamEvent, follow, watched
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID
@@ -111,6 +114,11 @@ def calls(client: redis.Redis, command: str) -> int:
     return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
+def round_trips() -> float:
+    """Round trips the API's AutoPipeline made so far (the app's queue reads through it)."""
+    return REGISTRY.get_sample_value("genq_api_redis_batch_commands_count") or 0.0
+
+
 async def test_a_wake_for_new_entries_costs_one_read_of_the_stream_and_none_of_the_record(
     queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
 ) -> None:
@@ -141,8 +149,9 @@ async def test_a_follower_woken_by_a_last_entry_and_the_end_together_reads_the_s
     queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
 ) -> None:
     """A job's last deltas and its end come together (the worker writes them in one round trip):
-    the record is read first, and the stream of a job that ended is read once, after it (it used
-    to be read for the entry, then again for the end)."""
+    the record and the stream after it are read once, in one round trip (the stream used to be
+    read for the entry, then again for the end; then after the record, in a round trip of its
+    own)."""
     job_id = await submitted(queue)
     watching = await watched(queue, job_id, OWNER)
     events: list[StreamEvent] = []
@@ -154,14 +163,56 @@ async def test_a_follower_woken_by_a_last_entry_and_the_end_together_reads_the_s
     following = asyncio.create_task(collect())
     scripted.claim(job_id)
     await asyncio.sleep(0.3)  # the follower has read the empty stream and waits
-    reads = calls(redis_client, "xrange"), calls(redis_client, "hgetall")
+    reads = calls(redis_client, "xrange"), calls(redis_client, "hgetall"), round_trips()
     entry = scripted.publish(job_id, "last", 1)
     scripted.succeed(job_id, "last", 1)
     watching.moved.set()  # both wakes before the follower runs, whatever order the hubs see them in
     watching.ended.set()
     await asyncio.wait_for(following, 5)
-    assert events[0] == Output(entry, "last", 1) and isinstance(events[-1], Done)
-    assert (calls(redis_client, "xrange") - reads[0], calls(redis_client, "hgetall") - reads[1]) == (1, 1)
+    assert len(events) == 2 and events[0] == Output(entry, "last", 1)
+    assert isinstance(events[1], Done) and events[1].job["status"] is JobStatus.SUCCEEDED
+    read = calls(redis_client, "xrange") - reads[0], calls(redis_client, "hgetall") - reads[1]
+    assert read == (1, 1) and round_trips() - reads[2] == 1
+
+
+async def test_a_stream_opened_on_an_ended_job_is_one_round_trip(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """The record and the stream are read together when a stream opens: for a job that already
+    ended that read is the whole stream (every entry was written before the record turned
+    terminal, and the stream is read after the record). It took two round trips before."""
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    first = scripted.publish(job_id, "one", 1)
+    second = scripted.publish(job_id, " two", 2)
+    scripted.succeed(job_id, "one two", 2)
+    before = calls(redis_client, "xrange"), calls(redis_client, "hgetall"), round_trips()
+    events = await all_events(queue, job_id)
+    assert events[:2] == [Output(first, "one", 1), Output(second, " two", 2)]
+    assert len(events) == 3 and isinstance(events[2], Done)
+    read = calls(redis_client, "xrange") - before[0], calls(redis_client, "hgetall") - before[1]
+    assert read == (1, 1) and round_trips() - before[2] == 1
+
+
+async def test_a_full_page_read_with_the_end_is_followed_by_the_rest_of_the_stream(
+    queue: JobQueue, scripted: ScriptedWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read that sees the job ended holds one page of entries: when it is full, the rest is
+    read before the text the stream lacks and Done, from the start and when resumed."""
+    monkeypatch.setattr(streams, "READ_COUNT", 2)
+    monkeypatch.setattr(follow_module, "READ_COUNT", 2)
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    ids = [scripted.publish(job_id, letter, number) for number, letter in enumerate("abcde", 1)]
+    scripted.succeed(job_id, "abcdef", 6)  # "f" never reached the stream
+    events = await all_events(queue, job_id)
+    outputs = [
+        Output(entry, letter, number)
+        for number, (entry, letter) in enumerate(zip(ids, "abcde", strict=True), 1)
+    ]
+    assert events[:-1] == [*outputs, Output(FINAL_ID, "f", 6)] and isinstance(events[-1], Done)
+    resumed = await all_events(queue, job_id, ids[1])
+    assert resumed[:-1] == [*outputs[2:], Output(FINAL_ID, "f", 6)] and isinstance(resumed[-1], Done)
 
 
 async def test_entries_without_a_message_still_reach_the_follower_at_the_jobs_end(
