@@ -157,9 +157,8 @@ async def _follow(queue: JobQueue, watching: Watched, after_id: str) -> AsyncIte
     job_id, owner = job["id"], watching.owner
     woken, moved, ended = watching.woken, watching.moved, watching.ended
     entries = watching.entries
-    if watching.entries_after != sent.cursor:  # opened for another cursor: read again
-        entries = []
-        moved.set()
+    if watching.entries_after != sent.cursor:  # opened for another cursor: read after this one
+        entries = await queue.stream_entries(job_id, sent.cursor)
     next_check = loop.time() + _recheck_s()
     quiet_since = loop.time()
     while True:

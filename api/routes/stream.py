@@ -148,8 +148,8 @@ async def open_stream(
     """The stream's response (the route's work, and the hot path's: api/edge/hotpath.py)."""
     after_id = _resume_after(last_event_id)
     # Unknown or someone else's: a 404 before the stream starts. The stream starts from this read
-    # (one read of the record, not one here and another in follow()).
-    watching = await watched(queue, job_id, owner)
+    # (one read of the record and the stream, not one here and more in follow()).
+    watching = await watched(queue, job_id, owner, after_id)
     try:
         slot = queue.hold(owner, "streams")
     except BaseException:

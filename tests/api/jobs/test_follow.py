@@ -194,6 +194,30 @@ async def test_a_stream_opened_on_an_ended_job_is_one_round_trip(
     assert read == (1, 1) and round_trips() - before[2] == 1
 
 
+async def test_a_resumed_stream_of_an_ended_job_sends_what_came_after_its_last_event(
+    queue: JobQueue, scripted: ScriptedWorker, redis_client: redis.Redis
+) -> None:
+    """Last-Event-ID on a job that ended: the entries after it, the text the stream lacks, Done.
+    Through the route, the entries come with the record (one round trip) and the stream before the
+    cursor is read once more, for the text it lacks; a follower handed a read made for another
+    cursor reads after its own."""
+    job_id = await submitted(queue)
+    scripted.claim(job_id)
+    first = scripted.publish(job_id, "one", 1)
+    second = scripted.publish(job_id, " two", 2)
+    scripted.succeed(job_id, "one two three", 3)
+    expected = [Output(second, " two", 2), Output(FINAL_ID, " three", 3)]
+    before = round_trips()
+    response = await open_stream(queue, job_id, OWNER, first)
+    body = b"".join([bytes(chunk) async for chunk in response.body_iterator])  # type: ignore[arg-type]
+    assert round_trips() - before == 2
+    assert body.count(b"event: output") == 2 and f"id: {second}".encode() in body and b" three" in body
+    assert b"event: done" in body and b'"one"' not in body
+    watching = await watched(queue, job_id, OWNER)  # read from the start
+    events = [event async for event in follow(queue, job_id, OWNER, first, watching)]
+    assert events[:-1] == expected and isinstance(events[-1], Done)
+
+
 async def test_a_full_page_read_with_the_end_is_followed_by_the_rest_of_the_stream(
     queue: JobQueue, scripted: ScriptedWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
