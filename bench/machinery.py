@@ -21,7 +21,8 @@ keep-alive connection each, bench/loadgen.py) submits a job with a unique prompt
 receiver, with a `genq worker --queues=webhooks` beside the model worker: whether every job's
 `job.completed` arrived (once), deliveries per second from the first submission to the last
 delivery, and per delivered job (its submission, run and delivery) each process's CPU (the
-webhook worker's beside the others') and the Redis commands. `--webhook-threads T` gives the webhook
+webhook worker's beside the others') and the Redis commands, against bare Celery at C = 16 measured
+just before those deliveries (`rate_ratio`). `--webhook-threads T` gives the webhook
 worker T task threads (default: its own default, GENQ_WORKER_CONCURRENCY else max_batch_size).
 
 Per concurrency: jobs/s, latency p50/p90/p99/max (from the POST to the terminal answer), the CPU
@@ -418,6 +419,9 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
     shown = {name: value for name, value in settings.items() if name not in ("REDIS_URL", "DATA_DIR")}
     report: dict[str, Any] = {"settings": shown, "runs": runs, "targets": check_targets(runs, modes)}
     if webhooks:
+        # Bare Celery again at C = 16, just before: the run's own C = 16 baseline is a minute
+        # older, and these VMs' speed drifts by more than the ratio's margin within a minute.
+        baseline = run_celery(redis_server.url, webhooks, 16)
         threads = [f"--concurrency={webhook_threads}"] if webhook_threads else []
         hooks_worker = start_worker(
             stack, "webhooks", settings, scratch, args=["--queues=webhooks", *threads]
@@ -429,8 +433,11 @@ def measure(sizes: Sizes, modes: Sequence[str], max_tokens: int | None, stack: E
             hooks_run = partial(with_script_times, client, hooks_run, "delivered_jobs")
         report["webhooks"] = hooks = with_commands(client, hooks_run, "delivered_jobs")
         hooks["webhook_threads"] = webhook_threads or "default"
+        hooks["celery_tasks_per_s"] = baseline["tasks_per_s"]
+        hooks["rate_ratio"] = ratio(hooks["deliveries_per_s"], baseline["tasks_per_s"])
         print(f"  webhooks: {hooks['delivered_jobs']}/{hooks['accepted']} delivered, "
-              f"{hooks['deliveries_per_s']} deliveries/s, CPU ms per delivered job "
+              f"{hooks['deliveries_per_s']} deliveries/s (x{hooks['rate_ratio']} celery "
+              f"{baseline['tasks_per_s']}/s just before), CPU ms per delivered job "
               f"{hooks['cpu_ms_per_item']}, {hooks['redis_commands_per_item']} Redis commands",
               flush=True)  # fmt: skip
     return report

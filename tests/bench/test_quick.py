@@ -111,6 +111,9 @@ def test_machinery_quick(tmp_path: Path) -> None:
     assert hooks["accepted"] == hooks["delivered_jobs"] == 20 and hooks["all_delivered"]
     assert hooks["redundant_deliveries"] == 0 and hooks["deliveries_per_s"] > 0
     assert hooks["bench_cpu_ms_per_job"] > 0 and hooks["webhook_threads"] == 3
+    # Against bare Celery measured just before the deliveries (not the run's first baseline).
+    assert hooks["celery_tasks_per_s"] > 0
+    assert hooks["rate_ratio"] == round(hooks["deliveries_per_s"] / hooks["celery_tasks_per_s"], 3)
     assert set(report["targets"]["poll"]) == {
         "rate_at_least_celery_from_c16",
         "rate_never_falls",
