@@ -5,7 +5,8 @@ per job) with the job's OutputUpdate; that only records the latest one per compl
 background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
 completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
 since the last entry, in the job output's format) when the job asked for them; the same pipeline
-names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream. When a job's
+names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream; a delta Redis
+did not take (it was down) goes out again as part of the next one. When a job's
 result is in, `pending()` waits for the background thread's publish of that job, if one is under
 way, and hands what is still unpublished to the task thread as deltas, which the step that ends
 the job writes (`write()`) in the same pipeline as its finish script and before it
@@ -142,6 +143,7 @@ class OutputPublisher:
                 self._settled.notify_all()
 
     def _publish(self, key: Completion, update: OutputUpdate) -> None:
+        before = self._published.get(key)
         delta = self._delta(key, update)
         if delta is None:
             return
@@ -151,8 +153,24 @@ class OutputPublisher:
             pipe.execute()
         except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
             log.warning("output_publish_failed", extra=fields(job_id=key[0], error=str(exc)))
+            self._unpublished(key, before, self._published.get(key))
             return
         self.announce([delta])
+
+    def _unpublished(
+        self, key: Completion, before: tuple[int, int] | None, after: tuple[int, int] | None
+    ) -> None:
+        """A delta Redis did not take is counted as unpublished again, so the next one (or the
+        job's end, through pending()) carries its text: a stream that lost it mid-way would stop
+        being a prefix of the job's text (a Redis restart, tests/faults/test_redis_restart.py).
+        Unless forget() started the job over meanwhile."""
+        with self._wake:
+            if self._published.get(key) != after:
+                return
+            if before is None:
+                del self._published[key]
+            else:
+                self._published[key] = before
 
     def _delta(self, key: Completion, update: OutputUpdate) -> Delta | None:
         """What the update adds to what was published of its completion (None: nothing), counted

@@ -149,6 +149,39 @@ def test_a_failed_background_publish_does_not_hold_pending(
     assert "output_publish_failed" in messages
 
 
+def test_a_delta_redis_did_not_take_goes_with_the_next_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarts (its data kept) while a running job's update is published: that update's
+    text is not lost from the stream, the next publish carries it, so the stream's deltas still
+    add up to the text (it had a hole there before, and stopped being a prefix of it)."""
+    server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=0.2)
+    publisher = OutputPublisher(client, TTL_S)
+    try:
+        publisher.offer("j1", OutputUpdate("one", 1))
+        _flush(publisher, client, "j1")
+        server.stop()
+        try:
+            with caplog.at_level(logging.WARNING, logger="genq.worker"):
+                publisher.offer("j1", OutputUpdate("one two", 2))
+                deadline = time.monotonic() + 5
+                while "output_publish_failed" not in [r.getMessage() for r in caplog.records]:
+                    assert time.monotonic() < deadline, "the publish never failed"
+                    time.sleep(0.01)
+        finally:
+            server.start()
+        publisher.offer("j1", OutputUpdate("one two three", 3))
+        _flush(publisher, client, "j1")
+        deltas = [e["delta"] for e in _entries(client, "j1")]
+    finally:
+        publisher.stop()
+        client.close()
+        server.stop()
+    assert deltas == ["one", " two three"]
+
+
 def test_each_completion_has_its_own_deltas_and_logprobs_go_once(
     published: tuple[OutputPublisher, list[str]], redis_client: redis.Redis
 ) -> None:
