@@ -147,25 +147,25 @@ class OutputPublisher:
         delta = self._delta(key, update)
         if delta is None:
             return
+        after = self._published[key]
         try:
             pipe = self._redis.pipeline(transaction=False)
             self.write([delta], pipe)
             pipe.execute()
         except redis.exceptions.RedisError as exc:  # streaming is best effort; the job is not
             log.warning("output_publish_failed", extra=fields(job_id=key[0], error=str(exc)))
-            self._unpublished(key, before, self._published.get(key))
+            self._unpublished(key, before, after)
             return
         self.announce([delta])
 
-    def _unpublished(
-        self, key: Completion, before: tuple[int, int] | None, after: tuple[int, int] | None
-    ) -> None:
+    def _unpublished(self, key: Completion, before: tuple[int, int] | None, after: tuple[int, int]) -> None:
         """A delta Redis did not take is counted as unpublished again, so the next one (or the
         job's end, through pending()) carries its text: a stream that lost it mid-way would stop
         being a prefix of the job's text (a Redis restart, tests/faults/test_redis_restart.py).
-        Unless forget() started the job over meanwhile."""
+        Unless forget() started the job over meanwhile (the count is no longer the one this
+        delta set)."""
         with self._wake:
-            if self._published.get(key) != after:
+            if self._published.get(key) is not after:
                 return
             if before is None:
                 del self._published[key]

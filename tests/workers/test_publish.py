@@ -6,6 +6,7 @@ has under way; a Redis that went away costs a log line, never the job (real Redi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -16,6 +17,7 @@ from typing import cast
 
 import pytest
 import redis
+import redis.client
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
@@ -149,37 +151,85 @@ def test_a_failed_background_publish_does_not_hold_pending(
     assert "output_publish_failed" in messages
 
 
+@contextlib.contextmanager
+def aof_client(tmp_path: Path) -> Iterator[tuple[EmbeddedRedis, redis.Redis]]:
+    """A private Redis that keeps its data across a restart, and a client of it."""
+    server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=0.2)
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.stop()
+
+
+def offered_while_down(
+    publisher: OutputPublisher, server: EmbeddedRedis, caplog: pytest.LogCaptureFixture, update: OutputUpdate
+) -> None:
+    """Offer `update` for job j1 while Redis is down; returns once its publish failed and Redis is
+    back."""
+    server.stop()
+    try:
+        with caplog.at_level(logging.WARNING, logger="genq.worker"):
+            publisher.offer("j1", update)
+            deadline = time.monotonic() + 5
+            while "output_publish_failed" not in [r.getMessage() for r in caplog.records]:
+                assert time.monotonic() < deadline, "the publish never failed"
+                time.sleep(0.01)
+    finally:
+        server.start()
+
+
 def test_a_delta_redis_did_not_take_goes_with_the_next_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis restarts (its data kept) while a running job's update is published: that update's
     text is not lost from the stream, the next publish carries it, so the stream's deltas still
     add up to the text (it had a hole there before, and stopped being a prefix of it)."""
-    server = EmbeddedRedis(tmp_path / "aof", appendonly=True)
-    server.start()
-    client = redis.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=0.2)
-    publisher = OutputPublisher(client, TTL_S)
-    try:
-        publisher.offer("j1", OutputUpdate("one", 1))
-        _flush(publisher, client, "j1")
-        server.stop()
+    with aof_client(tmp_path) as (server, client):
+        publisher = OutputPublisher(client, TTL_S)
         try:
-            with caplog.at_level(logging.WARNING, logger="genq.worker"):
-                publisher.offer("j1", OutputUpdate("one two", 2))
-                deadline = time.monotonic() + 5
-                while "output_publish_failed" not in [r.getMessage() for r in caplog.records]:
-                    assert time.monotonic() < deadline, "the publish never failed"
-                    time.sleep(0.01)
+            publisher.offer("j1", OutputUpdate("one", 1))
+            _flush(publisher, client, "j1")
+            offered_while_down(publisher, server, caplog, OutputUpdate("one two", 2))
+            publisher.offer("j1", OutputUpdate("one two three", 3))
+            _flush(publisher, client, "j1")
         finally:
-            server.start()
-        publisher.offer("j1", OutputUpdate("one two three", 3))
-        _flush(publisher, client, "j1")
+            publisher.stop()
         deltas = [e["delta"] for e in _entries(client, "j1")]
-    finally:
-        publisher.stop()
-        client.close()
-        server.stop()
     assert deltas == ["one", " two three"]
+
+
+class ForgettingPublisher(OutputPublisher):
+    """A publisher whose job is forgotten (handed back, to run again) while its background
+    thread's publish is under way."""
+
+    def write(
+        self, deltas: list[tuple[str, dict[str, str | int | bytes]]], pipe: redis.client.Pipeline
+    ) -> None:
+        if threading.current_thread().name == "genq-output":
+            self.forget("j1")
+        super().write(deltas, pipe)
+
+
+def test_a_failed_publish_of_a_job_forgotten_meanwhile_leaves_its_new_run_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publish that fails after forget() started its job over does not put back what it had
+    counted: the job's new run streams from its first character."""
+    with aof_client(tmp_path) as (server, client):
+        publisher = ForgettingPublisher(client, TTL_S)
+        try:
+            publisher.offer("j1", OutputUpdate("one", 1))
+            _flush(publisher, client, "j1")
+            offered_while_down(publisher, server, caplog, OutputUpdate("one two", 2))
+            publisher.offer("j1", OutputUpdate("re", 1))  # the new run
+            _flush(publisher, client, "j1")
+        finally:
+            publisher.stop()
+        deltas = [e["delta"] for e in _entries(client, "j1")]
+    assert deltas == ["one", "re"]
 
 
 def test_each_completion_has_its_own_deltas_and_logprobs_go_once(
