@@ -38,8 +38,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import hiredis
 import redis.asyncio as aioredis
@@ -238,6 +238,29 @@ class AutoPipeline:
         self._flush()
 
 
+_P = TypeVar("_P", bound=asyncio.Protocol)
+
+
+def take_over(
+    connection: Any, protocol: Callable[[asyncio.Transport, hiredis.Reader], _P], decode: bool = True
+) -> _P:
+    """Read a connected redis-py connection with `protocol` from now on, its replies parsed by the
+    hiredis reader handed to it (strings if `decode` and the client decodes, else bytes). redis-py
+    keeps its stream writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned), here
+    and wherever a taken-over connection is closed; the third private name is `redis._parsers`
+    (see the module docstring)."""
+    from redis._parsers import BaseParser  # here, so that its absence is a failed take-over
+
+    encoder = connection.encoder
+    options: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
+    if decode and encoder.decode_responses:
+        options |= {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
+    transport = connection._writer.transport
+    taken = protocol(transport, hiredis.Reader(**options))
+    transport.set_protocol(taken)
+    return taken
+
+
 class _Link(asyncio.Protocol):
     """One connection's replies, in order, into the futures of the commands that were sent."""
 
@@ -255,19 +278,8 @@ class _Link(asyncio.Protocol):
 
     @classmethod
     def take_over(cls, connection: Any) -> _Link:
-        """Read a connected redis-py connection ourselves from now on. redis-py keeps its stream
-        writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned), here and in
-        `_fail`; the third private name is `redis._parsers` (see the module docstring)."""
-        from redis._parsers import BaseParser  # here, so that its absence is a failed take-over
-
-        encoder = connection.encoder
-        options: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
-        if encoder.decode_responses:
-            options |= {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
-        transport = connection._writer.transport
-        link = cls(connection, transport, hiredis.Reader(**options))
-        transport.set_protocol(link)
-        return link
+        """Read a connected redis-py connection ourselves from now on (`take_over`)."""
+        return take_over(connection, lambda transport, reader: cls(connection, transport, reader))
 
     def send(self, data: bytes, waiting: list[tuple[asyncio.Future[Any], _Callback]]) -> None:
         """Write one batch (callers check `lost` first: a lost link is replaced, not written to)."""
@@ -278,32 +290,16 @@ class _Link(asyncio.Protocol):
             self._watchdog = asyncio.get_running_loop().call_later(self._timeout_s, self._check_timeout)
 
     def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
-        while True:
-            try:
-                reply = self._reader.gets()
-            except InvalidResponse as exc:
-                self._fail(exc)
-                return
-            if reply is False:
-                return
-            if not self._waiting:  # out of step with what we sent: nothing on it can be trusted
-                self._fail(InvalidResponse("Redis sent a reply that no command was waiting for"))
-                return
-            future, callback, _ = self._waiting.popleft()
-            if future.done():
-                continue
-            # Every error reply, ResponseError or not: redis-py parses "-LOADING" (Redis replaying its
-            # AOF after a restart) as BusyLoadingError, a ConnectionError (-> 503 at the API).
-            if isinstance(reply, RedisError):
-                future.set_exception(reply)
-            elif callback is None:
-                future.set_result(reply)
-            else:
-                try:
-                    future.set_result(callback(reply))
-                except Exception as exc:  # a reply its callback cannot parse fails its command only
-                    future.set_exception(exc)
+        try:
+            for reply in replies(self._reader, data):
+                if not self._waiting:  # out of step with what we sent: nothing on it can be trusted
+                    self._fail(InvalidResponse("Redis sent a reply that no command was waiting for"))
+                    return
+                future, callback, _ = self._waiting.popleft()
+                if not future.done():
+                    _answer(future, callback, reply)
+        except InvalidResponse as exc:
+            self._fail(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f" ({exc})" if exc else ""
@@ -343,6 +339,28 @@ class _Link(asyncio.Protocol):
         for future, _, _ in waiting:
             if not future.done():
                 future.set_exception(error)
+
+
+def replies(reader: hiredis.Reader, data: bytes) -> Iterator[Any]:
+    """Each whole reply in what came so far, `data` last (InvalidResponse for bytes that are no
+    RESP; an error reply is a RedisError object among them, not raised)."""
+    reader.feed(data)
+    while (reply := reader.gets()) is not False:
+        yield reply
+
+
+def _answer(future: asyncio.Future[Any], callback: _Callback, reply: Any) -> None:
+    # Every error reply, ResponseError or not: redis-py parses "-LOADING" (Redis replaying its
+    # AOF after a restart) as BusyLoadingError, a ConnectionError (-> 503 at the API).
+    if isinstance(reply, RedisError):
+        future.set_exception(reply)
+    elif callback is None:
+        future.set_result(reply)
+    else:
+        try:
+            future.set_result(callback(reply))
+        except Exception as exc:  # a reply its callback cannot parse fails its command only
+            future.set_exception(exc)
 
 
 def pack_command(args: Sequence[Any]) -> bytes:

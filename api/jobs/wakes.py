@@ -3,7 +3,9 @@ api/jobs/stream_hub.py: job streams that got entries): one subscription per proc
 messages name a job, fanned out to the asyncio.Events that local requests registered for that
 job; and a listening task that outlives Redis going away. Pub/sub delivers only while
 subscribed, so every waiter is woken whenever the subscription is lost, and once Redis has
-confirmed it again: each then reads for itself what it may have missed.
+confirmed it again: each then reads for itself what it may have missed. The subscription is
+read by api/edge/subscription.py (each message straight from the socket to `_wake`), or by
+redis-py's PubSub should that module's take-over of a redis-py connection fail.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.client import PubSub
 
+from api.edge.autopipeline import TakeOverFailed
+from api.edge.subscription import Subscription
 from shared.logging import fields
 
 log = logging.getLogger("genq.api")
@@ -42,6 +46,9 @@ class Wakes:
         self._task: asyncio.Task[None] | None = None
         #: Set by stop(): the task ends at its next turn even if redis-py lost the cancel.
         self._stopping = False
+        #: Whether the subscription is read by api/edge/subscription.py (False once its take-over
+        #: of a redis-py connection failed: redis-py changed underneath).
+        self._raw = True
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen_forever(), name=f"genq-{self.name}")
@@ -114,17 +121,47 @@ class Wakes:
 
     async def _listen(self) -> None:
         """Hold the subscription, waking the waiters its messages name, until it is not wanted."""
+        if self._raw:
+            try:
+                subscription = await Subscription.open(self._redis, self.channel, self._on_message)
+            except TakeOverFailed as exc:
+                self._raw = False
+                log.warning(
+                    "subscription_raw_off",
+                    extra=fields(
+                        error=repr(exc.__cause__ or exc), message="listening through redis-py's PubSub"
+                    ),
+                )
+            else:
+                try:
+                    await self._hold(subscription)
+                finally:
+                    subscription.close()
+                return
+        await self._listen_through_pubsub()
+
+    async def _hold(self, subscription: Subscription) -> None:
+        await subscription.confirmed(CONFIRM_S)
+        # Only now: a waiter's read sent before Redis ran the SUBSCRIBE may have missed news.
+        self._wake_all()
+        while self._still_wanted() and not self._stopping:
+            await subscription.held_for(self.poll_s)
+
+    def _on_message(self, data: bytes | str) -> None:
+        # Anyone who can PUBLISH can send bytes that are no UTF-8: they name no job, wake nobody.
+        self._wake(data.decode(errors="replace") if isinstance(data, bytes) else data)
+
+    async def _listen_through_pubsub(self) -> None:
+        """`_listen` through redis-py's PubSub, should the take-over fail (api/edge/subscription.py)."""
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self.channel)
             await self._confirmed(pubsub)
-            # Only now: a waiter's read sent before Redis ran the SUBSCRIBE may have missed news.
             self._wake_all()
             while self._still_wanted() and not self._stopping:
                 message = await pubsub.get_message(timeout=self.poll_s)
                 if message is not None and message["type"] == "message":
-                    data = message["data"]
-                    self._wake(data.decode() if isinstance(data, bytes) else str(data))
+                    self._on_message(message["data"])
         finally:
             await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 

@@ -16,11 +16,13 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from api.edge import subscription
 from api.jobs import wakes
 from api.jobs.events import JobEvents
 from api.jobs.stream_hub import StreamHub
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from shared.logging import FIELDS
 from tests.api.conftest import woken
 
 pytestmark = pytest.mark.anyio
@@ -75,26 +77,33 @@ async def subscribed(client: redis.Redis, channel: str, event: asyncio.Event) ->
     raise AssertionError(f"nothing subscribed to {channel}")
 
 
+def listener_of(kind: str, redis_server: EmbeddedRedis) -> Listener:
+    cls, _ = KINDS[kind]
+    return cls(aioredis.Redis.from_url(redis_server.url, decode_responses=True, max_connections=1))
+
+
+async def assert_a_message_wakes_its_jobs_waiters_only(
+    listener: Listener, redis_client: redis.Redis, channel: str
+) -> None:
+    with registered(listener, JOB_A, JOB_B) as (a, b):
+        await subscribed(redis_client, channel, a)
+        b.clear()
+        redis_client.publish(channel, JOB_A)
+        assert await woken(a)
+        assert not await woken(b, 0.3)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_message_wakes_its_jobs_waiters_and_a_waiter_that_left_no_more(
     kind: str, redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> None:
-    cls, channel = KINDS[kind]
-
-    def make() -> Listener:
-        return cls(aioredis.Redis.from_url(redis_server.url, decode_responses=True, max_connections=1))
-
-    async with running(make) as listener:
-        with registered(listener, JOB_A, JOB_B) as (a, b):
-            await subscribed(redis_client, channel, a)
-            b.clear()
-            redis_client.publish(channel, JOB_A)
-            assert await woken(a)
-            assert not await woken(b, 0.3)
-            with registered(listener, JOB_A) as (left,):
-                pass
-            redis_client.publish(channel, JOB_A)
-            assert not await woken(left, 0.3)
+    _, channel = KINDS[kind]
+    async with running(lambda: listener_of(kind, redis_server)) as listener:
+        await assert_a_message_wakes_its_jobs_waiters_only(listener, redis_client, channel)
+        with registered(listener, JOB_A) as (left,):
+            pass
+        redis_client.publish(channel, JOB_A)
+        assert not await woken(left, 0.3)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -121,3 +130,29 @@ async def test_redis_out_of_reach_wakes_every_waiter_at_each_try_and_a_stopped_l
         a.clear()
         assert not await woken(a, 0.4)  # ~8 retry periods: none came
     assert f"{kind}_reconnect" in [record.getMessage() for record in caplog.records]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_take_over_that_breaks_falls_back_on_redis_pys_pubsub(
+    kind: str,
+    redis_server: EmbeddedRedis,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A redis-py that no longer lets api/edge/subscription.py read its connection (a private
+    name renamed): operators see `subscription_raw_off` once, the connection opened for it is
+    closed, and messages still wake their jobs' waiters, through redis-py's PubSub."""
+
+    def broken_take_over(*args: object, **kwargs: object) -> None:
+        raise AttributeError("'Connection' object has no attribute '_writer'")
+
+    monkeypatch.setattr(subscription, "take_over", broken_take_over)
+    _, channel = KINDS[kind]
+    caplog.set_level(logging.WARNING, logger="genq.api")
+    before = len(redis_client.client_list())
+    async with running(lambda: listener_of(kind, redis_server)) as listener:
+        await assert_a_message_wakes_its_jobs_waiters_only(listener, redis_client, channel)
+        assert len(redis_client.client_list()) == before + 1  # the PubSub's; none left over
+    [record] = [r for r in caplog.records if r.getMessage() == "subscription_raw_off"]
+    assert "_writer" in getattr(record, FIELDS)["error"]
