@@ -146,3 +146,15 @@ def test_scale_quick(tmp_path: Path) -> None:
     for phase in ("idle", "load", "idle_with_pollers", "load_with_pollers"):
         assert polling["phases"][phase]["api_rss_mb"] > 0
     assert polling["phases"]["load_with_pollers"]["post_rate"] > 0
+
+
+def test_pubsub_quick(tmp_path: Path) -> None:
+    report = run_quick("pubsub", tmp_path)
+    assert [run["batch"] for run in report["runs"]] == [1, 2, 16]
+    for run in report["runs"]:
+        assert run["messages"] == 1_000
+        for way in ("raw", "pubsub"):
+            assert len(run[way]["rounds"]) == 1
+            # a real CPU cost: not the ~0.2 us of a run whose wait ended before its messages came
+            assert run[way]["cpu_us_per_message_median"] > 1.0, run
+        assert run["raw_over_pubsub"] > 0
