@@ -12,12 +12,12 @@ against that name when it was opened, exactly as a new one's would be.
 A connection is the standard library's `http.client.HTTPConnection`, whose `connect` goes to the
 checked address and, for https, wraps the socket verified against the URL's host name (sent as
 SNI); its answers are read by http.client's own `HTTPResponse.begin` (_Answer). It was chosen over
-httpcore for cost: one attempt's exchange measured 99-126 us of CPU against httpcore's 181-212
-(h11 validates every header and runs an event state machine per request, and sends head and body
-apart), the largest part of a webhook worker's CPU per delivery once its Redis round trips were cut
-to one (README's Performance section). The request itself is the caller's bytes, sent in one write
-(Connection.exchange): its head is built from what workers/webhook_http.py checked once per URL,
-where http.client's `request()` checks and encodes every header again on every attempt.
+httpcore for cost: one attempt's exchange measured 99-126 us of CPU against httpcore's 181-212 (h11
+validates every header and runs an event state machine per request, and sends head and body apart),
+the largest part of a webhook worker's CPU per delivery once its Redis round trips were cut to one
+(docs/performance.md, "Attempts over http.client"). The request itself is the caller's bytes, sent
+in one write (Connection.exchange): its head is built from what workers/webhook_http.py checked once
+per URL, where http.client's `request()` checks and encodes every header again on every attempt.
 
 Threads: a taken connection is out of the pool until its thread gives it back, so two threads
 never share one. Only a connection whose answer was read to its end, and which the receiver did
@@ -131,8 +131,8 @@ HEAD_LINES = 100
 def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
     """An answer's header lines, read as http.client.parse_headers reads them (the same limits,
     the same HTTPMessage) but stored without email's FeedParser, which parse_headers runs on them:
-    an answer's head and status then cost 18-25 us of CPU instead of 37-46 (README, "One webhook
-    worker alone"). A value is the text after
+    an answer's head and status then cost 18-25 us of CPU instead of 37-46 (docs/performance.md,
+    "One webhook worker alone"). A value is the text after
     the colon, leading blanks dropped (email's compat32 policy); a folded line continues the last
     value. A line that is no `name: value` (email ends the head there and counts the rest as body)
     marks the answer `Connection: close`, so its connection is never reused on a guess at framing."""
