@@ -2,10 +2,11 @@
 callback straight from `data_received`, with no task, timeout object or reply dict per message.
 
 Why: the API's two listeners (api/jobs/wakes.py) get a message for every job that ends and for
-every batch of a stream's entries, and redis-py's `PubSub.get_message` loop spends 14 us of CPU per
-message when they come 16 to a read and 39 us when they come one or two at a time (its timeout
-context, retry wrapper and readiness check around every read, then a dict per message): ~5% of
-the API's CPU in a run of streams, where a job is two or three messages.
+every batch of a stream's entries, and redis-py's `PubSub.get_message` loop spent 13 us of CPU per
+message when 16 came in one read, 54 when two did and 92 for one alone (its timeout context, retry
+wrapper and readiness check around every read, then a dict per message; this Protocol: 2.5, 18
+and 34 us, `python -m bench.pubsub`): ~5% of the API's CPU in a run of streams, where a job is two
+messages.
 
 How: redis-py opens the connection (`connection_pool.make_connection` and `connect()`: the
 pool's address, TLS, AUTH and SELECT), then it is taken over as AutoPipeline's connection is

@@ -1,8 +1,9 @@
 """api/jobs/wakes.py: what the API's two listeners share, through both of them (JobEvents for jobs
 that may have ended, StreamHub for streams that got entries): a message wakes its job's waiters
 only, a waiter that left is woken no more, Redis out of reach wakes every waiter at each failed
-try and logs `<name>_reconnect`, and a stopped listener tries no more (real Redis; a closed port
-for the unreachable one)."""
+try and logs `<name>_reconnect`, a stopped listener tries no more, and a take-over of redis-py's
+connection that breaks falls back on redis-py's PubSub (real Redis; a closed port for the
+unreachable one)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ async def test_a_message_wakes_its_jobs_waiters_and_a_waiter_that_left_no_more(
             pass
         redis_client.publish(channel, JOB_A)
         assert not await woken(left, 0.3)
+        assert listener._raw  # read by api/edge/subscription.py, not the fallback
 
 
 @pytest.mark.parametrize("kind", KINDS)
