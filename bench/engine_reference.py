@@ -22,7 +22,9 @@ after the chat template, about 40 as in the issue) and 64 generated tokens per s
 Per run: the generation rate (llama.cpp's S_TG; genq's tokens of the steps after its last prefill
 over their wall time) and generated tokens over the whole time (llama.cpp's B*TG/T; genq's C*64
 over first submit to last result, tokenization and detokenization included), and genq's ratio
-to each llama.cpp run. Three rounds (llama.cpp defaults, llama.cpp with genq's settings, genq):
+to each llama.cpp run, and the share of genq's wall time spent inside `llama_decode`
+(`llama_decode_share`: llama.cpp's own compute; the rest is genq's scheduling, sampling,
+tokenizing and output). Three rounds (llama.cpp defaults, llama.cpp with genq's settings, genq):
 a load change on this shared machine hits every side; the medians and every round are reported.
 
 End to end over HTTP (bench/http_reference.py, run by the same command): genq's API + worker
@@ -37,6 +39,7 @@ import resource
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -178,9 +181,11 @@ def _context_lines(log: str) -> list[str]:
 
 @dataclass
 class StepClock:
-    """Each engine step's StepStats and when it ended (EngineConfig.on_step)."""
+    """Each engine step's StepStats and when it ended (EngineConfig.on_step), and the engine's
+    executor's seconds inside llama_decode so far (`decode_seconds`, set once it is made)."""
 
     steps: list[tuple[float, StepStats]]
+    decode_seconds: Callable[[], float] = lambda: 0.0
 
     def __call__(self, stats: StepStats) -> None:
         self.steps.append((time.perf_counter(), stats))
@@ -192,6 +197,7 @@ def run_genq_batch(
     """The C prompts submitted at once, `tokens` tokens each; batched-bench's measures of the run."""
     clock.steps.clear()
     started, busy, cpu = time.perf_counter(), host_busy_cpu_s(), time.process_time()
+    in_decode = clock.decode_seconds()
     futures = [
         engine.submit(
             GenerationRequest(
@@ -204,6 +210,7 @@ def run_genq_batch(
     ]
     results = [future.result() for future in futures]
     wall = time.perf_counter() - started
+    in_decode = clock.decode_seconds() - in_decode
     cpu = time.process_time() - cpu
     others = host_busy_cpu_s() - busy - cpu
     generated = sum(result.completion_tokens for result in results)
@@ -223,6 +230,7 @@ def run_genq_batch(
         "tg_tokens_per_s": round(decoded / decode_s, 2),
         "t_s": round(wall, 3),
         "generated_tokens_per_s": round(generated / wall, 2),
+        "llama_decode_share": round(in_decode / wall, 3),
         "cpu_s": round(cpu, 2),
         "others_cpu_s": round(others, 2),
     }
@@ -276,7 +284,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         },
         "rounds": [],
     }
-    engine = TransformersEngine(config, executor=LlamaCppExecutor(config, model))
+    executor = LlamaCppExecutor(config, model)
+    clock.decode_seconds = lambda: executor.decode_seconds
+    engine = TransformersEngine(config, executor=executor)
     engine.start()
     try:
         for _ in range(sizes.rounds):

@@ -30,6 +30,7 @@ def test_bench_engine_reference_quick(tmp_path: Path) -> None:
         for row in round_["genq"]:
             assert row["generated_tokens"] == row["batch"] * report["tokens_per_sequence"]
             assert row["tg_tokens_per_s"] > 0 and row["generated_tokens_per_s"] > 0
+            assert 0 < row["llama_decode_share"] <= 1  # llama.cpp's part of the run's wall time
     for row in report["http"]["rounds"][0]:  # genq with its prefix cache, and without it
         for side in ("genq", "genq_whole_prefill"):
             assert row[side]["failed_or_unfinished"] == 0 and row[side]["completion_tokens"] > 0

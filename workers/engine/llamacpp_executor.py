@@ -42,6 +42,7 @@ chat template and detokenization stay with the Hugging Face tokenizer built from
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,7 @@ class LlamaCppExecutor:
         self._streams: KvStreams | None = None  # copies between rows, and their pages (prepare)
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
         self._cache_taken = NO_CACHE  # the running totals at the last take_cache_stats()
+        self._decode_s = 0.0  # wall seconds inside llama_decode (decode_seconds)
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -258,6 +260,13 @@ class LlamaCppExecutor:
     def take_mask_stats(self) -> tuple[float, int]:
         return self._require_chooser().take_mask_stats()
 
+    @property
+    def decode_seconds(self) -> float:
+        """Wall seconds spent inside llama_decode since the context was made: llama.cpp's own
+        compute, prompts and decode steps alike. What a run took beyond it is genq's own work
+        (scheduling, sampling, tokenizing, output); bench/engine_reference.py reports the share."""
+        return self._decode_s
+
     def take_cache_stats(self) -> CacheStats:
         last, self._cache_taken = self._cache_taken, self.cache_totals
         return self._cache_taken.since(last)
@@ -314,7 +323,9 @@ class LlamaCppExecutor:
         batch.logits[index] = logits
 
     def _forward(self, batch: Any) -> None:
+        began = time.perf_counter()
         status = int(self._llama.llama_decode(self._context, batch))
+        self._decode_s += time.perf_counter() - began
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} ({batch.n_tokens} tokens)")
 

@@ -237,6 +237,18 @@ def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> 
     assert executor.cache_totals.cached_prompt_tokens == scored.prompt_tokens - 1  # all but the last
 
 
+def test_the_time_inside_llama_decode_is_counted_within_the_runs_wall_time(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """What bench/engine_reference.py splits a run's time by (llama.cpp's compute, genq's own work)."""
+    engine = llamacpp_engine(max_batch_size=2)
+    executor = _executor(engine)
+    before, began = executor.decode_seconds, time.perf_counter()
+    engine.submit(_chat("timed", PROMPTS[1], max_tokens=8, ignore_eos=True)).result(60)
+    inside = executor.decode_seconds - before
+    assert 0 < inside <= time.perf_counter() - began
+
+
 def test_each_step_reports_what_the_prefix_cache_saved_kept_and_dropped(
     llamacpp_engine: EngineFactory,
 ) -> None:
