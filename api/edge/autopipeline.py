@@ -16,9 +16,8 @@ callers' futures. No task, lock or timeout object per command or per batch. redi
 classes (its `parse_error`: NoScriptError, ...) and response callbacks (HGETALL -> dict, ...)
 apply, so callers see exactly what `client.execute_command` would give them.
 
-Fenced: the take-over uses three private names of redis-py (`_writer` and `_close()` on its
-connection, and `BaseParser` from its private `redis._parsers`; redis==8.1.0, pinned). Should an
-upgrade break it, `open_commands` finds out at start-up (one PING), closes what it opened, logs
+Fenced: the take-over (api/edge/resp.py) uses three private names of redis-py. Should an upgrade
+break it, `open_commands` finds out at start-up (one PING), closes what it opened, logs
 `autopipeline_off` and serves through redis-py's own pool (`DirectCommands`), as
 GENQ_API_AUTOPIPELINE=0 does; a take-over that fails later fails its commands with
 `TakeOverFailed`, a redis-py ConnectionError, which the API answers with 503 like any Redis fault.
@@ -38,8 +37,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import hiredis
 import redis.asyncio as aioredis
@@ -47,6 +46,7 @@ import redis.exceptions
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, InvalidResponse, NoScriptError, RedisError
 
+from api.edge.resp import TakeOverFailed, pack_command, replies, take_over
 from shared.logging import fields
 from shared.metrics import REDIS_BATCH
 
@@ -56,10 +56,6 @@ MAX_BATCH = 256
 _Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
 
 log = logging.getLogger("genq.autopipeline")
-
-
-class TakeOverFailed(redis.exceptions.ConnectionError):
-    """AutoPipeline could not read a redis-py connection itself (redis-py changed underneath)."""
 
 
 class Commands(Protocol):
@@ -238,29 +234,6 @@ class AutoPipeline:
         self._flush()
 
 
-_P = TypeVar("_P", bound=asyncio.Protocol)
-
-
-def take_over(
-    connection: Any, protocol: Callable[[asyncio.Transport, hiredis.Reader], _P], decode: bool = True
-) -> _P:
-    """Read a connected redis-py connection with `protocol` from now on, its replies parsed by the
-    hiredis reader handed to it (strings if `decode` and the client decodes, else bytes). redis-py
-    keeps its stream writer in `_writer` and closes it with `_close()` (redis==8.1.0, pinned), here
-    and wherever a taken-over connection is closed; the third private name is `redis._parsers`
-    (see the module docstring)."""
-    from redis._parsers import BaseParser  # here, so that its absence is a failed take-over
-
-    encoder = connection.encoder
-    options: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
-    if decode and encoder.decode_responses:
-        options |= {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
-    transport = connection._writer.transport
-    taken = protocol(transport, hiredis.Reader(**options))
-    transport.set_protocol(taken)
-    return taken
-
-
 class _Link(asyncio.Protocol):
     """One connection's replies, in order, into the futures of the commands that were sent."""
 
@@ -341,14 +314,6 @@ class _Link(asyncio.Protocol):
                 future.set_exception(error)
 
 
-def replies(reader: hiredis.Reader, data: bytes) -> Iterator[Any]:
-    """Each whole reply in what came so far, `data` last (InvalidResponse for bytes that are no
-    RESP; an error reply is a RedisError object among them, not raised)."""
-    reader.feed(data)
-    while (reply := reader.gets()) is not False:
-        yield reply
-
-
 def _answer(future: asyncio.Future[Any], callback: _Callback, reply: Any) -> None:
     # Every error reply, ResponseError or not: redis-py parses "-LOADING" (Redis replaying its
     # AOF after a restart) as BusyLoadingError, a ConnectionError (-> 503 at the API).
@@ -361,47 +326,3 @@ def _answer(future: asyncio.Future[Any], callback: _Callback, reply: Any) -> Non
             future.set_result(callback(reply))
         except Exception as exc:  # a reply its callback cannot parse fails its command only
             future.set_exception(exc)
-
-
-def pack_command(args: Sequence[Any]) -> bytes:
-    """One command in RESP, encoding arguments as redis-py's Encoder does (str as UTF-8, int and
-    float as their repr, bytes as they are; a bool is refused).
-
-    redis-py's own packer re-joins its growing buffer for every argument: ~40 us for a job
-    submission's 21 arguments; this one's Python loop ~8 us, hiredis's packer (C, the same bytes
-    for str, bytes, int and float) ~3 us. What hiredis refuses (a bool, None, a bytearray) goes
-    through the loop, which packs or refuses it as redis-py does."""
-    try:
-        packed: bytes = hiredis.pack_command(tuple(args))
-    except TypeError:
-        return _pack_each(args)
-    return packed
-
-
-def _pack_each(args: Sequence[Any]) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    push = out.append
-    for arg in args:
-        data = _encode(arg)
-        push(b"$%d\r\n" % len(data))
-        push(data)
-        push(b"\r\n")
-    return b"".join(out)
-
-
-def _encode(arg: Any) -> bytes:
-    if type(arg) is bytes:
-        return arg
-    if type(arg) is str:
-        return arg.encode()
-    if isinstance(arg, bool):
-        raise DataError("Invalid input of type: 'bool'. Convert to a bytes, string, int or float first.")
-    if isinstance(arg, (int, float)):
-        return repr(arg).encode()
-    if isinstance(arg, (bytearray, memoryview)):
-        return bytes(arg)
-    if isinstance(arg, str):
-        return arg.encode()
-    raise DataError(
-        f"Invalid input of type: {type(arg).__name__!r}. Convert to a bytes, string, int or float first."
-    )

@@ -10,7 +10,7 @@ messages.
 
 How: redis-py opens the connection (`connection_pool.make_connection` and `connect()`: the
 pool's address, TLS, AUTH and SELECT), then it is taken over as AutoPipeline's connection is
-(`take_over` in api/edge/autopipeline.py, behind the same fence: a redis-py that no longer lets
+(`take_over` in api/edge/resp.py, behind the same fence: a redis-py that no longer lets
 it raises TakeOverFailed, and the listener falls back on redis-py's PubSub). Replies are read as
 bytes: a message that is no UTF-8 is the callback's to judge, not a parse error that drops the
 subscription. Anything Redis answers with an error (an ACL that forbids SUBSCRIBE) and a lost
@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.exceptions import InvalidResponse, RedisError
 
-from api.edge.autopipeline import TakeOverFailed, pack_command, replies, take_over
+from api.edge.resp import TakeOverFailed, pack_command, replies, take_over
 
 OnMessage = Callable[[bytes], None]
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.client import PubSub
 
-from api.edge.autopipeline import TakeOverFailed
+from api.edge.resp import TakeOverFailed
 from api.edge.subscription import Subscription
 from shared.logging import fields
 
