@@ -15,12 +15,11 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from api.edge import autopipeline
-from api.edge.autopipeline import AutoPipeline, DirectCommands, TakeOverFailed, open_commands, pack_command
+from api.edge.autopipeline import AutoPipeline, DirectCommands, open_commands
+from api.edge.resp import TakeOverFailed
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from shared.logging import FIELDS
@@ -173,29 +172,6 @@ async def test_a_server_that_stops_answering_times_out_and_the_next_command_reco
         server.stop()
 
 
-ARG = st.one_of(
-    st.text(max_size=50),
-    st.binary(max_size=50),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False),
-)
-
-
-COMMAND = st.lists(ARG, min_size=1, max_size=8).map(lambda args: ["CMD", *args])
-
-
-@given(st.lists(COMMAND, min_size=1, max_size=4))
-def test_packing_matches_redis_py(commands: list[list[object]]) -> None:
-    connection = aioredis.Redis().connection_pool.make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
-    assert b"".join(map(pack_command, commands)) == b"".join(connection.pack_commands(commands))
-
-
-def test_packing_refuses_what_redis_py_refuses() -> None:
-    for bad in (True, None, object()):
-        with pytest.raises(redis.exceptions.DataError):
-            pack_command(["SET", "k", bad])
-
-
 async def test_a_loading_reply_fails_its_command(aclient: aioredis.Redis) -> None:
     """Right after a restart Redis answers "-LOADING ..." while it replays its AOF. redis-py
     parses that as BusyLoadingError (a ConnectionError, which the API answers with 503), not a
@@ -221,8 +197,10 @@ def broken_take_over(connection: object) -> None:
     raise AttributeError("'Connection' object has no attribute '_writer'")
 
 
-async def connected_clients(client: aioredis.Redis) -> int:
-    return len(await client.client_list())
+async def connected_clients(client: aioredis.Redis) -> set[str]:
+    """The ids of the connections Redis holds (ids, not a count: an earlier test's connection that
+    closes meanwhile must not pass for the one a take-over failed to close)."""
+    return {entry["id"] for entry in await client.client_list()}
 
 
 async def test_a_take_over_that_breaks_falls_back_to_redis_pys_pool(
@@ -236,7 +214,7 @@ async def test_a_take_over_that_breaks_falls_back_to_redis_pys_pool(
     assert "_writer" in getattr(record, FIELDS)["error"]
     await commands.execute("SET", "fenced", "1")
     assert await commands.execute("GET", "fenced") == "1"
-    assert await connected_clients(aclient) == before  # the connection it opened is closed
+    assert await connected_clients(aclient) <= before  # the connection it opened is closed
 
 
 async def test_a_take_over_that_breaks_later_fails_its_commands_as_a_redis_error(
@@ -251,7 +229,7 @@ async def test_a_take_over_that_breaks_later_fails_its_commands_as_a_redis_error
         with pytest.raises(redis.exceptions.ConnectionError) as raised:
             await commands.execute("PING")
         assert isinstance(raised.value, TakeOverFailed)
-    assert await connected_clients(aclient) == before
+    assert await connected_clients(aclient) <= before
 
 
 async def test_autopipeline_can_be_turned_off(aclient: aioredis.Redis) -> None:
