@@ -51,14 +51,12 @@ from bench.llamacpp_reference import REPACK_CRASHED, Reference, ReferenceError, 
 from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_executor import BATCH_TOKENS, LlamaCppExecutor
 from workers.engine.llamacpp_model import gguf_file, load_llamacpp_model
 from workers.engine.prompts import tokenize
 
 #: The two llama-batched-bench runs: llama.cpp's defaults, and the context genq gives llama.cpp.
 REFERENCE_RUNS = ("llamacpp_defaults", "llamacpp_genq_settings")
-#: genq's llama_decode batch (llamacpp_executor._BATCH_TOKENS: n_batch = n_ubatch).
-GENQ_BATCH_TOKENS = 512
 #: The batched-bench columns, named as in its jsonl output, and what the report calls them.
 COLUMNS = {
     "pp": "pp",
@@ -127,7 +125,7 @@ def batched_bench_argv(
         cells = config.max_batch_size * config.llamacpp_sequence_tokens
         kv = config.llamacpp_kv_cells
         argv += ["-nr", "-ctk", kv, "-ctv", kv, "-no-kvu", "-c", str(cells),
-                 "-b", str(GENQ_BATCH_TOKENS), "-ub", str(GENQ_BATCH_TOKENS)]  # fmt: skip
+                 "-b", str(BATCH_TOKENS), "-ub", str(BATCH_TOKENS)]  # fmt: skip
     return argv
 
 

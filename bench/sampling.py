@@ -31,6 +31,7 @@ from bench.common import machine, parse_args, percentile, print_table, write_rep
 from bench.engine import prompts
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.llamacpp_executor import LlamaCppExecutor
+from workers.engine.llamacpp_model import set_token
 from workers.engine.prompts import tokenize
 from workers.engine.sampling import Generator, choose_tokens, make_generator
 from workers.engine.types import SamplingParams
@@ -89,7 +90,7 @@ def _forward_ms(executor: LlamaCppExecutor, steps: int = 8) -> float:
     batch = executor._batch
     for step in range(steps):
         for row in range(ROWS):
-            executor._set_token(batch, row, 2, 1 + step, row, True)
+            set_token(batch, row, 2, 1 + step, row, True)
         batch.n_tokens = ROWS
         started = time.perf_counter()
         executor._forward(batch)

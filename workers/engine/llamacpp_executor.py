@@ -4,7 +4,7 @@ Through llama-cpp-python's low-level binding (its C API one to one), not its `Ll
 engine's own loop (core.py) schedules, and llama.cpp only runs forward passes. Each running
 sequence holds a seq_id (its row) in one llama_context; a decode step is ONE llama_decode over a
 batch of one token per row, logits on for each. Prefill runs one prompt alone (chunks of
-_BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
+BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
 Releasing a sequence frees its seq_id and keeps its cells: a later prompt that starts with the same
 tokens (the chat template's system prompt, a conversation's earlier turns) takes that seq_id, drops
 the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
@@ -48,9 +48,16 @@ from typing import Any
 import numpy as np
 
 from workers.engine.choice import TokenChooser
-from workers.engine.config import KV_CELL_TYPES, EngineConfig
+from workers.engine.config import EngineConfig
 from workers.engine.kv_pages import KvStreams
-from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model, physical_cores
+from workers.engine.llamacpp_model import (
+    LlamaCppModel,
+    binding,
+    context_params,
+    load_llamacpp_model,
+    physical_cores,
+    set_token,
+)
 from workers.engine.llamacpp_rows import SeqIds
 from workers.engine.logprobs import prompt_logprobs
 from workers.engine.pages import ZeroPageWatch, return_freed_memory
@@ -60,7 +67,7 @@ from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 
 #: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
 #: physical batch, so its compute buffers stay small.
-_BATCH_TOKENS = 512
+BATCH_TOKENS = 512
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
 
@@ -74,7 +81,7 @@ class LlamaCppExecutor:
         self._llama: Any = None
         self._context: Any = None  # llama_context_p
         self._memory: Any = None  # llama_memory_t
-        self._batch: Any = None  # llama_batch, _BATCH_TOKENS tokens
+        self._batch: Any = None  # llama_batch, BATCH_TOKENS tokens
         self._context_tokens = 0
         self._threads = 0  # fixed by prepare()
         self._grammars: Grammars | None = None
@@ -194,12 +201,14 @@ class LlamaCppExecutor:
         # their pages go back as the memset passes them (pages.ZeroPageWatch).
         pages = self._pages = ZeroPageWatch()
         with pages.meanwhile():
-            self._context = llama.llama_init_from_model(model.handle, self._context_params())
+            self._context = llama.llama_init_from_model(
+                model.handle, context_params(self._config, self.threads, BATCH_TOKENS)
+            )
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
         self._memory = llama.llama_get_memory(self._context)
         self._streams = KvStreams(llama, self._context)
-        self._batch = llama.llama_batch_init(_BATCH_TOKENS, 0, 1)
+        self._batch = llama.llama_batch_init(BATCH_TOKENS, 0, 1)
         self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
         self._seq_ids = SeqIds(self._config.max_batch_size)
         self._warm_up()
@@ -246,7 +255,7 @@ class LlamaCppExecutor:
         batch = self._batch
         for index, sequence in enumerate(members):
             position = len(sequence.prompt_ids) + len(sequence.completion) - 1
-            self._set_token(batch, index, sequence.completion[-1], position, self._rows[sequence], True)
+            set_token(batch, index, sequence.completion[-1], position, self._rows[sequence], True)
         batch.n_tokens = len(members)
         self._forward(batch)
         tokens = self._require_chooser().choose(self._logits(len(members)), members)
@@ -262,9 +271,8 @@ class LlamaCppExecutor:
 
     @property
     def decode_seconds(self) -> float:
-        """Wall seconds spent inside llama_decode since the context was made: llama.cpp's own
-        compute, prompts and decode steps alike. What a run took beyond it is genq's own work
-        (scheduling, sampling, tokenizing, output); bench/engine_reference.py reports the share."""
+        """Wall seconds inside llama_decode since the context was made (llama.cpp's compute; the
+        rest of a run is genq's own work: bench/engine_reference.py reports the share)."""
         return self._decode_s
 
     def take_cache_stats(self) -> CacheStats:
@@ -280,20 +288,6 @@ class LlamaCppExecutor:
 
     # ---- llama.cpp calls -------------------------------------------------------------------------
 
-    def _context_params(self) -> Any:
-        params = binding().llama_context_default_params()
-        rows = self._config.max_batch_size
-        params.n_seq_max = rows
-        params.n_ctx = rows * self._config.llamacpp_sequence_tokens
-        params.n_batch = params.n_ubatch = _BATCH_TOKENS
-        params.n_threads = params.n_threads_batch = self.threads
-        params.kv_unified = False
-        # By default 8-bit K and V (llama.cpp's flash attention reads them): half f16's memory for
-        # the cells, which llama.cpp allocates for every row up front.
-        params.type_k = params.type_v = KV_CELL_TYPES[self._config.llamacpp_kv_cells]
-        params.no_perf = True
-        return params
-
     def _run_prompt(
         self, row: int, prompt_ids: list[int], every_position: bool, first: int = 0
     ) -> np.ndarray:
@@ -302,25 +296,17 @@ class LlamaCppExecutor:
         token first + i + 1) when every_position."""
         kept: list[np.ndarray] = []
         batch = self._batch
-        for start in range(first, len(prompt_ids), _BATCH_TOKENS):
-            chunk = prompt_ids[start : start + _BATCH_TOKENS]
+        for start in range(first, len(prompt_ids), BATCH_TOKENS):
+            chunk = prompt_ids[start : start + BATCH_TOKENS]
             last = start + len(chunk) == len(prompt_ids)
             for index, token in enumerate(chunk):
                 wanted = every_position or (last and index == len(chunk) - 1)
-                self._set_token(batch, index, token, start + index, row, wanted)
+                set_token(batch, index, token, start + index, row, wanted)
             batch.n_tokens = len(chunk)
             self._forward(batch)
             if every_position:
                 kept.append(self._logits(len(chunk)).copy())  # the next chunk overwrites the buffer
         return np.concatenate(kept) if every_position else self._logits(1)
-
-    @staticmethod
-    def _set_token(batch: Any, index: int, token: int, position: int, row: int, logits: bool) -> None:
-        batch.token[index] = token
-        batch.pos[index] = position
-        batch.n_seq_id[index] = 1
-        batch.seq_id[index][0] = row
-        batch.logits[index] = logits
 
     def _forward(self, batch: Any) -> None:
         began = time.perf_counter()
@@ -385,7 +371,7 @@ class LlamaCppExecutor:
         finite = True
         for step in range(_WARMUP_STEPS):
             for row, token in enumerate(tokens):
-                self._set_token(self._batch, row, token, len(prompts[row]) + step, row, True)
+                set_token(self._batch, row, token, len(prompts[row]) + step, row, True)
             self._batch.n_tokens = rows
             self._forward(self._batch)
             logits = self._logits(rows)

@@ -21,8 +21,8 @@ from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor
-from workers.engine.llamacpp_model import LlamaCppModel, binding, physical_cores
+from workers.engine.llamacpp_executor import BATCH_TOKENS, LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel, binding, context_params, physical_cores
 from workers.engine.loading import LoadedModel
 from workers.engine.pages import PAGE_BYTES, ZeroPageWatch, return_freed_memory
 
@@ -394,7 +394,8 @@ def test_creating_a_context_writes_nothing_but_zeros_into_the_memory_it_maps(
     executor = LlamaCppExecutor(config, llamacpp_model)
     llama = binding()
     watch = ZeroPageWatch()
-    context = llama.llama_init_from_model(llamacpp_model.handle, executor._context_params())
+    params = context_params(config, executor.threads, BATCH_TOKENS)
+    context = llama.llama_init_from_model(llamacpp_model.handle, params)
     try:
         watch.look()
         mapped_mib = sum(chunk.size for chunk in watch.chunks) / 2**20
