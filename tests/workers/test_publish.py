@@ -187,18 +187,26 @@ def test_a_delta_redis_did_not_take_goes_with_the_next_one(
     """Redis restarts (its data kept) while a running job's update is published: that update's
     text is not lost from the stream, the next publish carries it, so the stream's deltas still
     add up to the text (it had a hole there before, and stopped being a prefix of it)."""
+    deltas = deltas_through_an_outage(OutputPublisher, tmp_path, caplog, OutputUpdate("one two three", 3))
+    assert deltas == ["one", " two three"]
+
+
+def deltas_through_an_outage(
+    kind: type[OutputPublisher], tmp_path: Path, caplog: pytest.LogCaptureFixture, then: OutputUpdate
+) -> list[str]:
+    """Job j1's stream after "one" is published, "one two" is offered while Redis is down, and
+    `then` once it is back."""
     with aof_client(tmp_path) as (server, client):
-        publisher = OutputPublisher(client, TTL_S)
+        publisher = kind(client, TTL_S)
         try:
             publisher.offer("j1", OutputUpdate("one", 1))
             _flush(publisher, client, "j1")
             offered_while_down(publisher, server, caplog, OutputUpdate("one two", 2))
-            publisher.offer("j1", OutputUpdate("one two three", 3))
+            publisher.offer("j1", then)
             _flush(publisher, client, "j1")
         finally:
             publisher.stop()
-        deltas = [e["delta"] for e in _entries(client, "j1")]
-    assert deltas == ["one", " two three"]
+        return [e["delta"] for e in _entries(client, "j1")]
 
 
 class ForgettingPublisher(OutputPublisher):
@@ -218,17 +226,7 @@ def test_a_failed_publish_of_a_job_forgotten_meanwhile_leaves_its_new_run_alone(
 ) -> None:
     """A publish that fails after forget() started its job over does not put back what it had
     counted: the job's new run streams from its first character."""
-    with aof_client(tmp_path) as (server, client):
-        publisher = ForgettingPublisher(client, TTL_S)
-        try:
-            publisher.offer("j1", OutputUpdate("one", 1))
-            _flush(publisher, client, "j1")
-            offered_while_down(publisher, server, caplog, OutputUpdate("one two", 2))
-            publisher.offer("j1", OutputUpdate("re", 1))  # the new run
-            _flush(publisher, client, "j1")
-        finally:
-            publisher.stop()
-        deltas = [e["delta"] for e in _entries(client, "j1")]
+    deltas = deltas_through_an_outage(ForgettingPublisher, tmp_path, caplog, OutputUpdate("re", 1))  # new run
     assert deltas == ["one", "re"]
 
 
