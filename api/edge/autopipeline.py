@@ -26,7 +26,10 @@ Latency: a command waits only for the end of the current loop turn, never for a 
 command keeps its own reply or error (this is not a transaction). The connection is lost ->
 every command waiting on it fails with redis-py's ConnectionError; no reply within the client's
 `socket_timeout` -> they fail with its TimeoutError and the connection is dropped. The next
-command opens a new one. Never send blocking commands (BLPOP, XREAD BLOCK, SUBSCRIBE) here: they
+command opens a new one. A command that cannot be packed (an argument redis-py would refuse, a
+str with a lone surrogate) fails alone, before anything is sent; a reply that cannot be decoded
+(bytes that are not UTF-8 on a decoding client) fails its own command, and the connection, still
+in step, stays. Never send blocking commands (BLPOP, XREAD BLOCK, SUBSCRIBE) here: they
 would hold up everyone's replies on the shared connection.
 """
 
@@ -46,7 +49,7 @@ import redis.exceptions
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, InvalidResponse, NoScriptError, RedisError
 
-from api.edge.resp import TakeOverFailed, pack_command, replies, take_over
+from api.edge.resp import TakeOverFailed, pack_command, take_over
 from shared.logging import fields
 from shared.metrics import REDIS_BATCH
 
@@ -193,7 +196,9 @@ class AutoPipeline:
                 continue
             try:
                 chunks.append(pack_command(args))
-            except DataError as exc:  # an argument redis-py would refuse fails its own command
+            except (DataError, UnicodeEncodeError) as exc:
+                # An argument redis-py would refuse, or a str that is no UTF-8 (a lone surrogate),
+                # fails its own command; the batch's others go out.
                 future.set_exception(exc)
                 continue
             waiting.append((future, self._callback(args[0])))
@@ -263,16 +268,25 @@ class _Link(asyncio.Protocol):
             self._watchdog = asyncio.get_running_loop().call_later(self._timeout_s, self._check_timeout)
 
     def data_received(self, data: bytes) -> None:
-        try:
-            for reply in replies(self._reader, data):
-                if not self._waiting:  # out of step with what we sent: nothing on it can be trusted
-                    self._fail(InvalidResponse("Redis sent a reply that no command was waiting for"))
-                    return
-                future, callback, _ = self._waiting.popleft()
-                if not future.done():
-                    _answer(future, callback, reply)
-        except InvalidResponse as exc:
-            self._fail(exc)
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except InvalidResponse as exc:
+                self._fail(exc)
+                return
+            except UnicodeDecodeError as exc:
+                # hiredis consumed the whole reply before decoding it: the stream is still in step,
+                # so only the command it answers fails (redis-py's client would raise the same).
+                reply = exc
+            if reply is False:
+                return
+            if not self._waiting:  # out of step with what we sent: nothing on it can be trusted
+                self._fail(InvalidResponse("Redis sent a reply that no command was waiting for"))
+                return
+            future, callback, _ = self._waiting.popleft()
+            if not future.done():
+                _answer(future, callback, reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f" ({exc})" if exc else ""
@@ -317,7 +331,7 @@ class _Link(asyncio.Protocol):
 def _answer(future: asyncio.Future[Any], callback: _Callback, reply: Any) -> None:
     # Every error reply, ResponseError or not: redis-py parses "-LOADING" (Redis replaying its
     # AOF after a restart) as BusyLoadingError, a ConnectionError (-> 503 at the API).
-    if isinstance(reply, RedisError):
+    if isinstance(reply, RedisError | UnicodeDecodeError):
         future.set_exception(reply)
     elif callback is None:
         future.set_result(reply)

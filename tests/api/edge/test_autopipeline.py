@@ -82,6 +82,45 @@ async def test_a_bad_argument_fails_only_its_own_command(aclient: aioredis.Redis
     assert await aclient.exists("b") == 0
 
 
+async def test_an_unencodable_argument_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
+    """A str with a lone surrogate cannot be UTF-8: its command fails with the UnicodeEncodeError
+    redis-py's client would raise, and the others of the same loop turn are sent and answered."""
+    commands = AutoPipeline(aclient)
+    replies = await asyncio.wait_for(
+        asyncio.gather(
+            commands.execute("SET", "a", "1"),
+            commands.execute("SET", "bad", "\ud800"),
+            commands.execute("INCR", "n"),
+            return_exceptions=True,
+        ),
+        timeout=10,  # a bound on a hang (the fault: futures never settled), not a timing check
+    )
+    ok, refused, counted = replies
+    assert ok is True and counted == 1
+    assert isinstance(refused, UnicodeEncodeError)
+    assert await aclient.exists("bad") == 0
+    assert await commands.execute("GET", "a") == "1"
+
+
+async def test_an_undecodable_reply_fails_only_its_own_command(aclient: aioredis.Redis) -> None:
+    """Bytes that are not UTF-8 on a decoding client fail the command they answer; the commands
+    answered before and after it in the same read get their replies, and the connection stays."""
+    commands = AutoPipeline(aclient)
+    await aclient.set(b"raw", b"\xff\xfe not utf-8")
+    connection = await commands.execute("CLIENT", "ID")
+    replies = await asyncio.gather(
+        commands.execute("SET", "a", "1"),
+        commands.execute("GET", "raw"),
+        commands.execute("GET", "a"),
+        return_exceptions=True,
+    )
+    ok, undecodable, after = replies
+    assert ok is True and after == "1"
+    assert isinstance(undecodable, UnicodeDecodeError)
+    assert await commands.execute("CLIENT", "ID") == connection  # the same connection, still in step
+    assert await commands.execute("LRANGE", "nothing", 0, -1) == []
+
+
 @pytest.mark.parametrize("kind", ["auto", "direct"])
 async def test_commands_in_order_run_one_after_another(aclient: aioredis.Redis, kind: str) -> None:
     """execute_in_order: each command runs after the one before it, and the replies come back in
