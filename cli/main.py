@@ -153,7 +153,7 @@ def drain(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context, name: str) -> None:
     """Run a benchmark: `genq bench NAME [--quick]`, NAME one of gateway, end_to_end, machinery,
-    engine, worker_memory, scale, cache, chaos, batch (bench/README)."""
+    engine, worker_memory, scale, cache, chaos, batch, abuse (bench/README)."""
     import runpy
 
     sys.argv = [f"bench.{name}", *ctx.args]

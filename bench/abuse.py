@@ -1,0 +1,285 @@
+"""Hostile tenant, every attack at once: key A runs each hole of the files, batches, schemas and
+full-Redis issue in a loop while well-behaved key B submits small jobs and long-polls them.
+
+    python -m bench.abuse            # 30 s of B alone, 75 s under attack, then A fills Redis (~3 min)
+    python -m bench.abuse --quick    # a few seconds of each: a smoke test
+
+One real `genq api` process (its TMPDIR a fresh folder, so the bytes it spools are measured), one
+real worker on the placeholder model and a private Redis with a maxmemory (noeviction), so a full
+Redis is reached without touching the host's memory. Both keys have the default rate limits and
+quotas; the upload cap is FILE_MAX_MB (the 30 MiB uploads are over it).
+- Phase `alone`: B submits at B_RATE jobs/s, each long-polled until it ends; /healthz is probed
+  every 50 ms from a process of its own.
+- Phase `attack`: the same, while A (its own process, niced) runs attacks (1)-(7) of
+  bench/abuse_attacks.py, each one request at a time in a loop, recording every status code.
+- Phase `full_redis`: A submits ~0.9 MB jobs until the API answers 503, then stops; B goes on.
+Measured: B's submit and submit -> finished p50/p99 per phase and their attack/alone ratios
+(target <= 1.5x), /healthz p99 and max under attack (target < 100 ms), every accepted B job
+succeeded, API and worker alive with the same pids, their peak RSS, the API's peak temp bytes,
+file storage bytes and Redis used_memory (sampled every 100 ms).
+Writes <out>/abuse.json and <out>/abuse.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from bench.abuse_attacks import BIG_METADATA, IDLE_MODEL, KEY_A, KEY_B, MODEL, attacker, batch_files
+from bench.abuse_report import plot, print_tables, targets
+from bench.abuse_watch import Monitor, probe_healthz, probe_summary
+from bench.common import (
+    bench_stack,
+    latency_summary,
+    machine,
+    parse_args,
+    process_tree,
+    run_async,
+    service_env,
+    start_http,
+    start_redis,
+    start_worker,
+    write_report,
+)
+
+FILE_MAX_MB = 16
+B_RATE = 4.0
+TERMINAL = ("succeeded", "failed", "canceled")
+#: (alone s, attack s, most s the fill may take, metadata jobs seeded for the list attack, Redis MB)
+FULL = (30.0, 75.0, 90.0, 300, 256)
+QUICK = (4.0, 6.0, 20.0, 40, 64)
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def abuse_settings(redis_url: str, data_dir: str) -> dict[str, str]:
+    """Defaults but for the model, the upload cap and what a benchmark must not share with the host."""
+    return {
+        "REDIS_URL": redis_url,
+        "DATA_DIR": data_dir,
+        "MODEL": MODEL,
+        "MODELS": IDLE_MODEL,
+        "API_KEYS": f"{KEY_A},{KEY_B}",
+        "FILE_MAX_BYTES": str(FILE_MAX_MB << 20),
+        "PLACEHOLDER_STEP_S": "0.002",
+        "WORKER_METRICS_PORT": "0",
+        "LOG_LEVEL": "WARNING",
+    }
+
+
+def schema_compile_s() -> float:
+    """Seconds one compile of bench.abuse_attacks' costly schema takes here (the issue's ~0.5 s)."""
+    from bench.abuse_attacks import costly_schema
+    from shared.structured import schema_error
+
+    started = time.perf_counter()
+    schema_error(costly_schema("offline"))
+    return round(time.perf_counter() - started, 3)
+
+
+async def one_job(b: httpx.AsyncClient, i: int) -> dict[str, Any]:
+    """One of B's jobs: submit, then long-poll until it ends (a 429 on a poll: wait and poll again)."""
+    started = time.perf_counter()
+    try:
+        submitted = await b.post("/v1/jobs", json={"prompt": f"b{i}", "max_tokens": 4, "cache": False})
+    except httpx.HTTPError as exc:
+        return {"code": type(exc).__name__}
+    outcome: dict[str, Any] = {
+        "code": str(submitted.status_code),
+        "submit_ms": (time.perf_counter() - started) * 1000,
+    }
+    if submitted.status_code >= 300:
+        return outcome
+    job = submitted.json()
+    while job["status"] not in TERMINAL and time.perf_counter() - started < 120:
+        polled = await b.get(f"/v1/jobs/{job['id']}", params={"wait": 30})
+        if polled.status_code == 200:
+            job = polled.json()
+        else:
+            await asyncio.sleep(0.2)
+    return {**outcome, "status": job["status"], "finish_ms": (time.perf_counter() - started) * 1000}
+
+
+async def good_tenant(b: httpx.AsyncClient, stop: asyncio.Event) -> dict[str, Any]:
+    """B's load at B_RATE jobs/s (open loop: job i is due at i / B_RATE) until `stop`."""
+    started, tasks = time.perf_counter(), list[asyncio.Task[dict[str, Any]]]()
+    while not stop.is_set():
+        await asyncio.sleep(max(0.0, started + len(tasks) / B_RATE - time.perf_counter()))
+        if not stop.is_set():
+            tasks.append(asyncio.create_task(one_job(b, len(tasks))))
+    jobs = await asyncio.gather(*tasks)
+    accepted = [job for job in jobs if "status" in job]
+    return {
+        "submitted": len(jobs),
+        "codes": dict(Counter(job["code"] for job in jobs)),
+        "accepted": len(accepted),
+        "succeeded": sum(1 for job in accepted if job["status"] == "succeeded"),
+        **latency_summary([job["submit_ms"] for job in jobs if "submit_ms" in job], "submit_"),
+        **latency_summary([job["finish_ms"] for job in accepted], "finish_"),
+    }
+
+
+def wait_for_file(path: Path, process: Any, limit_s: float = 60.0) -> None:
+    """Until the attacker process marks that it began (or exits): its start-up is not attack time."""
+    deadline = time.monotonic() + limit_s
+    while not path.exists() and process.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+async def phase(
+    port: int,
+    b: httpx.AsyncClient,
+    scratch: Path,
+    name: str,
+    seconds: float,
+    attack: tuple[str, Any] | None,
+    t0: float,
+) -> dict[str, Any]:
+    """B's load and the /healthz probe for `seconds`, with A's attack process running when given
+    (a fill phase lasts until the attacker stops, then B goes on for 2 s)."""
+    base, started_file = f"http://127.0.0.1:{port}", scratch / f"{name}.attack.started"
+    attacks = None
+    if attack is not None:
+        attacks = SPAWN.Process(
+            target=attacker, args=(*attack, base, seconds, str(scratch / f"{name}.attack"))
+        )
+        attacks.start()
+        await asyncio.to_thread(wait_for_file, started_file, attacks)
+    stop, probe_stop = asyncio.Event(), SPAWN.Event()
+    probe = SPAWN.Process(target=probe_healthz, args=(port, seconds + 120, probe_stop, str(scratch / name)))
+    probe.start()
+    began = time.monotonic()
+    load = asyncio.create_task(good_tenant(b, stop))
+    if attack is not None and attack[0] == "fill":
+        assert attacks is not None
+        await asyncio.to_thread(attacks.join)
+        await asyncio.sleep(2.0)
+    else:
+        await asyncio.sleep(seconds)
+    stop.set()
+    probe_stop.set()
+    window = [round(began - t0, 1), round(time.monotonic() - t0, 1)]
+    result = {"window_s": window, "b": await load}
+    await asyncio.to_thread(probe.join)
+    result["healthz"] = probe_summary(json.loads((scratch / name).read_text()), window[0])
+    if attacks is not None:
+        await asyncio.to_thread(attacks.join)
+        result["a"] = json.loads((scratch / f"{name}.attack").read_text())
+    return result
+
+
+async def prepare(a: httpx.AsyncClient, seeds: int) -> tuple[dict[str, str], dict[str, Any]]:
+    """A's batch input files uploaded once (used by the batch attacks), and `seeds` queued jobs with
+    the widest metadata for the list attack (A's submit bucket refills meanwhile)."""
+    file_ids, uploads = {}, {}
+    for name, content in batch_files(FILE_MAX_MB << 20, seeds < 100).items():
+        uploaded = await a.post(
+            "/v1/files", files={"file": (f"{name}.jsonl", content)}, data={"purpose": "batch"}
+        )
+        uploads[name] = uploaded.status_code
+        if uploaded.status_code == 200:
+            file_ids[name] = uploaded.json()["id"]
+    seeded, deadline = 0, time.monotonic() + 60
+    while seeded < seeds and time.monotonic() < deadline:
+        body = {"prompt": "seed", "model": IDLE_MODEL, "metadata": BIG_METADATA}
+        answer = await a.post("/v1/jobs", json=body)
+        seeded += answer.status_code < 300
+        if answer.status_code == 429:
+            await asyncio.sleep(0.2)
+    return file_ids, {"uploads": uploads, "metadata_jobs_seeded": seeded}
+
+
+async def run_phases(
+    port: int, scratch: Path, durations: tuple[float, float, float, int, int], t0: float
+) -> dict[str, Any]:
+    alone_s, attack_s, fill_s, seeds, _ = durations
+    base = f"http://127.0.0.1:{port}"
+    as_a, as_b = ({"Authorization": f"Bearer {key}"} for key in (KEY_A, KEY_B))
+    async with (
+        httpx.AsyncClient(base_url=base, headers=as_a, timeout=120) as a,
+        httpx.AsyncClient(
+            base_url=base, headers=as_b, timeout=120, limits=httpx.Limits(max_connections=200)
+        ) as b,
+    ):
+        file_ids, setup = await prepare(a, seeds)
+        for i in range(5):  # warm-up: first requests pay imports and connection set-up
+            await one_job(b, -1 - i)
+        phases = {"alone": await phase(port, b, scratch, "alone", alone_s, None, t0)}
+        phases["attack"] = await phase(port, b, scratch, "attack", attack_s, ("phase2", file_ids), t0)
+        phases["full_redis"] = await phase(port, b, scratch, "full_redis", fill_s, ("fill", None), t0)
+    return {"setup": setup, "phases": phases}
+
+
+def processes_state(services: dict[str, Any], before: dict[str, list[int]]) -> dict[str, Any]:
+    """Each service: still running, and its process tree's pids as they were at the start."""
+    state = {}
+    for name, service in services.items():
+        alive = service.process.poll() is None
+        state[name] = {
+            "alive": alive,
+            "exit_code": service.process.returncode,
+            "same_pids": alive and sorted(process_tree(service.process.pid)) == before[name],
+        }
+    return state
+
+
+def start_stack(stack: Any, scratch: Path, redis_mb: int) -> tuple[dict[str, Any], int, Monitor]:
+    server = start_redis(stack, scratch / "redis")
+    client = redis.Redis.from_url(server.url)
+    client.config_set("maxmemory", f"{redis_mb}mb")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.close()
+    settings = abuse_settings(server.url, str(scratch / "genq"))
+    worker = start_worker(stack, "worker", settings, scratch)
+    temp_dir = scratch / "api-tmp"
+    temp_dir.mkdir()
+    env = {**service_env(settings), "TMPDIR": str(temp_dir)}
+    api, port = start_http(stack, "api", [sys.executable, "-m", "cli.main", "api"], env, scratch, "/healthz")
+    monitor = Monitor(
+        api.process.pid, worker.process.pid, str(temp_dir), scratch / "genq" / "files", server.url
+    )
+    return {"api": api, "worker": worker}, port, monitor
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(__doc__, "abuse", argv)
+    durations = QUICK if args.quick else FULL
+    report: dict[str, Any] = {
+        "quick": args.quick,
+        "machine": machine(),
+        "schema_compile_s": schema_compile_s(),
+        "settings": {
+            "file_max_mb": FILE_MAX_MB,
+            "redis_maxmemory_mb": durations[4],
+            "b_jobs_per_s": B_RATE,
+            "rate_limits": "defaults",
+        },
+    }
+    with bench_stack("abuse") as (stack, scratch):
+        services, port, monitor = start_stack(stack, scratch, durations[4])
+        before = {name: sorted(process_tree(service.process.pid)) for name, service in services.items()}
+        monitor.start()
+        try:
+            report.update(run_async(run_phases(port, scratch, durations, monitor.t0)))
+        finally:
+            monitor.stop()
+        report["processes"] = processes_state(services, before)
+        report["resources"] = monitor.peaks()
+        report["samples"] = monitor.samples[::5]  # every 0.5 s, for the plot
+    report["targets"] = targets(report)
+    print_tables(report)
+    write_report(args.out, "abuse", report, plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()
