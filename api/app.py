@@ -197,7 +197,9 @@ def job_api(
     queue_stats = app.state.queue_stats = QueueStatsReader(client, queues)
     cache = app.state.cache = ResponseCache(settings, client)
     hub = app.state.stream_hub = StreamHub(redis_client(settings, max_connections=1))
-    app.state.queue = JobQueue(settings, store, events, OutputStreams(commands), queue_stats, cache, hub)
+    app.state.queue = JobQueue(
+        settings, store, events, OutputStreams(commands), queue_stats, cache, hub, app.state.rate_limiter
+    )
     return cache, hub, store
 
 

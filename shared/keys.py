@@ -70,9 +70,13 @@ DEADLINES = PREFIX + ":deadlines"
 #: leader is still alive. Same life as DEADLINES.
 ORPHAN_CHECKS = PREFIX + ":orphan-checks"
 
-#: Set of one owner's live (queued or running) job ids: the per-key live-job bound counts it.
-#: The scripts that accept a job add; every script that ends one removes. TTL: job_ttl_s.
-OWNER_LIVE = PREFIX + ":owner:{owner}:live"
+#: Hash of one owner's live (queued or running) jobs: job id -> its rows (max(n, best_of): the
+#: sequences the engine runs for it), and OWNER_LIVE_TOTAL -> their sum, which the per-key
+#: live-job bound counts. The scripts that accept a job add; every script that ends one removes.
+#: One key for both, so they expire together. TTL: job_ttl_s.
+OWNER_LIVE = PREFIX + ":owner:{owner}:live-rows"
+#: OWNER_LIVE's field holding the sum of its jobs' rows (no job id starts with "+").
+OWNER_LIVE_TOTAL = "+rows"
 
 #: Integer: bytes of job input one owner submitted on one UTC day (days since the epoch). The
 #: per-key stored-bytes bound sums the days a record lives. TTL: job_ttl_s plus a day.

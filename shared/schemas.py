@@ -178,6 +178,12 @@ class JobCreate(BaseModel):
             raise ValueError("webhook URL is longer than 2048 characters")
         return url
 
+    @property
+    def rows(self) -> int:
+        """Sequences the engine runs for the job (best_of, else n): what it costs wherever
+        capacity is counted (rate limit, live-job bound, batch share), as n slots of a worker."""
+        return max(self.n, self.best_of or 1)
+
     @model_validator(mode="after")
     def _exactly_one_input(self) -> JobCreate:
         if (self.prompt is None) == (self.messages is None):

@@ -79,6 +79,7 @@ def prelude() -> str:
     tunables = (
         f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"
         f"local UNACKED_STALE_S = {UNACKED_STALE_S}\n"
+        f"local LIVE_TOTAL = {_lua_string(keys.OWNER_LIVE_TOTAL)}\n"
     )
     common = (LUA_DIR / "common.lua").read_text()
     return f"local K = {{{constants}}}\n{builders}{tunables}{common}\n"

@@ -1,6 +1,8 @@
 """Per-key token buckets in Redis, shared by every API replica: one atomic Lua script per check.
 
-Submissions and reads have separate buckets, so polling never starves submitting. The bucket's
+Submissions and reads have separate buckets, so polling never starves submitting. A job of n
+samples (or best_of) runs as many sequences, so its submission takes that many tokens: the request
+takes one (api/edge/pipeline.py), JobQueue the rest once the body says how many. The bucket's
 clock is the Redis server's (TIME), so replicas with skewed clocks agree.
 """
 
@@ -52,17 +54,20 @@ class RateLimiter:
         #: Parsed once per owner and kind (settings do not change while the process runs).
         self._buckets: dict[tuple[str, Kind], Bucket | None] = {}
 
-    async def check(self, owner: str, kind: Kind) -> dict[str, str]:
-        """The X-RateLimit headers for an allowed request; raises RateLimited when over."""
+    async def check(self, owner: str, kind: Kind, cost: int = 1) -> dict[str, str]:
+        """The X-RateLimit headers for an allowed request that takes `cost` tokens (at most the
+        bucket's burst, so any request can pass once the bucket is full); raises RateLimited when
+        over."""
         try:
             bucket = self._buckets[owner, kind]
         except KeyError:
             bucket = self._buckets[owner, kind] = bucket_for(self._settings, owner, kind)
-        if bucket is None:
+        if bucket is None or cost <= 0:
             return {}
+        cost = min(cost, bucket.capacity)
         try:
             allowed, left_milli, full_ms, wait_ms = await self._commands.run_script(
-                self._script, [keys.rate_limit(owner, kind)], [bucket.capacity, bucket.per_second, 1]
+                self._script, [keys.rate_limit(owner, kind)], [bucket.capacity, bucket.per_second, cost]
             )
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             return self._redis_down(kind, exc)
@@ -73,7 +78,13 @@ class RateLimiter:
             metrics.RATE_LIMITED.labels(kind).inc()
             raise RateLimited(
                 f"rate limit for {'submissions' if kind == 'submit' else 'reads'} exceeded "
-                f"({bucket.capacity} burst, {bucket.per_second:g}/s)",
+                f"({bucket.capacity} burst, {bucket.per_second:g}/s"
+                + (
+                    f"; {cost} tokens for this job's further samples: a job takes n, or best_of"
+                    if cost > 1
+                    else ""
+                )
+                + ")",
                 limit=bucket.capacity,
                 remaining=remaining,
                 reset_s=full_ms / 1000,

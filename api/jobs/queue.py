@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from api.edge.concurrency import ConcurrencyLimits, Held, Slot
+from api.edge.ratelimit import RateLimiter
 from api.jobs.cache import Lookup, ResponseCache
 from api.jobs.events import JobEvents, set_within
 from api.jobs.queue_stats import QueueStatsReader
@@ -69,8 +70,11 @@ class JobQueue:
         queue_stats: QueueStatsReader,
         cache: ResponseCache,
         hub: StreamHub,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self._settings = settings
+        #: Charges a caller's submission its rows beyond the one token its request took.
+        self._rate_limiter = rate_limiter
         self._hub = hub
         self._limits = ConcurrencyLimits(settings)
         self._cache = cache
@@ -100,11 +104,21 @@ class JobQueue:
             raise InvalidRequest(message, param="min_tokens")
         return model, max_tokens
 
-    async def submit(self, create: JobCreate, owner: str, idempotency_key: str | None) -> Accepted:
-        return await self._submit(create, owner, idempotency_key, new_id())
+    async def submit(
+        self, create: JobCreate, owner: str, idempotency_key: str | None, *, charged: bool = False
+    ) -> Accepted:
+        """Accept a job. `charged`: a caller's request, whose submit bucket pays the job's rows
+        beyond the token the request took (the batch feeder's lines are bounded by their share)."""
+        return await self._submit(create, owner, idempotency_key, new_id(), charged)
 
     async def submit_and_wait(
-        self, create: JobCreate, owner: str, idempotency_key: str | None, timeout_s: float
+        self,
+        create: JobCreate,
+        owner: str,
+        idempotency_key: str | None,
+        timeout_s: float,
+        *,
+        charged: bool = False,
     ) -> Accepted:
         """submit(), then wait() for the job: `job` is the job as the wait left it.
 
@@ -115,16 +129,18 @@ class JobQueue:
         """
         job_id = new_id()
         with self._events.watch(job_id) as changed:
-            accepted = await self._submit(create, owner, idempotency_key, job_id)
+            accepted = await self._submit(create, owner, idempotency_key, job_id, charged)
             if accepted.queued:
                 job = await self._wait(job_id, owner, timeout_s, changed, read_first=False)
                 return replace(accepted, job=job)
         return replace(accepted, job=await self.wait(accepted.job["id"], owner, timeout_s))
 
     async def _submit(
-        self, create: JobCreate, owner: str, idempotency_key: str | None, job_id: str
+        self, create: JobCreate, owner: str, idempotency_key: str | None, job_id: str, charged: bool
     ) -> Accepted:
         model, max_tokens = self._check(create)
+        if charged and self._rate_limiter is not None:
+            await self._rate_limiter.check(owner, "submit", create.rows - 1)
         if create.webhook is not None:
             await check_url(str(create.webhook), self._settings.webhook_policy)
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
@@ -147,6 +163,7 @@ class JobQueue:
             cache_key=lookup.request.cache_key if lookup else "",
             cache_scope=scope,
             preview=job_preview(create),
+            rows=create.rows,
         )
         priority = create.priority.broker_priority
         message = task_message(keys.GENERATE_TASK, job.job_id, [job.job_id], job.queue, priority)

@@ -43,6 +43,8 @@ class NewJob:
     preview: str = ""
     #: Whose cache the result goes to ("" shared); the worker keys its result with it.
     cache_scope: str = ""
+    #: Sequences the engine runs for it (JobCreate.rows): what it counts against the live bound.
+    rows: int = 1
 
     @cached_property
     def record(self) -> dict[str, str]:
@@ -57,6 +59,8 @@ class NewJob:
             record["preview"] = self.preview
         if self.cache_scope:
             record["cache_scope"] = self.cache_scope
+        if self.rows != 1:  # absent means 1 (submit.lua)
+            record["rows"] = str(self.rows)
         record |= {
             "id": self.job_id, "owner": self.owner, "status": JobStatus.QUEUED.value, "model": self.model,
             "queue": self.queue, "input": self.input_json.decode(), "metadata": self.metadata_json.decode(),
@@ -233,9 +237,13 @@ class JobStore:
 
 def _over_bound(bound: str, limit: int) -> QuotaExceeded:
     setting = {"live_jobs": "GENQ_MAX_LIVE_JOBS_PER_KEY", "stored_bytes": "GENQ_MAX_STORED_BYTES_PER_KEY"}
-    what = {"live_jobs": f"{limit} queued or running jobs", "stored_bytes": f"{limit} bytes of job input"}
+    what = {
+        "live_jobs": f"{limit} rows of queued or running jobs (a job counts n, or best_of, rows)",
+        "stored_bytes": f"{limit} bytes of job input",
+    }
     return QuotaExceeded(
-        f"this API key holds {what[bound]} ({setting[bound]}); wait for some to finish or expire",
+        f"this job would take this API key past {what[bound]} ({setting[bound]}); "
+        "wait for some to finish or expire",
         param=bound,
     )
 

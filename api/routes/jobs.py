@@ -74,10 +74,10 @@ async def accept_job(
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")
     if not wait_s:
-        accepted = await queue.submit(body, owner, idempotency_key)
+        accepted = await queue.submit(body, owner, idempotency_key, charged=True)
     else:
         with queue.hold(owner, "long_polls"):  # refused before anything is submitted
-            accepted = await queue.submit_and_wait(body, owner, idempotency_key, wait_s)
+            accepted = await queue.submit_and_wait(body, owner, idempotency_key, wait_s, charged=True)
     job = accepted.job
     finished = job["status"].is_terminal()
     status = 202 if accepted.created and not finished else 200

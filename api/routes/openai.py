@@ -98,12 +98,14 @@ async def _complete(
     # The held slot is taken before the job is submitted: a caller over its limit changes nothing.
     if not body.stream:
         with queue.hold(owner, "long_polls"):
-            first = await queue.submit_and_wait(job_create(body), owner, None, round_s(settings.max_wait_s))
+            first = await queue.submit_and_wait(
+                job_create(body), owner, None, round_s(settings.max_wait_s), charged=True
+            )
             job = await wait_for_job(queue, first.job, owner, request, settings.max_wait_s)
         return json_response(completion(kind, job, echoes(body)), headers=_job_header(job))
     slot = queue.hold(owner, "streams")
     try:
-        job = (await queue.submit(job_create(body), owner, idempotency_key=None)).job
+        job = (await queue.submit(job_create(body), owner, idempotency_key=None, charged=True)).job
     except BaseException:
         slot.release()
         raise

@@ -69,6 +69,16 @@ local function leave_running(job_key_, job_id)
   redis.call('HDEL', job_key_, 'lease')
 end
 
+-- The job no longer counts against its owner's live-job bound: out of the owner's live hash,
+-- its rows off the hash's total (LIVE_TOTAL).
+local function leave_live(live_key, job_id)
+  local rows = redis.call('HGET', live_key, job_id)
+  if rows then
+    redis.call('HDEL', live_key, job_id)
+    redis.call('HINCRBY', live_key, LIVE_TOTAL, -tonumber(rows))
+  end
+end
+
 -- Bookkeeping of every move to a terminal status (the caller has set the status and fields).
 -- `known`, optional: what the caller read of the record before its own writes, which saves
 -- reading it again: {status = the status it ended from, queue = , owner = , hook = the
@@ -90,7 +100,7 @@ local function ended(job_key_, job_id, known, drop)
   end
   local owner = known.owner
   if owner == nil then owner = redis.call('HGET', job_key_, 'owner') end
-  if owner then redis.call('SREM', owner_live_key(owner), job_id) end
+  if owner then leave_live(owner_live_key(owner), job_id) end
   redis.call('PUBLISH', K.job_events, job_id)
   push_webhook(job_key_, job_id, 'completed', known.hook, known.frozen)
 end

@@ -6,7 +6,9 @@
 -- stored bytes of the owner (0: no bound), this job's input bytes, today (days since the epoch),
 -- days a record lives, then the record's fields and values (as arguments: decoding them from one
 -- JSON argument cost ~15 us of Redis's time per job, packing them ~3 us of the API's in hiredis).
--- The record's owner, deadline and queue come from the fields about to be written, by name.
+-- The record's owner, deadline, queue and rows (absent: 1) come from the fields about to be
+-- written, by name. The owner's live hash counts rows (a job of n samples runs n sequences):
+-- a job whose rows would take it past the live bound is refused.
 -- Returns {0, idem value} (a replay: nothing written), {1} (queued: enqueued), {2, record...}
 -- (a cache hit: succeeded at once), {3, leader id} (a follower: waits for the leader's result),
 -- {4, limit name, limit} (the owner is at a bound: nothing written).
@@ -24,16 +26,19 @@ local function stored_bytes(owner)
 end
 
 -- Nil when the owner may store this job, else the name of the bound it would pass.
-local function over_bound(owner)
+local function over_bound(owner, rows)
   local live_limit, bytes_limit = tonumber(ARGV[11]), tonumber(ARGV[12])
-  if live_limit > 0 and redis.call('SCARD', KEYS[7]) >= live_limit then return 'live_jobs', live_limit end
+  if live_limit > 0 then
+    local held = tonumber(redis.call('HGET', KEYS[7], LIVE_TOTAL) or '0')
+    if held + rows > live_limit then return 'live_jobs', live_limit end
+  end
   if bytes_limit > 0 and stored_bytes(owner) + tonumber(ARGV[13]) > bytes_limit then
     return 'stored_bytes', bytes_limit
   end
   return nil
 end
 
-local function accept(owner, live)
+local function accept(owner, live, rows)
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
@@ -43,7 +48,8 @@ local function accept(owner, live)
   redis.call('INCRBY', bytes_key, ARGV[13])
   redis.call('EXPIRE', bytes_key, ARGV[3] + 86400)
   if live then
-    redis.call('SADD', KEYS[7], ARGV[1])
+    redis.call('HSET', KEYS[7], ARGV[1], rows)
+    redis.call('HINCRBY', KEYS[7], LIVE_TOTAL, rows)
     redis.call('EXPIRE', KEYS[7], ARGV[3])
   end
 end
@@ -68,21 +74,22 @@ if KEYS[4] ~= '' then
 end
 local FIELDS = 16  -- the first field's name in ARGV
 -- Taken from the fields about to be written rather than read back from the record after.
-local owner, deadline, queue = nil, nil, nil
+local owner, deadline, queue, rows = nil, nil, nil, 1
 for i = FIELDS, #ARGV, 2 do
   local name = ARGV[i]
   if name == 'owner' then owner = ARGV[i + 1]
   elseif name == 'deadline' then deadline = ARGV[i + 1]
-  elseif name == 'queue' then queue = ARGV[i + 1] end
+  elseif name == 'queue' then queue = ARGV[i + 1]
+  elseif name == 'rows' then rows = tonumber(ARGV[i + 1]) end
 end
-local bound, limit = over_bound(owner)
+local bound, limit = over_bound(owner, rows)
 if bound then return {4, bound, limit} end
 redis.call('HSET', KEYS[1], unpack(ARGV, FIELDS))
 local output, label = cached_response()
 if output ~= '' then
   redis.call('HSET', KEYS[1], 'status', 'succeeded', 'cached', '1', 'output', output, 'model_label', label,
              'metrics', NO_INFERENCE_METRICS, 'started_at', now, 'completed_at', now)
-  accept(owner, false)
+  accept(owner, false, rows)
   push_webhook(KEYS[1], ARGV[1], 'start')
   push_webhook(KEYS[1], ARGV[1], 'completed')
   local record = redis.call('HGETALL', KEYS[1])
@@ -97,11 +104,11 @@ if KEYS[5] ~= '' then
     redis.call('EXPIRE', followers_key(leader), ARGV[3])
     redis.call('ZADD', K.deadlines, deadline, ARGV[1])
     redis.call('ZADD', K.orphan_checks, tonumber(now) + ORPHAN_CHECK_S, ARGV[1])
-    accept(owner, true)
+    accept(owner, true, rows)
     return {3, leader}
   end
   redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[3])
 end
 enqueue(KEYS[1], ARGV[1], ARGV[4], KEYS[3], deadline, now, queue)
-accept(owner, true)
+accept(owner, true, rows)
 return {1}

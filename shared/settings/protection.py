@@ -23,9 +23,9 @@ class ProtectionSettings(BaseModel):
     """Retry-After sent with a 503 `overloaded`."""
 
     max_live_jobs_per_key: int = Field(10_000, ge=0)
-    """Most queued and running jobs one API key may hold; past it, submissions get 429
-    `quota_exceeded` (param `live_jobs`). 0: no bound. Per-key override: `live_jobs` in
-    rate_limit_overrides."""
+    """Most rows of queued and running jobs one API key may hold (a job counts n, or best_of,
+    rows: the sequences it runs); past it, submissions get 429 `quota_exceeded` (param
+    `live_jobs`). 0: no bound. Per-key override: `live_jobs` in rate_limit_overrides."""
 
     max_stored_bytes_per_key: int = Field(1 << 30, ge=0)
     """Most bytes of job input (prompt, messages, metadata) one API key may have stored while its
