@@ -5,9 +5,10 @@ two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noevic
 read-only during a failover, the pop succeeds and the record is refused; stock kombu raises, and
 Celery takes that as an unrecoverable error: the worker stops consuming for good. Here the
 record is retried until the store takes it, holding the message in memory meanwhile (the worker
-can do nothing useful while the store refuses writes anyway); so are the queue bindings that a
-reconnecting consumer writes. Were the worker killed while it holds a message so, the message is
-in no list and no hash: the reaper's orphan check pushes it again (shared/lua/reap_orphan.lua).
+can do nothing useful while the store refuses writes anyway); so are the acknowledgement and the
+rejection of a message (each a MULTI, which a full Redis refuses whole) and the queue bindings
+that a reconnecting consumer writes. Were the worker killed while it holds a message so, the
+message is in no list and no hash: the reaper's orphan check pushes it again (shared/lua/reap_orphan.lua).
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ class PatientQoS(kombu_redis.QoS):
         append = super().append
         while_refused(lambda: append(message, delivery_tag), "broker_record_refused")  # type: ignore[no-untyped-call]
 
+    def ack(self, delivery_tag: str) -> None:
+        # kombu acknowledges with a MULTI (ZREM and HDEL), and Redis refuses every command queued
+        # in a MULTI at maxmemory: on Celery's event loop that was an "Unrecoverable error" and the
+        # worker exited, its job done. Removing a message twice is harmless: wait for the store.
+        ack = super().ack
+        while_refused(lambda: ack(delivery_tag), "broker_ack_refused")  # type: ignore[no-untyped-call]
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        # A requeue moves the message from the unacked hash to its list in one transaction, a
+        # drop removes it: both refused at maxmemory, as the ack is, and as safe to retry.
+        reject = super().reject
+        while_refused(lambda: reject(delivery_tag, requeue=requeue), "broker_reject_refused")  # type: ignore[no-untyped-call]
+
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         # kombu's periodic sweep of messages past the visibility timeout takes a Redis lock first
         # (a write): at maxmemory that raised, and Celery took it as unrecoverable (seen in the
@@ -78,11 +92,22 @@ class PatientQoS(kombu_redis.QoS):
         try:
             super().restore_unacked(client)  # type: ignore[no-untyped-call]
         except redis.exceptions.ConnectionError:
-            with _left_behind_lock:
-                _left_behind.update(tags)
-            self._delivered.clear()
-            log.warning("broker_restore_deferred", extra=fields(messages=len(tags)))
+            self._leave_behind(tags)
             raise
+        except redis.exceptions.ResponseError as exc:
+            # A closing channel puts back what it holds; a full store refuses that, and waiting
+            # here would hold the worker's exit for as long as the store stays full. The messages
+            # stay in the unacked hash: the next channel of this process puts them back, or, once
+            # it exited, kombu's sweep past the visibility timeout does.
+            if storage_refusal(exc) is None:
+                raise
+            self._leave_behind(tags)
+
+    def _leave_behind(self, tags: list[str]) -> None:
+        with _left_behind_lock:
+            _left_behind.update(tags)
+        self._delivered.clear()
+        log.warning("broker_restore_deferred", extra=fields(messages=len(tags)))
 
 
 class Channel(kombu_redis.Channel):

@@ -5,6 +5,7 @@ up and every job accepted before finishes once memory is back (real Redis, real 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,9 +14,10 @@ import httpx
 import pytest
 import redis
 
+from cli import redis_server
 from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
-from tests.conftest import WorkerProcess, api_client
+from tests.conftest import WorkerProcess, api_client, wait_until_acked, wait_until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -104,6 +106,56 @@ async def test_a_worker_that_reconnects_to_a_full_redis_stays_up(
                 done = (await api.get(f"/v1/jobs/{job['id']}", params={"wait": 30})).json()
             assert done["status"] == "succeeded"
         assert worker.process.poll() is None
+    finally:
+        client.close()
+        server.stop()
+
+
+#: Redis (not valkey, which queues a MULTI's commands that need no memory even when full): a
+#: full Redis refuses kombu's acknowledgement, a MULTI of ZREM and HDEL.
+REDIS_SERVER = shutil.which("redis-server")
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="needs Redis's redis-server on PATH")
+async def test_a_refused_acknowledgement_waits_for_memory(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job ends while Redis is full: its end is written (finish.lua deletes before it writes),
+    but kombu acknowledges its message with a MULTI, which a full Redis refuses; Celery took
+    that as unrecoverable and the worker exited. Here the worker stays up, acknowledges once
+    memory is back, and runs the next job."""
+    monkeypatch.setattr(redis_server, "server_binary", lambda: REDIS_SERVER)
+    server = EmbeddedRedis(tmp_path / "full", appendonly=False)
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    settings = make_settings(redis_url=server.url, placeholder_step_s=0.05)
+    try:
+        worker = start_worker(settings)
+        async with api_client(settings) as api:
+            job_id = (await api.post("/v1/jobs", json={"prompt": "full", "max_tokens": 30})).json()["id"]
+            await wait_until_running(client, [job_id])
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", 1)  # far below its usage: every write is refused from now on
+            deadline = time.monotonic() + 30
+            while "broker_ack_refused" not in worker.log_path.read_text():
+                assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, worker.log_path.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+            assert client.hget(f"genq:job:{job_id}", "status") == "succeeded"
+            await asyncio.sleep(2)  # still refused a while later: it waits, it does not exit
+            assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
+            client.config_set("maxmemory", 0)
+            await wait_until_acked(client)
+            after = (await api.post("/v1/jobs", json={"prompt": "after", "max_tokens": 2})).json()["id"]
+            done = (await api.get(f"/v1/jobs/{after}", params={"wait": 30})).json()
+        assert done["status"] == "succeeded", done
+        assert client.hmget(f"genq:job:{job_id}", "status", "attempts") == ["succeeded", "1"]
+        ended = [line for line in worker.log_path.read_text().splitlines() if '"job_succeeded"' in line]
+        assert sum(job_id in line for line in ended) == 1  # ended once, never run again
+        assert worker.process.poll() is None, worker.log_path.read_text()[-3000:]
     finally:
         client.close()
         server.stop()
