@@ -20,18 +20,19 @@ from api.edge.concurrency import ConcurrencyLimits, Held, Slot
 from api.edge.ratelimit import RateLimiter
 from api.jobs.cache import Lookup, ResponseCache
 from api.jobs.events import JobEvents, set_within
+from api.jobs.listing import list_page
 from api.jobs.queue_stats import QueueStatsReader
 from api.jobs.store import JobStore, NewJob
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputEntry, OutputStreams, page_command, page_of
-from shared import keys, metrics
+from shared import key_secrets, keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import is_job_id, new_id
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import is_terminal, job_summary, public_job
+from shared.store import is_terminal, public_job
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000
@@ -142,6 +143,7 @@ class JobQueue:
         if charged and self._rate_limiter is not None:
             await self._rate_limiter.check(owner, "submit", create.rows - 1)
         if create.webhook is not None:
+            await key_secrets.require_own_secret(self._store.redis, owner, self._settings, "webhook")
             await check_url(str(create.webhook), self._settings.webhook_policy)
         job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
             "max_tokens": max_tokens
@@ -321,40 +323,15 @@ class JobQueue:
     async def list(
         self, owner: str, status: JobStatus | None, limit: int, cursor: int | None
     ) -> tuple[list[JobSummaryView], str | None]:
-        """A page of the owner's job summaries, newest first; the cursor is the last returned
-        score. The page ends early, with a cursor, before its summaries pass list_max_bytes."""
-        max_score = "+inf" if cursor is None else f"({cursor}"
-        found: list[JobSummaryView] = []
-        budget = self._settings.list_max_bytes
-        last_score: float | None = None
-        for _ in range(20):  # bounds the work of a status filter over a long history
-            page = await self._store.page(owner, max_score, max(limit * 2, 50))
-            if not page:
-                return found, None
-            records = {r["id"]: r for r in await self._store.get_summaries([job_id for job_id, _ in page])}
-            for job_id, score in page:
-                record = records.get(job_id)
-                if record is not None and (status is None or JobStatus(record["status"]) is status):
-                    summary = job_summary(record)
-                    budget -= len(orjson.dumps(summary))
-                    if budget < 0 and found:
-                        return found, _cursor(last_score)
-                    found.append(summary)
-                    if len(found) == limit:
-                        return found, str(int(score))
-                last_score = score
-            max_score = f"({int(page[-1][1])}"
-        return found, _cursor(last_score)
+        """A page of the owner's job summaries, newest first (api/jobs/listing.py): it ends early,
+        with a cursor, before the summaries read pass list_max_bytes."""
+        return await list_page(self._store, owner, status, limit, cursor, self._settings.list_max_bytes)
 
 
 async def _changed_or_recheck(changed: asyncio.Event, remaining: float) -> None:
     """Until `changed` is set, `remaining` seconds pass, or a recheck is due."""
     # Jittered, so pollers that arrived together do not re-read together.
     await set_within(changed, min(remaining, RECHECK_S * random.uniform(0.5, 1.0)))
-
-
-def _cursor(score: float | None) -> str | None:
-    return None if score is None else str(int(score))
 
 
 def job_preview(create: JobCreate) -> str:

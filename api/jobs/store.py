@@ -115,6 +115,15 @@ def _submit_cache_keys(cache: CacheLookup | None) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class JobHead:
+    """What a list needs to know of a job before reading its summary."""
+
+    status: JobStatus
+    #: Bytes of its metadata and error: the summary's fields whose size the job's owner decides.
+    summary_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class OwnerBounds:
     """Per-key bounds the submit script enforces (0: no bound)."""
 
@@ -205,9 +214,28 @@ class JobStore:
         record, reply = await self._commands.execute_in_order(("HGETALL", keys.job(job_id)), then)
         return _owned(record, owner), reply
 
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The store's Redis client, for reads beside the job records (a key's webhook secrets)."""
+        return self._redis
+
     async def webhook_log(self, job_id: str, newest: int) -> list[dict[str, Any]]:
         rows = await self._redis.lrange(keys.webhook_log(job_id), -newest, -1)
         return [orjson.loads(row) for row in rows]
+
+    async def heads(self, job_ids: list[str]) -> list[JobHead | None]:
+        """Each job's head (None: it no longer exists): its status and the bytes of its summary's
+        variable fields, without reading them (one pipelined round trip)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(keys.job(job_id), "status")
+                pipe.hstrlen(keys.job(job_id), "metadata")
+                pipe.hstrlen(keys.job(job_id), "error")
+            rows = await pipe.execute()
+        return [
+            None if status is None else JobHead(JobStatus(status), int(metadata) + int(error))
+            for status, metadata, error in zip(rows[::3], rows[1::3], rows[2::3], strict=True)
+        ]
 
     async def get_summaries(self, job_ids: list[str]) -> list[dict[str, str]]:
         """The SUMMARY_FIELDS of each job that still exists (one pipelined round trip)."""

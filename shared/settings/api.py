@@ -23,6 +23,11 @@ class ApiSettings(BaseModel):
     api_workers: int = Field(1, ge=1, le=64)
     """Uvicorn worker processes of `genq api`."""
 
+    api_replicas: int = Field(1, ge=1)
+    """How many API replicas (hosts or pods) serve this deployment, as the deployment declares it
+    (the k8s overlays copy their Deployment's replica count here). More than one requires
+    file_storage s3: a local folder is one host's, so replicas would not see each other's files."""
+
     api_keys: SecretStr = SecretStr("")
     """Comma-separated API keys. Only their SHA-256 digests are used (compared in constant time),
     and the value never appears in a repr, log or error. Empty: the API serves anonymously, on
@@ -50,7 +55,8 @@ class ApiSettings(BaseModel):
 
     metrics_token: SecretStr | None = None
     """Bearer token `GET /metrics` requires (Prometheus: `authorization: {credentials: ...}`).
-    Unset: /metrics is open to whoever reaches the API port."""
+    Required when `genq api` binds anything but loopback (it refuses to start without it); unset
+    on loopback: /metrics is open to local processes."""
 
     api_hot_paths: bool = True
     """Serve `POST /v1/jobs`, `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) and

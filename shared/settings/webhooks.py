@@ -21,9 +21,14 @@ class WebhookSettings(BaseModel):
     signature per secret). Unset: deliveries are sent unsigned and a warning is logged."""
 
     webhook_key_secrets: SecretStr | None = None
-    """Per-key signing secrets as JSON: {"<owner id>": "whsec_<base64>"}. A key's jobs are signed
-    with its own secret (from here, or one made with `POST /v1/webhook-secret`), never with
-    webhook_secret, so one tenant's receiver cannot verify, and cannot be sent, another's events."""
+    """Per-key signing secrets as JSON: {"<owner id>": "whsec_<base64>"}. A key with its own
+    secret (from here, or one made with `POST /v1/webhook-secret`) has its deliveries signed with
+    it and never with webhook_secret. A key with neither is signed with webhook_secret, which
+    every such key shares: set webhook_require_key_secret to refuse that."""
+
+    webhook_require_key_secret: bool = False
+    """Refuse a webhook (422 naming the field) from a key that has no signing secret of its own,
+    so no delivery is ever signed with the shared webhook_secret (multi-tenant installs)."""
 
     webhook_timeout_s: float = Field(10.0, gt=0, le=60)
     """Seconds a delivery attempt may spend connecting, sending its request, and reading the whole
