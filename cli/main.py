@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import signal
@@ -15,7 +14,8 @@ import typer
 
 from cli.batches import batch_app
 from cli.jobs import EXIT_CODES, jobs_app, submit
-from shared.config import Settings
+from shared.config import Settings, exposure_refusal
+from shared.settings.types import is_loopback as _is_loopback
 
 app = typer.Typer(help="genq: an LLM inference job service.", no_args_is_help=True, add_completion=False)
 health_app = typer.Typer(help="Health probes (exit 0 healthy, 1 not).", no_args_is_help=True)
@@ -23,15 +23,6 @@ app.add_typer(health_app, name="health")
 app.command(epilog=EXIT_CODES)(submit)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batch_app, name="batch")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @app.command()
@@ -54,9 +45,9 @@ def api(
     settings = Settings()
     settings.require_redis_url()
     host = host or settings.api_host
-    if not settings.api_key_digests and not settings.allow_anonymous and not _is_loopback(host):
-        typer.echo(f"refusing to serve anonymously on {host}: set GENQ_API_KEYS, or GENQ_ALLOW_ANONYMOUS=1 "
-                   "on a trusted network", err=True)  # fmt: skip
+    refusal = exposure_refusal(settings, host)
+    if refusal is not None:
+        typer.echo(refusal, err=True)
         raise typer.Exit(2)
     workers = workers or settings.api_workers
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:

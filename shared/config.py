@@ -9,6 +9,7 @@ message naming both values.
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 
 from pydantic import SecretStr, model_validator
@@ -23,6 +24,7 @@ from shared.settings.engine import EngineSettings
 from shared.settings.jobs import JobSettings
 from shared.settings.operators import OperatorSettings
 from shared.settings.protection import ProtectionSettings
+from shared.settings.types import is_loopback
 from shared.settings.webhooks import WebhookSettings
 from shared.settings.worker import WorkerSettings
 from shared.signing import parse_secrets
@@ -43,13 +45,12 @@ class Settings(
 
     @model_validator(mode="after")
     def _no_placeholders(self) -> Settings:
-        if self.dev:
+        # Development mode relaxes the check only for a loopback API: on any other address a
+        # placeholder key is a key the whole network knows. `genq api --host` checks its own.
+        if self.dev and is_loopback(self.api_host):
             return self
         for name in placeholder_fields(self):
-            raise ValueError(
-                f"GENQ_{name.upper()} holds a placeholder value ({PLACEHOLDER}): set a real one, "
-                "or GENQ_DEV=1 for a development stack"
-            )
+            raise ValueError(placeholder_refusal(name, self.api_host))
         return self
 
     @model_validator(mode="after")
@@ -71,6 +72,12 @@ class Settings(
             )
         if self.file_storage == "s3" and not self.s3_bucket:
             raise ValueError("GENQ_FILE_STORAGE is s3 but GENQ_S3_BUCKET is unset")
+        if self.file_storage == "local" and self.api_replicas > 1:
+            raise ValueError(
+                f"GENQ_FILE_STORAGE is local but GENQ_API_REPLICAS is {self.api_replicas}: each replica "
+                "would keep its own files, unseen by the others; use GENQ_FILE_STORAGE=s3 (a bucket "
+                "every replica shares) or one replica"
+            )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError(
                 f"GENQ_HEARTBEAT_TTL_S ({self.heartbeat_ttl_s}) must exceed "
@@ -94,21 +101,58 @@ class Settings(
 
 #: What the shipped secret templates hold instead of a secret.
 PLACEHOLDER = "CHANGE-ME"
+#: The words a placeholder is recognised by, once lower-cased and stripped of everything but
+#: letters and digits: so `CHANGE-ME`, `change_me`, `ChangeMe`, `change me`, `REPLACE-ME` all count.
+PLACEHOLDER_WORDS = ("changeme", "replaceme")
+#: The settings that hold a secret (checked for placeholders), besides the webhook secrets.
+SECRET_FIELDS = ("api_keys", "api_key", "flower_basic_auth", "redis_url", "cache_redis_url", "metrics_token",
+                 "s3_access_key_id", "s3_secret_access_key")  # fmt: skip
+
+
+def is_placeholder(text: str | bytes) -> bool:
+    """Whether a secret's text (or decoded bytes) holds a placeholder word, in any case or spelling."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    squeezed = re.sub(r"[^a-z0-9]", "", text.lower())
+    return any(word in squeezed for word in PLACEHOLDER_WORDS)
 
 
 def placeholder_fields(settings: Settings) -> list[str]:
     """The secret-bearing settings that hold a placeholder (a webhook secret is checked decoded:
     the template's is base64 of a CHANGE-ME text)."""
     found = []
-    for name in ("api_keys", "api_key", "flower_basic_auth", "redis_url", "cache_redis_url"):
+    for name in SECRET_FIELDS:
         value = getattr(settings, name)
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if text and PLACEHOLDER in text:
+        if text and is_placeholder(text):
             found.append(name)
     secret = settings.webhook_secret
     signing_keys = list(parse_secrets(secret.get_secret_value())) if secret is not None else []
-    if any(PLACEHOLDER.encode() in key for key in signing_keys):
+    if any(is_placeholder(key) for key in signing_keys):
         found.append("webhook_secret")
-    if any(PLACEHOLDER.encode() in key for keys in settings.key_secrets.values() for key in keys):
+    if any(is_placeholder(key) for keys in settings.key_secrets.values() for key in keys):
         found.append("webhook_key_secrets")
     return found
+
+
+def placeholder_refusal(name: str, host: str) -> str:
+    """Why a placeholder in setting `name` stops a process whose API binds `host`."""
+    dev = "" if is_loopback(host) else f" (GENQ_DEV=1 is ignored on {host}, not loopback)"
+    return (f"GENQ_{name.upper()} holds a placeholder value ({PLACEHOLDER} or alike){dev}: set a real one, "
+            "or GENQ_DEV=1 for a development stack on loopback")  # fmt: skip
+
+
+def exposure_refusal(settings: Settings, host: str) -> str | None:
+    """Why `genq api` must not serve on `host` with these settings, or None: off loopback it needs
+    API keys (or allow_anonymous), a /metrics token, and no placeholder secret even in dev mode."""
+    if is_loopback(host):
+        return None
+    if not settings.api_key_digests and not settings.allow_anonymous:
+        return (f"refusing to serve anonymously on {host}: set GENQ_API_KEYS, or GENQ_ALLOW_ANONYMOUS=1 "
+                "on a trusted network")  # fmt: skip
+    if settings.metrics_token is None:
+        return (f"refusing to serve /metrics openly on {host}: set GENQ_METRICS_TOKEN (Prometheus sends "
+                "it as `Authorization: Bearer <token>`)")  # fmt: skip
+    for name in placeholder_fields(settings):
+        return placeholder_refusal(name, host)
+    return None

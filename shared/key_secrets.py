@@ -3,7 +3,8 @@
 A key's deliveries are signed with its own secret when it has one: made through the API (kept in
 Redis, keys.webhook_key_secrets), else given in GENQ_WEBHOOK_KEY_SECRETS; only a key with
 neither falls back to the deployment's GENQ_WEBHOOK_SECRET (single-tenant installs). So a tenant's
-receiver, holding only its own secret, can verify nothing signed for another tenant.
+receiver, holding only its own secret, can verify nothing signed for another tenant. With
+GENQ_WEBHOOK_REQUIRE_KEY_SECRET a key with neither may not ask for webhooks at all.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 
 from shared import keys, signing
 from shared.config import Settings
+from shared.errors import InvalidRequest
 
 #: Random bytes in a new secret (Standard Webhooks recommends 24 to 64).
 SECRET_BYTES = 32
@@ -50,3 +52,23 @@ def signing_keys(
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def has_own_secret(client: aioredis.Redis, owner: str, settings: Settings) -> bool:
+    """Whether the owner's deliveries are signed with a secret of its own (made through the API,
+    or in GENQ_WEBHOOK_KEY_SECRETS), not the shared GENQ_WEBHOOK_SECRET."""
+    if owner in settings.key_secrets:
+        return True
+    current, _previous = keys.webhook_key_secrets(owner)
+    return bool(await client.exists(current))
+
+
+async def require_own_secret(client: aioredis.Redis, owner: str, settings: Settings, param: str) -> None:
+    """At submit, with GENQ_WEBHOOK_REQUIRE_KEY_SECRET: refuse a webhook (`param`) from an owner
+    that would be signed with the shared secret."""
+    if settings.webhook_require_key_secret and not await has_own_secret(client, owner, settings):
+        raise InvalidRequest(
+            "this API key has no webhook signing secret of its own, and this API signs no webhook with "
+            "the shared one (GENQ_WEBHOOK_REQUIRE_KEY_SECRET): create yours with POST /v1/webhook-secret",
+            param=param,
+        )

@@ -79,7 +79,7 @@ class WorkerRuntime:
             self.redis, settings.max_attempts, settings.job_timeout_s, settings.reaper_interval_s
         )
         #: A dedicated Redis for the response cache (None: it shares the job store's).
-        self.cache_redis = cache_client(settings.cache_redis_url)
+        self.cache_redis = cache_client(settings.cache_redis_address)
         self.ready_file = settings.worker_ready_file or settings.data_dir / f"worker-{os.getpid()}.ready"
         #: The records of the jobs this worker runs, by id (hand-backs rebuild their messages).
         self._inflight: dict[str, dict[str, str]] = {}

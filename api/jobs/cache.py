@@ -158,7 +158,7 @@ class ResponseCache:
             min(settings.cache_l1_ttl_s, settings.cache_ttl_s),
         )
         self.fingerprints = ModelFingerprints(store_redis, settings.cache_fingerprint_refresh_s)
-        self._dedicated = _dedicated_client(settings.cache_redis_url)
+        self._dedicated = _dedicated_client(settings.cache_redis_address)
         self._dedicated_down_until = float("-inf")
 
     async def close(self) -> None:

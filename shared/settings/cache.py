@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 
 class CacheSettings(BaseModel):
@@ -20,9 +20,10 @@ class CacheSettings(BaseModel):
     cache_ttl_s: int = Field(86_400, ge=1)
     """How long a response stays in the shared (Redis) cache level after it was generated."""
 
-    cache_redis_url: str | None = None
+    cache_redis_url: SecretStr | None = None
     """A dedicated Redis for the shared cache level (recommended in production, with
-    `maxmemory-policy allkeys-lru`). Unset: the job store's Redis (TTL-bounded only)."""
+    `maxmemory-policy allkeys-lru`); like redis_url, never shown in a repr, dump or log. Unset:
+    the job store's Redis (TTL-bounded only)."""
 
     cache_l1_max_entries: int = Field(10_000, ge=0)
     """Most responses each API process keeps in memory (level 1); 0 turns level 1 off."""
@@ -36,3 +37,8 @@ class CacheSettings(BaseModel):
     cache_fingerprint_refresh_s: float = Field(5.0, gt=0)
     """How often an API process re-reads the models' fingerprints that workers publish (a new
     model revision gets new cache keys within this long)."""
+
+    @property
+    def cache_redis_address(self) -> str | None:
+        """cache_redis_url's value, password included (for clients only: never log it)."""
+        return self.cache_redis_url.get_secret_value() if self.cache_redis_url else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
 
 from pydantic_settings import NoDecode
@@ -15,3 +16,13 @@ def split_commas(value: object) -> object:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this host only (`localhost` or a loopback IP)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

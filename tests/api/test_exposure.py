@@ -3,6 +3,8 @@ POST bodies, on the raw-ASGI hot paths and FastAPI's routes alike), and a /metri
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +12,8 @@ import httpx
 import pytest
 import redis
 
-from shared.config import Settings
-from tests.conftest import api_client, assert_nothing_written
+from shared.config import Settings, exposure_refusal
+from tests.conftest import ROOT, api_client, assert_nothing_written, settings_env
 
 pytestmark = pytest.mark.anyio
 
@@ -77,8 +79,30 @@ async def test_metrics_with_a_token_answer_only_to_it(
         assert scraped.status_code == 200 and "genq_http_requests_total" in scraped.text
 
 
-async def test_metrics_without_a_token_stay_open(api: httpx.AsyncClient) -> None:
+async def test_metrics_without_a_token_stay_open_on_loopback(api: httpx.AsyncClient) -> None:
     assert (await api.get("/metrics")).status_code == 200
+
+
+def genq_api_off_loopback(settings: Settings) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "api", "--host", "0.0.0.0", "--port", "1"],
+        env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_genq_api_off_loopback_refuses_to_start_without_a_metrics_token(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Like API keys: whoever reaches a non-loopback port would read every tenant's counters."""
+    result = genq_api_off_loopback(make_settings(api_keys=["k1"]))
+    assert result.returncode == 2
+    assert "refusing to serve /metrics openly on 0.0.0.0: set GENQ_METRICS_TOKEN" in result.stderr
+
+
+def test_exposure_checks_pass_with_keys_and_a_metrics_token(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings(api_keys=["k1"], metrics_token="scrape-me")
+    assert exposure_refusal(settings, "0.0.0.0") is None
+    assert exposure_refusal(make_settings(), "127.0.0.1") is None  # loopback: neither is needed
 
 
 async def test_an_anonymous_api_takes_an_upload_only_with_authorization(

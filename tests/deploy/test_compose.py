@@ -17,7 +17,7 @@ from tests.deploy.tools import ROOT, load
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (dev extras)")
 
-REQUIRED_SECRETS = {"GENQ_API_KEYS", "GENQ_WEBHOOK_SECRET", "GENQ_FLOWER_BASIC_AUTH"}
+REQUIRED_SECRETS = {"GENQ_API_KEYS", "GENQ_WEBHOOK_SECRET", "GENQ_FLOWER_BASIC_AUTH", "GENQ_METRICS_TOKEN"}
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,17 @@ def test_prometheus_scrapes_every_metrics_endpoint(compose: dict[str, Any]) -> N
     assert targets == {"api:8000", "worker:9100", "webhook-worker:9100", "flower:5555"}
     for target in targets:
         assert target.split(":")[0] in compose["services"], target
+
+
+def test_prometheus_sends_the_api_metrics_token(compose: dict[str, Any]) -> None:
+    """The API binds 0.0.0.0, so it serves /metrics only with GENQ_METRICS_TOKEN: Prometheus
+    reads the same variable, mounted as a Compose secret, as its bearer token."""
+    (api_job,) = [
+        job for job in load("deploy/prometheus.yml")["scrape_configs"] if job["job_name"] == "genq-api"
+    ]
+    assert api_job["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/metrics_token"}
+    assert compose["services"]["prometheus"]["secrets"] == ["metrics_token"]
+    assert compose["secrets"]["metrics_token"] == {"environment": "GENQ_METRICS_TOKEN"}
+    assert compose["services"]["api"]["environment"]["GENQ_METRICS_TOKEN"].startswith(
+        "${GENQ_METRICS_TOKEN:?"
+    )

@@ -242,6 +242,9 @@ def secret_and_configmap_refs(  # noqa: PLR0912 - one branch per kind of referen
                 ref = endpoint.get("basicAuth", {}).get(field)
                 if ref:
                     yield f"ServiceMonitor/{monitor['metadata']['name']}", "Secret", ref["name"], ref["key"]
+            ref = endpoint.get("authorization", {}).get("credentials")
+            if ref:
+                yield f"ServiceMonitor/{monitor['metadata']['name']}", "Secret", ref["name"], ref["key"]
 
 
 def placeholder_secrets() -> list[dict[str, Any]]:
@@ -393,16 +396,22 @@ def test_worker_may_patch_only_its_own_pods_deletion_cost(docs: tuple[dict[str, 
     """RBAC cannot name "my own pod"; a ValidatingAdmissionPolicy bound with Deny does: for the
     worker's service account, every pod update must be of the pod its token is bound to and change
     nothing but the deletion-cost annotation (workers/scalein.py patches exactly that)."""
-    policy = named(docs, "ValidatingAdmissionPolicy", "genq-worker-pod-deletion-cost")
-    binding = named(docs, "ValidatingAdmissionPolicyBinding", "genq-worker-pod-deletion-cost")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    policy = named(docs, "ValidatingAdmissionPolicy", "genq-worker-pod-deletion-cost.genq")
+    binding = named(docs, "ValidatingAdmissionPolicyBinding", "genq-worker-pod-deletion-cost.genq")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+        "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "genq"}}},
+    }
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert rule["operations"] == ["UPDATE"] and "pods" in rule["resources"]
     (condition,) = spec["matchConditions"]
     account = named(docs, "Deployment", "genq-worker")["spec"]["template"]["spec"]["serviceAccountName"]
-    assert condition["expression"] == f'request.userInfo.username == "system:serviceaccount:genq:{account}"'
+    assert condition["expression"] == (
+        f"request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':{account}'"
+    )
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert "'authentication.kubernetes.io/pod-name'" in variables["podName"]
     assert variables["cost"] == "'controller.kubernetes.io/pod-deletion-cost'"
