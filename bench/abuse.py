@@ -22,12 +22,12 @@ Writes <out>/abuse.json and <out>/abuse.png.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,11 @@ import httpx
 import redis
 
 from bench.abuse_attacks import BIG_METADATA, IDLE_MODEL, KEY_A, KEY_B, MODEL, attacker, batch_files
+from bench.abuse_good import B_RATE, good_tenant, one_job
 from bench.abuse_report import plot, print_tables, targets
 from bench.abuse_watch import Monitor, probe_healthz, probe_summary
 from bench.common import (
     bench_stack,
-    latency_summary,
     machine,
     parse_args,
     process_tree,
@@ -53,8 +53,6 @@ from bench.common import (
 )
 
 FILE_MAX_MB = 16
-B_RATE = 4.0
-TERMINAL = ("succeeded", "failed", "canceled")
 #: (alone s, attack s, most s the fill may take, metadata jobs seeded for the list attack, Redis MB)
 FULL = (30.0, 75.0, 90.0, 300, 256)
 QUICK = (4.0, 6.0, 20.0, 40, 64)
@@ -84,48 +82,6 @@ def schema_compile_s() -> float:
     started = time.perf_counter()
     schema_error(costly_schema("offline"))
     return round(time.perf_counter() - started, 3)
-
-
-async def one_job(b: httpx.AsyncClient, i: int) -> dict[str, Any]:
-    """One of B's jobs: submit, then long-poll until it ends (a 429 on a poll: wait and poll again)."""
-    started = time.perf_counter()
-    try:
-        submitted = await b.post("/v1/jobs", json={"prompt": f"b{i}", "max_tokens": 4, "cache": False})
-    except httpx.HTTPError as exc:
-        return {"code": type(exc).__name__}
-    outcome: dict[str, Any] = {
-        "code": str(submitted.status_code),
-        "submit_ms": (time.perf_counter() - started) * 1000,
-    }
-    if submitted.status_code >= 300:
-        return outcome
-    job = submitted.json()
-    while job["status"] not in TERMINAL and time.perf_counter() - started < 120:
-        polled = await b.get(f"/v1/jobs/{job['id']}", params={"wait": 30})
-        if polled.status_code == 200:
-            job = polled.json()
-        else:
-            await asyncio.sleep(0.2)
-    return {**outcome, "status": job["status"], "finish_ms": (time.perf_counter() - started) * 1000}
-
-
-async def good_tenant(b: httpx.AsyncClient, stop: asyncio.Event) -> dict[str, Any]:
-    """B's load at B_RATE jobs/s (open loop: job i is due at i / B_RATE) until `stop`."""
-    started, tasks = time.perf_counter(), list[asyncio.Task[dict[str, Any]]]()
-    while not stop.is_set():
-        await asyncio.sleep(max(0.0, started + len(tasks) / B_RATE - time.perf_counter()))
-        if not stop.is_set():
-            tasks.append(asyncio.create_task(one_job(b, len(tasks))))
-    jobs = await asyncio.gather(*tasks)
-    accepted = [job for job in jobs if "status" in job]
-    return {
-        "submitted": len(jobs),
-        "codes": dict(Counter(job["code"] for job in jobs)),
-        "accepted": len(accepted),
-        "succeeded": sum(1 for job in accepted if job["status"] == "succeeded"),
-        **latency_summary([job["submit_ms"] for job in jobs if "submit_ms" in job], "submit_"),
-        **latency_summary([job["finish_ms"] for job in accepted], "finish_"),
-    }
 
 
 def wait_for_file(path: Path, process: Any, limit_s: float = 60.0) -> None:
@@ -177,6 +133,18 @@ async def phase(
     return result
 
 
+async def settle(b: httpx.AsyncClient, limit_s: float = 60.0) -> float:
+    """Seconds until ten /healthz in a row answer within 20 ms (at most limit_s): the last phase's
+    aftermath (a batch still validating, a spooled upload) is not counted in the next phase."""
+    started, in_a_row = time.monotonic(), 0
+    while in_a_row < 10 and time.monotonic() - started < limit_s:
+        asked = time.perf_counter()
+        await b.get("/healthz")
+        in_a_row = in_a_row + 1 if time.perf_counter() - asked < 0.02 else 0
+        await asyncio.sleep(0.05)
+    return round(time.monotonic() - started, 1)
+
+
 async def prepare(a: httpx.AsyncClient, seeds: int) -> tuple[dict[str, str], dict[str, Any]]:
     """A's batch input files uploaded once (used by the batch attacks), and `seeds` queued jobs with
     the widest metadata for the list attack (A's submit bucket refills meanwhile)."""
@@ -199,7 +167,7 @@ async def prepare(a: httpx.AsyncClient, seeds: int) -> tuple[dict[str, str], dic
 
 
 async def run_phases(
-    port: int, scratch: Path, durations: tuple[float, float, float, int, int], t0: float
+    port: int, scratch: Path, durations: tuple[float, float, float, int, int], t0: float, only: str
 ) -> dict[str, Any]:
     alone_s, attack_s, fill_s, seeds, _ = durations
     base = f"http://127.0.0.1:{port}"
@@ -213,9 +181,18 @@ async def run_phases(
         file_ids, setup = await prepare(a, seeds)
         for i in range(5):  # warm-up: first requests pay imports and connection set-up
             await one_job(b, -1 - i)
-        phases = {"alone": await phase(port, b, scratch, "alone", alone_s, None, t0)}
-        phases["attack"] = await phase(port, b, scratch, "attack", attack_s, ("phase2", file_ids), t0)
-        phases["full_redis"] = await phase(port, b, scratch, "full_redis", fill_s, ("fill", None), t0)
+        runs = {
+            "alone": (alone_s, None),
+            "attack": (attack_s, ("phase2", (file_ids, only))),
+            "full_redis": (fill_s, ("fill", None)),
+        }
+        phases = {}
+        for name, (seconds, attack) in runs.items():
+            settle_s = await settle(b)
+            phases[name] = {
+                "settled_after_s": settle_s,
+                **await phase(port, b, scratch, name, seconds, attack, t0),
+            }
     return {"setup": setup, "phases": phases}
 
 
@@ -250,8 +227,14 @@ def start_stack(stack: Any, scratch: Path, redis_mb: int) -> tuple[dict[str, Any
     return {"api": api, "worker": worker}, port, monitor
 
 
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attacks", default="", help="only the attacks whose names start with one of "
+                        "these comma-separated prefixes (e.g. 2_,4_n16), to find which one costs B; "
+                        "default: all")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(__doc__, "abuse", argv)
+    args = parse_args(__doc__, "abuse", argv, more=options)
     durations = QUICK if args.quick else FULL
     report: dict[str, Any] = {
         "quick": args.quick,
@@ -262,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "redis_maxmemory_mb": durations[4],
             "b_jobs_per_s": B_RATE,
             "rate_limits": "defaults",
+            "attacks": args.attacks or "all",
         },
     }
     with bench_stack("abuse") as (stack, scratch):
@@ -269,11 +253,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         before = {name: sorted(process_tree(service.process.pid)) for name, service in services.items()}
         monitor.start()
         try:
-            report.update(run_async(run_phases(port, scratch, durations, monitor.t0)))
+            report.update(run_async(run_phases(port, scratch, durations, monitor.t0, args.attacks)))
         finally:
             monitor.stop()
         report["processes"] = processes_state(services, before)
         report["resources"] = monitor.peaks()
+        for result in report["phases"].values():
+            result["peaks"] = monitor.peaks(tuple(result["window_s"]))
         report["samples"] = monitor.samples[::5]  # every 0.5 s, for the plot
     report["targets"] = targets(report)
     print_tables(report)

@@ -224,7 +224,12 @@ async def cancel_batches(a: httpx.AsyncClient) -> None:
             await a.post(f"/v1/batches/{batch['id']}/cancel")
 
 
-async def run_phase2(base: str, file_ids: dict[str, str], duration_s: float) -> dict[str, Any]:
+async def run_phase2(base: str, plan: tuple[dict[str, str], str], duration_s: float) -> dict[str, Any]:
+    """Every attack variant whose name starts with one of the comma-separated prefixes of the
+    plan's second part (all when empty) in its own loop for duration_s."""
+    file_ids, only = plan
+    chosen = {name: attack for name, attack in phase2_requests(file_ids).items()
+              if not only or name.startswith(tuple(only.split(",")))}  # fmt: skip
     record = Record()
     until = time.monotonic() + duration_s
     limits = httpx.Limits(max_connections=100)
@@ -236,7 +241,7 @@ async def run_phase2(base: str, file_ids: dict[str, str], duration_s: float) -> 
     ):
         tasks = [
             asyncio.create_task(loop(record, name, a if keyed else anonymous, request, until, pause))
-            for name, (keyed, request, pause) in phase2_requests(file_ids).items()
+            for name, (keyed, request, pause) in chosen.items()
         ]
         # A request in flight at the deadline may finish (its answer counts), within a grace period.
         await asyncio.wait(tasks, timeout=duration_s + 30)
@@ -272,8 +277,9 @@ async def run_fill(base: str, limit_s: float) -> dict[str, Any]:
 
 
 def attacker(mode: str, arg: Any, base: str, duration_s: float, out: str) -> None:
-    """The attacker process's entry point (multiprocessing, spawn): run `mode` ("phase2" with
-    the batch files' ids as `arg`, or "fill"), marking `out`.started when it begins; JSON to out."""
+    """The attacker process's entry point (multiprocessing, spawn): run `mode` ("phase2", `arg`
+    the batch files' ids and the attacks chosen, or "fill"), marking `out`.started when it
+    begins; its report as JSON to `out`."""
     os.nice(10)
     Path(f"{out}.started").touch()
     coroutine = run_phase2(base, arg, duration_s) if mode == "phase2" else run_fill(base, duration_s)

@@ -56,46 +56,25 @@ def print_tables(report: dict[str, Any]) -> None:
         for name, t in report["targets"].items()
     ]
     print_table("Hostile tenant: targets", ["target", "measured", "bound", ""], rows)
-    columns = [
-        "phase",
-        "B sent",
-        "accepted",
-        "succeeded",
-        "B codes",
-        "submit p50",
-        "submit p99",
-        "finish p50",
-        "finish p99",
-        "/healthz p99",
-        "/healthz max",
-    ]
+    columns = ["phase", "settle s", "B sent", "accepted", "succeeded", "B codes"]
+    measures = ["submit_p50_ms", "submit_p99_ms", "finish_p50_ms", "finish_p99_ms"]
+    columns += [m.removesuffix("_ms").replace("_", " ") for m in measures] + ["/healthz p99", "/healthz max"]
     rows = []
     for name in PHASES:
-        b, probe = report["phases"][name]["b"], report["phases"][name]["healthz"]
-        rows.append(
-            [
-                name,
-                b["submitted"],
-                b["accepted"],
-                b["succeeded"],
-                _codes(b["codes"]),
-                b["submit_p50_ms"],
-                b["submit_p99_ms"],
-                b["finish_p50_ms"],
-                b["finish_p99_ms"],
-                probe["healthz_p99_ms"],
-                probe["healthz_max_ms"],
-            ]
-        )
+        result = report["phases"][name]
+        b, probe = result["b"], result["healthz"]
+        counts = [b["submitted"], b["accepted"], b["succeeded"], _codes(b["codes"])]
+        latencies = [b[m] for m in measures] + [probe["healthz_p99_ms"], probe["healthz_max_ms"]]
+        rows.append([name, result["settled_after_s"], *counts, *latencies])
     print_table("Key B per phase (ms)", columns, rows)
     attacks = {**report["phases"]["attack"]["a"], **report["phases"]["full_redis"]["a"]["attacks"]}
     rows = [
         [name, a["requests"], _codes(a["codes"]), a["p50_ms"], a["max_ms"]] for name, a in attacks.items()
     ]
     print_table("Key A's attacks: answers (ms)", ["attack", "requests", "status codes", "p50", "max"], rows)
-    print_table(
-        "Peaks (sampled every 100 ms)", list(report["resources"]), [list(report["resources"].values())]
-    )
+    peaks = {"whole run": report["resources"], **{name: report["phases"][name]["peaks"] for name in PHASES}}
+    columns = ["", "API RSS MB", "worker RSS MB", "API temp MB", "file storage MB", "Redis used MB"]
+    print_table("Peaks (sampled every 100 ms)", columns, [[name, *p.values()] for name, p in peaks.items()])
 
 
 def _codes(codes: dict[str, int]) -> str:

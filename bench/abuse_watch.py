@@ -110,11 +110,11 @@ class Monitor:
             )
         client.close()
 
-    def peaks(self) -> dict[str, float]:
+    def peaks(self, window: tuple[float, float] = (0.0, float("inf"))) -> dict[str, float]:
+        """The largest of each measure over the samples taken within `window` (s since t0)."""
         names = ["api_rss_mb", "worker_rss_mb", "api_temp_mb", "file_storage_mb", "redis_used_mb"]
-        return {
-            f"{name}_peak": max((s[i + 1] for s in self.samples), default=0.0) for i, name in enumerate(names)
-        }
+        within = [sample for sample in self.samples if window[0] <= sample[0] <= window[1]]
+        return {f"{name}_peak": max((s[i + 1] for s in within), default=0.0) for i, name in enumerate(names)}
 
 
 def probe_summary(samples: list[list[float]], offset_s: float) -> dict[str, Any]:

@@ -34,7 +34,9 @@ from starlette.types import Scope
 
 from api.edge.auth import owner_of
 from api.edge.errors import GENQ_ERRORS, ErrorRenderer, error_of
+from api.edge.json_body import StrictJsonRequest
 from api.edge.ratelimit import Kind
+from shared.errors import GenqError
 
 #: A request's own work, given its caller: its response.
 Work = Callable[["Caller"], Awaitable[Response]]
@@ -74,6 +76,8 @@ async def serve(
     try:
         return await work(Caller(state, scope, kind, authorization))
     except StarletteHTTPException as exc:  # Starlette's own refusals: an unreadable form
+        if isinstance(exc.__cause__, GenqError):  # FastAPI's wrapping of a refused body's error
+            return renderer.genq(exc.__cause__)
         return renderer.http(exc)
     except Exception as exc:
         error = error_of(exc)
@@ -137,6 +141,8 @@ class PipelineRoute(APIRoute):
         kind, renderer = self.kind, self.renderer
 
         async def serve_route(request: Request) -> Response:
+            request = StrictJsonRequest(request.scope, request.receive)  # refuses lone surrogates
+
             def work(caller: Caller) -> Awaitable[Response]:
                 request.state.caller = caller  # what the endpoint's CallerDep asks
                 return handler(request)

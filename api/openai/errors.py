@@ -7,6 +7,7 @@ unknown model as 404 `model_not_found`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import Response
@@ -30,6 +31,21 @@ def openai_error(
     return json_response(body, status, headers)
 
 
+#: A list index in genq's field path ("messages.0.content").
+_INDEX = re.compile(r"\.(\d+)(?=\.|$)")
+
+
+def _openai_field(message: str, param: str | None) -> tuple[str, str | None]:
+    """The message and param with genq's field path in OpenAI's style ("messages.0.content" ->
+    "messages[0].content"), where the message starts with it too."""
+    if param is None:
+        return message, None
+    field = _INDEX.sub(r"[\1]", param)
+    if message.startswith(param + ":"):
+        message = field + message[len(param) :]
+    return message, field
+
+
 class OpenAIErrors(ErrorRenderer):
     """The errors genq answers, in OpenAI's shape and statuses (same headers: Retry-After,
     rate-limit state, WWW-Authenticate)."""
@@ -39,7 +55,8 @@ class OpenAIErrors(ErrorRenderer):
         code = _CODE_OF_STATUS.get(status, exc.type)
         if status == 422 and param == "model":
             status, code = 404, "model_not_found"
-        return openai_error(400 if status == 422 else status, exc.message, param, code, headers_of(exc))
+        message, param = _openai_field(exc.message, param)
+        return openai_error(400 if status == 422 else status, message, param, code, headers_of(exc))
 
     def http(self, exc: StarletteHTTPException) -> Response:
         status = 400 if exc.status_code == 422 else exc.status_code

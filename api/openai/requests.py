@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.openai.kind import Kind
 from shared import errors
-from shared.schemas import ChatMessage, JobCreate, Priority
+from shared.schemas import JobCreate, Priority
 
 #: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -55,11 +55,13 @@ class OpenAIMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
-    def as_chat_message(self) -> ChatMessage:
+    def as_chat_message(self) -> dict[str, str]:
+        """The message as JobCreate takes it: validated there, with the rest of the job, so a
+        message it refuses (content too long) is a 400 naming the message."""
         content = (
             self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         )
-        return ChatMessage(role="system" if self.role == "developer" else self.role, content=content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class OpenAIRequest(BaseModel):
