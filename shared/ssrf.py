@@ -10,6 +10,10 @@ NAT64 64:ff9b::/96) is judged by the IPv4 address too: a relay would deliver to 
 written as a bare decimal number are resolved like any other. It is checked at submit (422)
 and again right before each delivery, after a fresh DNS resolution (defeats DNS rebinding); the
 delivery then connects to the address that was checked.
+
+At submit the host is resolved on a small pool of its own (HostResolver), within a time bound,
+never on the event loop's default executor: redis-py's connection set-up resolves there, so names
+served by a black-holed name server would otherwise stall every tenant's submits.
 """
 
 from __future__ import annotations
@@ -18,18 +22,83 @@ import asyncio
 import functools
 import ipaddress
 import socket
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, Overloaded
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def lookup_addresses(host: str, port: int) -> list[str]:
+    """Blocking: the addresses a host resolves to through the system resolver ([]: none)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        infos = []
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class HostResolver:
+    """Resolves webhook hosts at submit on `threads` threads of its own, each lookup within
+    `timeout_s`. At most `threads + queue` lookups are pending at once (a timed-out lookup keeps
+    its thread until the system resolver gives up, so it still counts); past that a submit is
+    refused at once (503) rather than queued behind names that never answer."""
+
+    def __init__(
+        self,
+        threads: int,
+        queue: int,
+        timeout_s: float,
+        lookup: Callable[[str, int], list[str]] = lookup_addresses,
+    ) -> None:
+        self.timeout_s = timeout_s
+        #: The blocking lookup run on the pool (tests point it at a name server they control).
+        self.lookup = lookup
+        self._room = threads + queue
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="genq-webhook-resolve")
+
+    async def addresses(self, host: str, port: int) -> list[str]:
+        """The host's addresses; InvalidRequest when they take longer than timeout_s, Overloaded
+        when the pool and its queue are full."""
+        with self._lock:
+            if self._pending >= self._room:
+                raise Overloaded(
+                    f"{self._pending} webhook host lookups are pending; retry shortly", retry_after_s=1.0
+                )
+            self._pending += 1
+        future = self._pool.submit(self.lookup, host, port)
+        future.add_done_callback(self._done)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+        except TimeoutError:
+            raise InvalidRequest(
+                f"webhook host {host!r} could not be resolved within {self.timeout_s:g} s", param="webhook"
+            ) from None
+
+    def pending(self) -> int:
+        """Lookups submitted and not yet returned (timed-out ones included)."""
+        with self._lock:
+            return self._pending
+
+    def _done(self, _: object) -> None:
+        with self._lock:
+            self._pending -= 1
 
 
 @dataclass(frozen=True, slots=True)
 class TargetPolicy:
     allow_private: bool
     allowed_ports: frozenset[int]
+    #: Resolves hosts at submit (check_url); compared by identity, like the settings it is from.
+    resolver: HostResolver = field(
+        default_factory=lambda: HostResolver(threads=4, queue=64, timeout_s=2.0), compare=False
+    )
 
 
 def parse_ports(spec: str) -> frozenset[int]:
@@ -130,20 +199,10 @@ def check_addresses(host: str, addresses: list[str], policy: TargetPolicy) -> li
 
 def resolve(target: Target, policy: TargetPolicy) -> list[str]:
     """Blocking: the checked addresses of a target (for the delivery worker)."""
-    try:
-        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        infos = []
-    return check_addresses(target.host, list(dict.fromkeys(str(info[4][0]) for info in infos)), policy)
+    return check_addresses(target.host, lookup_addresses(target.host, target.port), policy)
 
 
 async def check_url(url: str, policy: TargetPolicy) -> None:
-    """At submit: refuse a target that is not allowed (DNS resolution off the event loop)."""
+    """At submit: refuse a target that is not allowed (resolved on the policy's own resolver)."""
     target = parse_target(url, policy)
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            target.host, target.port, type=socket.SOCK_STREAM
-        )
-    except socket.gaierror:
-        infos = []
-    check_addresses(target.host, list(dict.fromkeys(str(info[4][0]) for info in infos)), policy)
+    check_addresses(target.host, await policy.resolver.addresses(target.host, target.port), policy)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from shared.settings.types import CommaList, split_commas
 from shared.signing import parse_secrets
-from shared.ssrf import TargetPolicy, parse_ports
+from shared.ssrf import HostResolver, TargetPolicy, parse_ports
 
 
 class WebhookSettings(BaseModel):
@@ -45,6 +45,18 @@ class WebhookSettings(BaseModel):
 
     webhook_allowed_ports: str = "80,443,8000-9999"
     """Ports a webhook target may use (comma-separated ports and ranges)."""
+
+    webhook_resolve_timeout_s: float = Field(2.0, gt=0, le=30)
+    """Seconds a submit waits for its webhook host to resolve; past it the submit is refused (422
+    naming the webhook) rather than held by a name server that does not answer."""
+
+    webhook_resolve_threads: int = Field(4, ge=1, le=64)
+    """Threads of the API's own pool for resolving webhook hosts at submit (apart from the event
+    loop's default pool, where Redis connections resolve)."""
+
+    webhook_resolve_queue: int = Field(64, ge=0, le=10_000)
+    """Webhook host lookups that may wait for a thread of that pool; past it (every thread busy and
+    the queue full) a submit with a webhook is refused at once with 503."""
 
     _split_delays = field_validator("webhook_retry_delays_s", mode="before")(split_commas)
 
@@ -84,7 +96,10 @@ class WebhookSettings(BaseModel):
 
     @cached_property
     def webhook_policy(self) -> TargetPolicy:
-        return TargetPolicy(self.webhook_allow_private, parse_ports(self.webhook_allowed_ports))
+        resolver = HostResolver(
+            self.webhook_resolve_threads, self.webhook_resolve_queue, self.webhook_resolve_timeout_s
+        )
+        return TargetPolicy(self.webhook_allow_private, parse_ports(self.webhook_allowed_ports), resolver)
 
 
 def parse_key_secrets(text: str) -> dict[str, tuple[bytes, ...]]:
