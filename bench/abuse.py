@@ -197,14 +197,18 @@ async def run_phases(
 
 
 def processes_state(services: dict[str, Any], before: dict[str, list[int]]) -> dict[str, Any]:
-    """Each service: still running, and its process tree's pids as they were at the start."""
+    """Each service: still running, and every pid of its process tree at the start still in it
+    (children it started since, such as a pool of its own, are listed, not counted against it)."""
     state = {}
     for name, service in services.items():
         alive = service.process.poll() is None
+        now = process_tree(service.process.pid) if alive else []
         state[name] = {
             "alive": alive,
             "exit_code": service.process.returncode,
-            "same_pids": alive and sorted(process_tree(service.process.pid)) == before[name],
+            "same_pids": alive and set(before[name]) <= set(now),
+            "pids_at_start": before[name],
+            "pids_at_end": sorted(now),
         }
     return state
 
