@@ -114,7 +114,7 @@ async def phase(
     probe = SPAWN.Process(target=probe_healthz, args=(port, seconds + 120, probe_stop, str(scratch / name)))
     probe.start()
     began = time.monotonic()
-    load = asyncio.create_task(good_tenant(b, stop))
+    load = asyncio.create_task(good_tenant(b, stop, t0))
     if attack is not None and attack[0] == "fill":
         assert attacks is not None
         await asyncio.to_thread(attacks.join)

@@ -90,10 +90,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for axis in (top, bottom):
             axis.axvspan(start, end, color=color, alpha=0.08)
         slowest = report["phases"][name]["healthz"]["slowest_per_s"]
-        top.plot([s[0] for s in slowest], [s[1] for s in slowest], ".", color=color, label=name)
+        top.plot(
+            [s[0] for s in slowest], [s[1] for s in slowest], ".", color=color, label=f"/healthz, {name}"
+        )
+        jobs = report["phases"][name]["b"]["finish_timeline"]
+        top.plot([j[0] for j in jobs], [j[1] for j in jobs], "x", color=color, markersize=3, alpha=0.5)
     top.axhline(HEALTHZ_TARGET_MS, color="black", linestyle="--", linewidth=0.8, label="100 ms")
     top.set_yscale("log")
-    top.set_ylabel("/healthz, slowest per s (ms)")
+    top.set_ylabel("ms: /healthz slowest per s (.),\nB submit -> finished (x)")
     top.legend(loc="upper left", fontsize=8)
     samples = report["samples"]
     times = [s[0] for s in samples]
