@@ -34,6 +34,7 @@ from api.jobs.cache import ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.queue_stats import QueueStatsReader
+from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from api.jobs.store import JobStore, OwnerBounds
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputStreams
@@ -151,8 +152,10 @@ class Services:
     hub: StreamHub
     cache: ResponseCache
     feeder: BatchFeeder
+    schemas: SchemaChecker
 
     async def close(self) -> None:
+        self.schemas.close()
         await self.events.stop()
         await self.hub.stop()
         await self.cache.close()
@@ -169,12 +172,13 @@ async def open_services(app: FastAPI, settings: Settings) -> Services:
     app.state.settings = settings
     app.state.redis = client
     app.state.rate_limiter = RateLimiter(client, commands, settings)
+    schemas = app.state.schema_checker = SchemaChecker(CompileBudget.of(settings))
     cache, hub, store = job_api(app, settings, client, commands, events)
     feeder = batch_api(app, settings, client)
     await preload_scripts(store)
     events.start()
     hub.start()
-    return Services(client, commands, events, hub, cache, feeder)
+    return Services(client, commands, events, hub, cache, feeder, schemas)
 
 
 async def preload_scripts(store: JobStore) -> None:

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.structured import schema_error
+from shared.structured import ResponseFormat
 
 
 class JobStatus(enum.StrEnum):
@@ -68,39 +68,6 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant"]
     content: Annotated[str, StringConstraints(max_length=200_000)]
-
-
-class JsonSchemaFormat(BaseModel):
-    """OpenAI's `response_format.json_schema`."""
-
-    model_config = ConfigDict(extra="forbid", serialize_by_alias=True, populate_by_name=True)
-
-    name: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
-    description: Annotated[str, StringConstraints(max_length=2048)] | None = None
-    #: The JSON schema every completion must match ("schema" on the wire).
-    json_schema: dict[str, Any] = Field(alias="schema")
-    #: Accepted for OpenAI's clients; the schema is enforced either way (as vLLM does).
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema, enforced
-    token by token. A schema the grammar engine cannot enforce is refused here, at submit."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_when_asked(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("give `json_schema` exactly when type is 'json_schema'")
-        if self.json_schema is not None:
-            error = schema_error(self.json_schema.json_schema)
-            if error is not None:
-                raise ValueError(f"the JSON schema cannot be enforced: {error}")
-        return self
 
 
 class JobCreate(BaseModel):

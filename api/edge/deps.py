@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from api.jobs.queue import JobQueue
+from api.jobs.schema_compile import SchemaChecker
 from shared.config import Settings
 
 
@@ -25,6 +26,11 @@ async def get_queue(request: Request) -> JobQueue:
     return queue
 
 
+async def get_schema_checker(request: Request) -> SchemaChecker:
+    checker: SchemaChecker = request.app.state.schema_checker
+    return checker
+
+
 async def get_redis(request: Request) -> aioredis.Redis:
     client: aioredis.Redis = request.app.state.redis
     return client
@@ -33,3 +39,4 @@ async def get_redis(request: Request) -> aioredis.Redis:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 QueueDep = Annotated[JobQueue, Depends(get_queue)]
 RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
+SchemaCheckerDep = Annotated[SchemaChecker, Depends(get_schema_checker)]

@@ -114,7 +114,13 @@ class HotPaths:
         async def work(caller: Caller) -> Response:
             owner = await caller.owner()
             return await accept_job(
-                state.queue, state.settings, create, owner, _text(idempotency_key), _text(prefer)
+                state.queue,
+                state.settings,
+                state.schema_checker,
+                create,
+                owner,
+                _text(idempotency_key),
+                _text(prefer),
             )
 
         await self._answer(scope, send, headers, self.submit_route, work)
@@ -171,8 +177,9 @@ class HotPathMismatch(RuntimeError):
 
 
 #: What the hot routes may depend on: serve() asks for the caller (caller_owner), and the hot
-#: path reads the rest from app.state.
-KNOWN_DEPENDENCIES = frozenset({"caller_owner", "get_queue", "get_settings"})
+#: path reads the rest from app.state (the schema checker too: accept_job compiles a response
+#: format's schema once the caller is known, never while the body is parsed).
+KNOWN_DEPENDENCIES = frozenset({"caller_owner", "get_queue", "get_settings", "get_schema_checker"})
 #: Middleware the hot path mirrors: the body cap (it reads at most max_body_bytes, else falls
 #: back to FastAPI). The request metrics (HttpMetrics) wrap both paths, outside this one.
 KNOWN_MIDDLEWARE = frozenset({"BodySizeLimit"})

@@ -84,7 +84,8 @@ class OpenAIRequest(BaseModel):
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(None, ge=0, le=1_000_000)
     n: int | None = Field(None, ge=1, le=16)
-    #: Checked (and its schema compiled) by JobCreate: a bad one is a 400 naming response_format.
+    #: Its shape is checked by JobCreate, its schema compiled once the caller is known (the routes):
+    #: a bad one is a 400 naming response_format.
     response_format: dict[str, Any] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

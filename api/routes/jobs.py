@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from api.edge.deps import QueueDep, SettingsDep
+from api.edge.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, SubmitLimit
 from api.edge.responses import job_response, json_response
 from api.jobs.queue import JobQueue
+from api.jobs.schema_compile import SchemaChecker
 from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
@@ -52,24 +53,28 @@ async def submit_job(
     queue: QueueDep,
     owner: CallerDep,
     settings: SettingsDep,
+    schemas: SchemaCheckerDep,
     idempotency_key: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
     prefer: Annotated[str | None, Header(max_length=HEADER_MAX)] = None,
 ) -> Response:
     """Accept a generation job. 202 with the queued job; 200 for an idempotent replay or when
     `Prefer: wait=N` saw it finish."""
-    return await accept_job(queue, settings, body, owner, idempotency_key, prefer)
+    return await accept_job(queue, settings, schemas, body, owner, idempotency_key, prefer)
 
 
 async def accept_job(
     queue: JobQueue,
     settings: Settings,
+    schemas: SchemaChecker,
     body: JobCreate,
     owner: str,
     idempotency_key: str | None,
     prefer: str | None,
 ) -> Response:
-    """What `POST /v1/jobs` does once its inputs are parsed: the route above and the raw-ASGI
-    hot path (api/edge/hotpath.py) both end here."""
+    """What `POST /v1/jobs` does once its inputs are parsed and its caller is known: the route
+    above and the raw-ASGI hot path (api/edge/hotpath.py) both end here. Its response format's
+    schema is compiled only now, for an authenticated caller (api/jobs/schema_compile.py)."""
+    await schemas.check(body.response_format)
     wait_s = _prefer_wait(prefer)
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")

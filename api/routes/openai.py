@@ -21,11 +21,12 @@ import redis.exceptions
 from fastapi import APIRouter, Request, Response
 
 from api.edge.concurrency import Slot
-from api.edge.deps import QueueDep, SettingsDep
+from api.edge.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.jobs.follow import Done, Failure, Output, Ping, follow
 from api.jobs.queue import JobQueue
+from api.jobs.schema_compile import SchemaChecker
 from api.openai.chunks import LiveChunks, buffered_chunks, chunk, usage_chunk
 from api.openai.errors import OPENAI_ERRORS, OpenAIRoute, openai_error
 from api.openai.kind import Kind
@@ -35,7 +36,7 @@ from api.openai.waiting import round_s, wait_for_job
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError
-from shared.schemas import JobStatus, JobView
+from shared.schemas import JobCreate, JobStatus, JobView
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
@@ -73,18 +74,28 @@ async def get_model(model: str, settings: SettingsDep, _: CallerDep) -> Response
 
 @router.post("/chat/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, queue: QueueDep, owner: CallerDep, settings: SettingsDep
+    body: ChatCompletionRequest,
+    request: Request,
+    queue: QueueDep,
+    owner: CallerDep,
+    settings: SettingsDep,
+    schemas: SchemaCheckerDep,
 ) -> Response:
     """Create a chat completion (a genq job on `messages`); `stream: true` answers with SSE chunks."""
-    return await _complete(Kind.CHAT, body, request, queue, owner, settings)
+    return await _complete(Kind.CHAT, body, request, queue, owner, settings, schemas)
 
 
 @router.post("/completions", responses=COMPLETION_RESPONSES, dependencies=[SubmitLimit])
 async def completions(
-    body: CompletionRequest, request: Request, queue: QueueDep, owner: CallerDep, settings: SettingsDep
+    body: CompletionRequest,
+    request: Request,
+    queue: QueueDep,
+    owner: CallerDep,
+    settings: SettingsDep,
+    schemas: SchemaCheckerDep,
 ) -> Response:
     """Create a text completion (a genq job on `prompt`); `stream: true` answers with SSE chunks."""
-    return await _complete(Kind.TEXT, body, request, queue, owner, settings)
+    return await _complete(Kind.TEXT, body, request, queue, owner, settings, schemas)
 
 
 async def _complete(
@@ -94,18 +105,21 @@ async def _complete(
     queue: JobQueue,
     owner: str,
     settings: Settings,
+    schemas: SchemaChecker,
 ) -> Response:
     # The held slot is taken before the job is submitted: a caller over its limit changes nothing.
     if not body.stream:
         with queue.hold(owner, "long_polls"):
             first = await queue.submit_and_wait(
-                job_create(body), owner, None, round_s(settings.max_wait_s), charged=True
+                await _checked(body, schemas), owner, None, round_s(settings.max_wait_s), charged=True
             )
             job = await wait_for_job(queue, first.job, owner, request, settings.max_wait_s)
         return json_response(completion(kind, job, echoes(body)), headers=_job_header(job))
     slot = queue.hold(owner, "streams")
     try:
-        job = (await queue.submit(job_create(body), owner, idempotency_key=None, charged=True)).job
+        job = (
+            await queue.submit(await _checked(body, schemas), owner, idempotency_key=None, charged=True)
+        ).job
     except BaseException:
         slot.release()
         raise
@@ -113,6 +127,13 @@ async def _complete(
     ranked = isinstance(body, CompletionRequest) and (body.best_of or 1) > (body.n or 1)
     shown = Shown(shows_logprobs(body), echoes(body), include_usage, body.n or 1, ranked)
     return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, _job_header(job))
+
+
+async def _checked(body: ChatCompletionRequest | CompletionRequest, schemas: SchemaChecker) -> JobCreate:
+    """The job the request asks for, its response format's schema compiled (the caller is known)."""
+    create = job_create(body)
+    await schemas.check(create.response_format)
+    return create
 
 
 def _job_header(job: JobView) -> dict[str, str]:

@@ -92,6 +92,23 @@ class ApiSettings(BaseModel):
     idempotency_ttl_s: int = Field(86_400, ge=60)
     """How long an Idempotency-Key maps to its job."""
 
+    schema_compile_timeout_s: float = Field(2.0, gt=0, le=60)
+    """Longest a `response_format` JSON schema may take to compile (checked once the caller is
+    authenticated, in a compile process, off the event loop); a schema that takes longer is refused
+    with 422 naming response_format and its process is replaced."""
+
+    schema_compile_memory_mb: int = Field(512, ge=64)
+    """Address space (RLIMIT_AS) of each schema compile process; a schema whose compile needs more
+    is refused with 422 naming response_format and its process is replaced."""
+
+    schema_compile_workers: int = Field(1, ge=1, le=16)
+    """Schema compile processes per API process: schemas compiled at once (others wait their turn,
+    off the event loop)."""
+
+    schema_cache_entries: int = Field(4096, ge=0)
+    """Verdicts on JSON schemas (compiles, or why not) kept per API process, by the SHA-256 of the
+    schema's canonical JSON, so a repeated schema is not compiled again. 0: none kept."""
+
     _split_hosts = field_validator("allowed_hosts", mode="before")(split_commas)
 
     @field_validator("api_keys", mode="before")

@@ -16,9 +16,9 @@ from shared.schemas import (
     JobInput,
     JobStatus,
     Priority,
-    ResponseFormat,
     error_body,
 )
+from shared.structured import JSON_SCHEMA_MAX_BYTES, ResponseFormat
 
 
 def _refused(body: dict[str, Any]) -> list[ErrorDetails]:
@@ -68,10 +68,13 @@ def test_a_webhook_url_over_2048_characters_is_refused() -> None:
 def test_response_format_needs_a_schema_exactly_when_json_schema() -> None:
     with pytest.raises(pydantic.ValidationError, match="exactly when type is 'json_schema'"):
         ResponseFormat.model_validate({"type": "json_schema"})
-    with pytest.raises(pydantic.ValidationError, match="cannot be enforced"):
-        ResponseFormat.model_validate(
-            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/missing"}}}
-        )
+    # Parsing checks the shape and size only: whether a schema compiles is asked once the caller
+    # is known (api/jobs/schema_compile.py, tests/api/jobs/test_schema_compile.py).
+    unchecked = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/missing"}}}
+    assert ResponseFormat.model_validate(unchecked).json_schema is not None
+    huge = {"type": "object", "description": "x" * JSON_SCHEMA_MAX_BYTES}
+    with pytest.raises(pydantic.ValidationError, match=f"over {JSON_SCHEMA_MAX_BYTES} bytes"):
+        ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "x", "schema": huge}})
     accepted = ResponseFormat.model_validate(
         {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     )

@@ -1,0 +1,244 @@
+"""Whether a `response_format`'s JSON schema compiles: asked once the caller is known, answered off
+the event loop within a time and a memory budget, and once per distinct schema.
+
+A few KB of allOf x anyOf take llguidance (shared/structured.py) most of a second of CPU and a
+hundred MB to compile, and a thread cannot be stopped. So a schema is compiled in a small pool of
+compile processes (`python -m api.jobs.schema_compile`), each under an address-space limit
+(RLIMIT_AS) it sets itself; one that overruns its time budget, or dies of its memory budget, is
+killed and replaced, and the schema refused. llguidance's own bounds (grammar size, lexer) apply
+inside. Verdicts are kept in an LRU keyed by the SHA-256 of the schema's canonical JSON, so a
+repeated schema costs a hash. The engine compiles its matchers itself (workers/engine/structured.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+from shared.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from shared.config import Settings
+    from shared.structured import ResponseFormat
+
+#: What a new compile process may take to start (import llguidance) before it is given up on.
+START_TIMEOUT_S = 60.0
+#: The line a compile process writes once it is ready for schemas.
+READY = b'"ready"'
+
+
+@dataclass(frozen=True, slots=True)
+class CompileBudget:
+    """What one schema's compile may take, how many compile at once, how many verdicts are kept."""
+
+    timeout_s: float
+    memory_bytes: int
+    workers: int = 1
+    cache_entries: int = 4096
+
+    @classmethod
+    def of(cls, settings: Settings) -> CompileBudget:
+        return cls(
+            settings.schema_compile_timeout_s,
+            settings.schema_compile_memory_mb << 20,
+            settings.schema_compile_workers,
+            settings.schema_cache_entries,
+        )
+
+
+def schema_digest(schema: dict[str, Any]) -> str:
+    """The SHA-256 of the schema's canonical JSON (sorted keys, no whitespace, ASCII)."""
+    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def schema_to_compile(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    """The JSON schema a response format asks to be compiled; None for free text and any object
+    (a constant grammar)."""
+    if response_format is None or response_format.json_schema is None:
+        return None
+    return response_format.json_schema.json_schema
+
+
+class CompileProcess:
+    """One compile process and its pipes: started on first use, killed when it overruns."""
+
+    def __init__(self, budget: CompileBudget) -> None:
+        self._budget = budget
+        self._process: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+
+    def verdict(self, schema: str) -> tuple[str | None, bool]:
+        """Why `schema` (serialized) cannot be enforced (None: it can), and whether the compile
+        kept to its budget; one that did not is refused, and this process killed."""
+        try:
+            self._send(schema)
+        except BrokenPipeError:  # it died while idle: once more, in a new one
+            self.stop()
+            self._send(schema)
+        try:
+            line = self._line(time.monotonic() + self._budget.timeout_s)
+        except EOFError:
+            self.stop()
+            return f"the JSON schema needs more than {self._budget.memory_bytes >> 20} MiB to compile", False
+        if line is None:
+            self.stop()
+            return f"the JSON schema is too complex to compile within {self._budget.timeout_s:g} s", False
+        error: str | None = json.loads(line)
+        return (None if error is None else f"the JSON schema cannot be enforced: {error}"), True
+
+    def stop(self) -> None:
+        """Kill the process (a compile cannot be interrupted any other way)."""
+        process, self._process, self._buffer = self._process, None, b""
+        if process is not None:
+            process.kill()
+            process.wait()
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+    def _send(self, schema: str) -> None:
+        stdin = self._started().stdin
+        assert stdin is not None
+        stdin.write(json.dumps(schema).encode() + b"\n")
+        stdin.flush()
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            command = [sys.executable, "-m", "api.jobs.schema_compile", str(self._budget.memory_bytes)]
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0
+            )
+            try:
+                ready = self._line(time.monotonic() + START_TIMEOUT_S)
+            except EOFError:
+                ready = None
+            if ready != READY:
+                self.stop()
+                raise RuntimeError(
+                    "no schema compile process started (GENQ_SCHEMA_COMPILE_MEMORY_MB too low?)"
+                )
+        return self._process
+
+    def _line(self, deadline: float) -> bytes | None:
+        """The process's next line, None past the deadline; EOFError when it died."""
+        assert self._process is not None and self._process.stdout is not None
+        out = self._process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                return None
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                raise EOFError("the compile process exited")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+
+class SchemaChecker:
+    """Verdicts on response formats' schemas for one API process: cached, else compiled in one of
+    `budget.workers` compile processes. `check` is for the event loop, `verdict` for a thread."""
+
+    def __init__(self, budget: CompileBudget) -> None:
+        self.budget = budget
+        #: Schemas sent to a compile process (cache misses), and those of them stopped over a
+        #: budget: what tests and operators count.
+        self.compiles = 0
+        self.overruns = 0
+        self._lock = threading.Lock()
+        self._verdicts: OrderedDict[str, str | None] = OrderedDict()
+        self._processes = tuple(CompileProcess(budget) for _ in range(budget.workers))
+        self._idle = list(self._processes)
+        self._free = threading.Semaphore(budget.workers)
+        self._threads = ThreadPoolExecutor(budget.workers, thread_name_prefix="genq-schema-compile")
+
+    async def check(self, response_format: ResponseFormat | None) -> None:
+        """Raise InvalidRequest naming response_format unless its schema compiles within budget."""
+        schema = schema_to_compile(response_format)
+        if schema is None:
+            return
+        digest = schema_digest(schema)
+        found, verdict = self._cached(digest)
+        if not found:
+            loop = asyncio.get_running_loop()
+            verdict = await loop.run_in_executor(self._threads, self._compiled, schema, digest)
+        if verdict is not None:
+            raise InvalidRequest(f"response_format: {verdict}", param="response_format")
+
+    def verdict(self, response_format: ResponseFormat | None) -> str | None:
+        """Why the response format's schema cannot be enforced, None when it can. Blocking: for a
+        thread (a batch's validation)."""
+        schema = schema_to_compile(response_format)
+        if schema is None:
+            return None
+        digest = schema_digest(schema)
+        found, verdict = self._cached(digest)
+        return verdict if found else self._compiled(schema, digest)
+
+    def close(self) -> None:
+        """Stop the compile processes (the API process is shutting down)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        for process in self._processes:
+            process.stop()
+
+    def _cached(self, digest: str) -> tuple[bool, str | None]:
+        with self._lock:
+            if digest not in self._verdicts:
+                return False, None
+            self._verdicts.move_to_end(digest)
+            return True, self._verdicts[digest]
+
+    def _compiled(self, schema: dict[str, Any], digest: str) -> str | None:
+        """Compile in an idle process (waiting for one), and keep the verdict."""
+        with self._free:
+            found, verdict = self._cached(digest)  # compiled meanwhile, by the request ahead
+            if found:
+                return verdict
+            with self._lock:
+                process = self._idle.pop()
+                self.compiles += 1
+            try:
+                verdict, kept_to_budget = process.verdict(json.dumps(schema))
+            finally:
+                with self._lock:
+                    self._idle.append(process)
+        self._keep(digest, verdict, kept_to_budget)
+        return verdict
+
+    def _keep(self, digest: str, verdict: str | None, kept_to_budget: bool) -> None:
+        with self._lock:
+            self.overruns += not kept_to_budget
+            if self.budget.cache_entries:
+                self._verdicts[digest] = verdict
+                while len(self._verdicts) > self.budget.cache_entries:
+                    self._verdicts.popitem(last=False)
+
+
+def serve(memory_bytes: int, source: IO[bytes], sink: IO[bytes]) -> None:
+    """A compile process: under its memory budget, answers each schema line with its verdict."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    from shared.structured import grammar_error
+
+    sink.write(READY + b"\n")
+    sink.flush()
+    for line in source:
+        sink.write(json.dumps(grammar_error(json.loads(line))).encode() + b"\n")
+        sink.flush()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)
