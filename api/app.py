@@ -102,7 +102,8 @@ def running_reaper(settings: Settings) -> Iterator[Reaper]:
 
 def batch_api(app: FastAPI, settings: Settings, client: aioredis.Redis) -> BatchFeeder:
     """The files and batches services on app.state, and the batch feeder (not yet started)."""
-    files = Files(FileRecords(client), storage_from_settings(settings), settings.file_max_bytes)
+    storage = storage_from_settings(settings)
+    files = Files(FileRecords(client), storage, settings.file_max_bytes, settings.file_quota_bytes)
     app.state.files = files
     store = BatchStore(client, settings.job_ttl_s)
     app.state.batches = Batches(settings, store, files)

@@ -1,5 +1,7 @@
 """File records of the batch API (/v1/files): one Redis hash per file, its content in the file
-storage (api/batches/filestore.py) under the file's id. Every read is scoped to the owner."""
+storage (api/batches/filestore.py) under the file's id. Every read is scoped to the owner. Each
+owner's file bytes are counted beside the records (the per-key file quota), and files that expire
+are indexed by their expiry for the sweep that deletes them (api/batches/files.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from shared import keys
+from shared import keys, scripts
 
 
 class FilePurpose(enum.StrEnum):
@@ -70,25 +72,34 @@ def public_file(record: dict[str, str]) -> dict[str, Any]:
 
 
 class FileRecords:
-    """The API's view of file records (asyncio)."""
+    """The API's view of file records (asyncio), with each owner's file bytes (the per-key file
+    quota) kept with them in one script per change."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
+        self._add = client.register_script(scripts.source("file_add"))
+        self._forget = client.register_script(scripts.source("file_forget"))
 
-    async def add(self, new: NewFile) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.file(new.file_id), mapping=cast(Any, new.fields()))
-            if new.expires_at:
-                pipe.expireat(keys.file(new.file_id), new.expires_at)
-            # Microseconds: files made within one second still list in the order they were made.
-            pipe.zadd(keys.owner_files(new.owner), {new.file_id: time.time_ns() // 1000})
-            await pipe.execute()
+    async def add(self, new: NewFile, quota_bytes: int = 0) -> bool:
+        """Record a stored file; False (nothing written) when its bytes would take its owner's
+        files past `quota_bytes` (0: no quota)."""
+        fields = [item for pair in new.fields().items() for item in pair]
+        # Microseconds: files made within one second still list in the order they were made.
+        added = await self._add(
+            keys=_file_keys(new.file_id, new.owner),
+            args=[new.size, quota_bytes, time.time_ns() // 1000, new.expires_at, *fields],
+        )
+        return bool(added)
+
+    async def held_bytes(self, owner: str) -> int:
+        """Bytes of file content the owner holds (what its file quota counts)."""
+        return int(await self._redis.get(keys.owner_file_bytes(owner)) or 0)
 
     async def get(self, file_id: str, owner: str) -> dict[str, str] | None:
         if not is_file_id(file_id):
             return None
         record = cast(dict[str, str], await self._redis.hgetall(keys.file(file_id)))
-        if not record or record.get("owner") != owner:
+        if not record or record.get("owner") != owner or _expired(record):
             return None
         return record
 
@@ -96,11 +107,19 @@ class FileRecords:
         """Forget the record (the caller deletes the content); False when not the owner's."""
         if await self.get(file_id, owner) is None:
             return False
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.file(file_id))
-            pipe.zrem(keys.owner_files(owner), file_id)
-            await pipe.execute()
-        return True
+        return bool(await self._forget(keys=_file_keys(file_id, owner), args=[file_id]))
+
+    async def due(self, now: float, limit: int) -> list[str]:
+        """Up to `limit` ids of files whose expires_at is past `now`, oldest first."""
+        return cast(list[str], await self._redis.zrangebyscore(keys.FILES_EXPIRING, "-inf", now, 0, limit))
+
+    async def forget(self, file_id: str) -> None:
+        """Forget an expired file's record, whoever owns it (the sweep deletes the content)."""
+        owner = cast(str | None, await self._redis.hget(keys.file(file_id), "owner"))
+        if owner is None:
+            await self._redis.zrem(keys.FILES_EXPIRING, file_id)
+            return
+        await self._forget(keys=_file_keys(file_id, owner), args=[file_id])
 
     async def page(
         self, owner: str, after: str | None, limit: int, purpose: str | None, newest_first: bool
@@ -113,11 +132,23 @@ class FileRecords:
         found: list[dict[str, str]] = []
         for file_id in ids:
             record = cast(dict[str, str], await self._redis.hgetall(keys.file(file_id)))
-            if not record:  # expired: drop it from the index
+            if not record:  # gone without its index entry: drop it
                 await self._redis.zrem(index, file_id)
+                continue
+            if _expired(record):  # the sweep deletes it soon
                 continue
             if purpose is None or record["purpose"] == purpose:
                 if len(found) == limit:
                     return found, True
                 found.append(record)
         return found, False
+
+
+def _file_keys(file_id: str, owner: str) -> list[str]:
+    """The keys file_add and file_forget take."""
+    return [keys.file(file_id), keys.owner_files(owner), keys.owner_file_bytes(owner), keys.FILES_EXPIRING]
+
+
+def _expired(record: dict[str, str]) -> bool:
+    expires_at = int(record.get("expires_at") or 0)
+    return bool(expires_at) and time.time() >= expires_at

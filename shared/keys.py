@@ -87,13 +87,23 @@ REAPER_LOCK = PREFIX + ":reaper:lock"
 
 #: Hash of one uploaded or generated file's record (id, owner, bytes, created_at, filename,
 #: purpose, expires_at); its content lives in the file storage (api/batches/filestore.py) under the id.
-#: No TTL: a file lives until deleted, or until its expires_at (EXPIREAT) for batch outputs
-#: created with output_expires_after.
+#: No TTL: a file lives until deleted, or, for batch outputs created with output_expires_after,
+#: until the file sweep after its expires_at (FILES_EXPIRING) deletes it with its content; reads
+#: treat a record past its expires_at as gone.
 FILE = PREFIX + ":file:{file_id}"
 
 #: Sorted set of one owner's file ids scored by creation time (Unix seconds). No TTL; DELETE
 #: removes members, and lists skip (and drop) ids whose record expired.
 OWNER_FILES = PREFIX + ":owner:{owner}:files"
+
+#: Integer: bytes of file content one owner holds in the file storage (uploads, and its batches'
+#: output and error files); the per-key file quota counts it. The scripts that add a file record
+#: add; the one that forgets a file (delete, expiry) subtracts. No TTL.
+OWNER_FILE_BYTES = PREFIX + ":owner:{owner}:file-bytes"
+
+#: Sorted set of the ids of files that expire, scored by their expires_at: the file sweep (run by
+#: the batch feeder) deletes the content and the record of each one due. No TTL.
+FILES_EXPIRING = PREFIX + ":files:expiring"
 
 #: Hash of one batch: its OpenAI fields, and the feeder's durable progress (cursor_offset and
 #: cursor_line into the input file, part_seq, ending). TTL: job_ttl_s, set when created.
@@ -287,6 +297,10 @@ def file(file_id: str) -> str:
 
 def owner_files(owner: str) -> str:
     return OWNER_FILES.format(owner=owner)
+
+
+def owner_file_bytes(owner: str) -> str:
+    return OWNER_FILE_BYTES.format(owner=owner)
 
 
 def batch(batch_id: str) -> str:

@@ -36,6 +36,7 @@ CONSTANTS = {
     "unacked_index": keys.KOMBU_UNACKED_INDEX,
     "job_events": keys.JOB_EVENTS_CHANNEL,
     "cancels": keys.CANCEL_CHANNEL,
+    "files_expiring": keys.FILES_EXPIRING,
 }
 
 #: Key templates, as the scripts' builder functions name them.
@@ -47,6 +48,7 @@ TEMPLATES = {
     "queued_key": keys.QUEUED,
     "owner_live_key": keys.OWNER_LIVE,
     "owner_bytes_key": keys.OWNER_BYTES,
+    "owner_file_bytes_key": keys.OWNER_FILE_BYTES,
     "webhook_delivery_key": keys.WEBHOOK_DELIVERY,
     "batch_webhook_delivery_key": keys.BATCH_WEBHOOK_DELIVERY,
     "batch_key": keys.BATCH,

@@ -81,9 +81,11 @@ class BatchFeeder:
         self._stopped.set()
 
     async def run_once(self) -> bool:
-        """One period's work, if this process holds the lock; whether anything moved."""
+        """One period's work, if this process holds the lock; whether anything moved. Expired
+        files are swept first, lock or not (deleting one twice is harmless)."""
+        swept = await self._files.sweep_expired()
         if not await self._store.any_active() or not await self._hold_lock():
-            return False
+            return swept > 0
         records = await self._store.active()
         shares = await self._shares(records)
         busy = False

@@ -1,19 +1,24 @@
 """/v1/files: OpenAI's Files API for batch input and output files, scoped to the caller's key.
 
-An upload is parsed by Starlette into a spooled temporary file (memory up to 1 MiB, then disk)
-and streamed from there to the file storage: a 200 MB file is never held in API memory.
+An upload's multipart body is read by the route itself, after its caller is authenticated and
+rate-limited (the CallerDep is solved before the endpoint runs, and the endpoint declares no form
+parameters for FastAPI to read first), and streamed from the request to the file storage as it
+arrives, its bytes counted on the way (api/batches/upload.py): no byte is read for a caller who
+is refused, no temporary file is written, and a chunked body is capped like a declared one.
 Errors leave in OpenAI's shape, like the completion routes.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.batches.files import Files
 from api.batches.service import Batches
+from api.batches.upload import UploadForm
+from api.edge.limits import MULTIPART_OVERHEAD
 from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.openai.errors import OPENAI_ERRORS, OpenAIRoute
@@ -32,13 +37,34 @@ def _files(request: Request) -> Files:
     return files
 
 
-@router.post("", responses=FILE_ERRORS, dependencies=[SubmitLimit])
-async def upload_file(
-    request: Request, owner: CallerDep, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
-) -> Response:
+#: The upload's body as the OpenAPI document describes it (the route reads it itself).
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary",
+                                 "description": "The JSONL file of batch requests (named *.jsonl)."},
+                        "purpose": {"type": "string", "enum": ["batch"]},
+                    },
+                }
+            }
+        },
+    }
+}  # fmt: skip
+
+
+@router.post("", responses=FILE_ERRORS, dependencies=[SubmitLimit], openapi_extra=UPLOAD_BODY)
+async def upload_file(request: Request, owner: CallerDep) -> Response:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
-    created = await _files(request).upload(owner, file.file, file.filename or "", purpose)
-    return json_response(created)
+    files = _files(request)
+    body_max = files.max_bytes + MULTIPART_OVERHEAD
+    form = UploadForm(request.headers.get("content-type"), request.stream(), body_max)
+    return json_response(await files.upload_form(owner, form))
 
 
 @router.get("", responses=OPENAI_ERRORS, dependencies=[ReadLimit])

@@ -12,8 +12,12 @@ local function add_file(key, fields_json, field)
   if fields_json == '' then return end
   local fields = cjson.decode(fields_json)
   redis.call('HSET', key, unpack(fields))
-  if tonumber(ARGV[7]) > 0 then redis.call('EXPIREAT', key, ARGV[7]) end
   local id = redis.call('HGET', key, 'id')
+  -- An expiring file is the file sweep's to delete, content and record together.
+  if tonumber(ARGV[7]) > 0 then redis.call('ZADD', K.files_expiring, ARGV[7], id) end
+  -- Written whatever the owner's file quota (the batch's results), but counted against it.
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  redis.call('INCRBY', owner_file_bytes_key(owner), redis.call('HGET', key, 'bytes'))
   redis.call('ZADD', KEYS[8], ARGV[6], id)
   redis.call('HSET', KEYS[1], field, id)
 end

@@ -15,6 +15,12 @@ class BatchSettings(BaseModel):
     """Largest file `POST /v1/files` accepts (the upload is streamed to storage, never held in
     memory); larger ones get 413."""
 
+    file_quota_bytes: int = Field(1 << 30, ge=0)
+    """Most bytes of files one API key may hold in the file storage: its uploads plus its
+    batches' output and error files (always written, so they may pass it, and then leave no room
+    for uploads until files are deleted or expire). An upload that would pass it gets 429
+    `quota_exceeded` and stores nothing. 0: no quota."""
+
     file_storage: Literal["local", "s3"] = "local"
     """Where file content lives: `local` (a folder under data_dir, one host) or `s3` (an
     S3-compatible bucket every API replica shares; set the s3_* settings)."""

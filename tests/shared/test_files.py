@@ -1,6 +1,6 @@
 """shared/files.py: file records of the batch API in a real Redis. Every read is the owner's
-only, pages follow creation order with `after`, expired records drop out, and the public object is
-OpenAI's."""
+only, pages follow creation order with `after`, expired records read as gone until the sweep forgets
+them, each owner's file bytes are counted with its records, and the public object is OpenAI's."""
 
 from __future__ import annotations
 
@@ -59,17 +59,69 @@ async def test_pages_follow_creation_order_with_after_and_purpose(files: FileRec
     assert await files.page("key-b", None, 10, None, newest_first=True) == ([], False)
 
 
-async def test_an_expired_file_drops_out_of_its_owners_list(
+async def test_an_expired_file_is_gone_to_reads_and_due_for_the_sweep(
     files: FileRecords, redis_client: redis.Redis
 ) -> None:
-    kept, gone = _new(), _new(expires_at=int(time.time()) + 60)
+    kept, soon, past = _new(), _new(expires_at=int(time.time()) + 60), _new(expires_at=int(time.time()) - 1)
+    for new in (kept, soon, past):
+        await files.add(new)
+    # No Redis TTL: the record waits for the sweep, which deletes its content too.
+    assert all(redis_client.ttl(keys.file(new.file_id)) == -1 for new in (kept, soon, past))
+    assert await files.get(past.file_id, "key-a") is None
+    page, _ = await files.page("key-a", None, 10, None, newest_first=False)
+    assert [r["id"] for r in page] == [kept.file_id, soon.file_id]
+    assert await files.due(time.time(), 10) == [past.file_id]
+    assert await files.held_bytes("key-a") == 3 * 12
+    await files.forget(past.file_id)
+    assert await files.due(time.time(), 10) == []
+    assert not redis_client.exists(keys.file(past.file_id))
+    assert redis_client.zrange(keys.owner_files("key-a"), 0, -1) == [kept.file_id, soon.file_id]
+    assert await files.held_bytes("key-a") == 2 * 12
+    await files.forget(past.file_id)  # a second sweeper: nothing more released
+    assert await files.held_bytes("key-a") == 2 * 12
+
+
+async def test_a_record_gone_without_its_index_entry_drops_out_of_the_list(
+    files: FileRecords, redis_client: redis.Redis
+) -> None:
+    kept, gone = _new(), _new()
     await files.add(kept)
     await files.add(gone)
-    assert redis_client.ttl(keys.file(gone.file_id)) > 0 and redis_client.ttl(keys.file(kept.file_id)) == -1
-    redis_client.delete(keys.file(gone.file_id))  # what its expiry does
+    redis_client.delete(keys.file(gone.file_id))
     page, _ = await files.page("key-a", None, 10, None, newest_first=False)
     assert [r["id"] for r in page] == [kept.file_id]
     assert redis_client.zrange(keys.owner_files("key-a"), 0, -1) == [kept.file_id]
+
+
+@pytest.mark.parametrize(
+    ("held", "quota", "added", "held_after"),
+    [
+        (0, 0, True, 12),  # no quota
+        (0, 12, True, 12),  # exactly fills it
+        (1, 12, False, 1),  # one byte over: nothing written
+        (100, 0, True, 112),
+    ],
+)
+async def test_add_counts_bytes_against_the_quota(
+    files: FileRecords, redis_client: redis.Redis, held: int, quota: int, added: bool, held_after: int
+) -> None:
+    if held:
+        redis_client.set(keys.owner_file_bytes("key-a"), held)
+    new = _new(expires_at=int(time.time()) + 60)
+    assert await files.add(new, quota) is added
+    assert await files.held_bytes("key-a") == held_after
+    assert bool(redis_client.exists(keys.file(new.file_id))) is added
+    assert redis_client.zrange(keys.owner_files("key-a"), 0, -1) == ([new.file_id] if added else [])
+    assert redis_client.zrange(keys.FILES_EXPIRING, 0, -1) == ([new.file_id] if added else [])
+
+
+async def test_delete_releases_the_bytes_once(files: FileRecords, redis_client: redis.Redis) -> None:
+    new = _new(expires_at=int(time.time()) + 60)
+    await files.add(new)
+    assert await files.delete(new.file_id, "key-a")
+    assert not await files.delete(new.file_id, "key-a")
+    assert await files.held_bytes("key-a") == 0
+    assert redis_client.keys("genq:*") == []  # record, index entries and the counter all gone
 
 
 def test_the_public_object_is_openais() -> None:

@@ -45,7 +45,7 @@ async def test_an_upload_is_stored_and_read_back_by_its_owner(files: Files) -> N
         (LINES, "input.jsonl", "fine-tune", InvalidRequest, "purpose"),
         (LINES, "input.csv", "batch", InvalidRequest, "file"),
         (b"", "input.jsonl", "batch", InvalidRequest, "file"),
-        (b"x" * (MAX_BYTES + 1), "input.jsonl", "batch", PayloadTooLarge, None),
+        (b"x" * (MAX_BYTES + 1), "input.jsonl", "batch", PayloadTooLarge, "file"),
     ],
 )
 async def test_a_refused_upload_leaves_nothing_behind(
