@@ -1,11 +1,12 @@
 """Request body size cap as raw ASGI middleware: a body over the cap gets 413 before any of it is
-parsed, whether or not the client sent Content-Length."""
+parsed, whether or not the client sent Content-Length. A request answered before its body was
+read to its end (a 413 here, or an upload refused before it read its body) closes its connection."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.edge.asgi import read_body, replay
+from api.edge.asgi import closing_unread, read_body, replay
 from api.edge.errors import genq_error_response
 from shared.errors import PayloadTooLarge
 
@@ -27,17 +28,17 @@ class BodySizeLimit:
             return
         max_bytes = self.per_path.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None:
-            if declared.isdigit() and int(declared) > max_bytes:
-                await self._reject(scope, receive, send, max_bytes)
-            else:  # the server enforces Content-Length: nothing more can arrive
-                await self.app(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._reject(scope, receive, send, max_bytes)
+            return
+        if scope["path"] in self.per_path:  # an upload reads and counts its own body, if its caller may
+            await self.app(scope, *closing_unread(scope, receive, send))
+            return
+        if declared is not None:  # the server enforces Content-Length: nothing more can arrive
+            await self.app(scope, receive, send)
             return
         # Chunked: read it here (bounded), then replay it. Raising from inside `receive` would
         # not do: FastAPI reports any error while reading a body as malformed JSON.
-        if scope["path"] in self.per_path:  # an upload checks its own size as it streams it
-            await self.app(scope, receive, send)
-            return
         body = await read_body(receive, max_bytes)
         if body is None:
             await self._reject(scope, receive, send, max_bytes)
@@ -46,4 +47,4 @@ class BodySizeLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         error = PayloadTooLarge(f"the request body exceeds {max_bytes} bytes")
-        await genq_error_response(error)(scope, receive, send)
+        await genq_error_response(error)(scope, *closing_unread(scope, receive, send))

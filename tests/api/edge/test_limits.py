@@ -86,3 +86,25 @@ async def test_an_upload_path_has_its_own_cap(limited: tuple[httpx.AsyncClient, 
     # Chunked, it goes on unread: the upload counts its bytes as it stores them (api/batches/files.py).
     assert (await client.post("/v1/files", content=chunked(b"u" * (UPLOAD_CAP + 1)))).status_code == 200
     assert [len(body) for body in echo.bodies] == [UPLOAD_CAP, UPLOAD_CAP + 1]
+
+
+class Refuses:
+    """An upload route that answers before reading its body (a caller without a key)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_an_answer_before_the_body_was_read_closes_the_connection(declared: bool) -> None:
+    """So the refused client stops sending instead of the server taking the rest in to drop it."""
+    body = b"u" * 3000
+    for app, path, closes in [
+        (BodySizeLimit(Refuses(), max_bytes=CAP, per_path={"/v1/files": UPLOAD_CAP}), "/v1/files", True),
+        (BodySizeLimit(Echo(), max_bytes=CAP, per_path={"/v1/files": UPLOAD_CAP}), "/v1/files", False),
+        (BodySizeLimit(Echo(), max_bytes=CAP), "/v1/jobs", True),  # 413
+    ]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
+            response = await client.post(path, content=body if declared else chunked(body))
+        assert (response.headers.get("connection") == "close") is closes, (path, response.status_code)

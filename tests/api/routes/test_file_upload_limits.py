@@ -47,6 +47,8 @@ class Answer:
     body: dict[str, object]
     #: File bytes the client got out before the server answered or stopped taking them.
     sent: int
+    #: Whether the answer closes the connection (a body left unread is not drained).
+    closes: bool
 
 
 def chunked_upload(url: str, api_key: str | None, size: int) -> Answer:
@@ -61,7 +63,8 @@ def chunked_upload(url: str, api_key: str | None, size: int) -> Answer:
             b"Content-Type: multipart/form-data; boundary=b\r\n" + auth.encode() + b"\r\n"
         )
         sent = _send_file(sock, size)
-        return Answer(*_read_answer(sock), sent)
+        status, body, head = _read_answer(sock)
+        return Answer(status, body, sent, b"\r\nconnection: close" in head.lower())
 
 
 def _send_file(sock: socket.socket, size: int) -> int:
@@ -83,7 +86,7 @@ def _send_file(sock: socket.socket, size: int) -> int:
     return sent
 
 
-def _read_answer(sock: socket.socket) -> tuple[int, dict[str, object]]:
+def _read_answer(sock: socket.socket) -> tuple[int, dict[str, object], bytes]:
     data = b""
     while True:
         head, _, rest = data.partition(b"\r\n\r\n")
@@ -94,7 +97,7 @@ def _read_answer(sock: socket.socket) -> tuple[int, dict[str, object]]:
                 if line.lower().startswith(b"content-length")
             )
             if len(rest) >= length:
-                return int(head.split(b" ")[1]), json.loads(rest[:length])
+                return int(head.split(b" ")[1]), json.loads(rest[:length]), head
         got = sock.recv(CHUNK)
         assert got, f"the connection closed before a whole answer: {data[:200]!r}"
         data += got
@@ -114,7 +117,7 @@ def test_an_upload_without_a_key_is_refused_before_its_body_is_read(upload_url: 
     answer = chunked_upload(upload_url, None, HOSTILE)
     assert answer.status == 401
     assert answer.body["error"]["code"] == "invalid_api_key"  # type: ignore[index]
-    assert answer.sent < SMALL_BOUND
+    assert answer.sent < SMALL_BOUND and answer.closes
 
 
 def test_a_chunked_upload_over_the_cap_is_refused_as_it_passes_it(
@@ -124,7 +127,7 @@ def test_a_chunked_upload_over_the_cap_is_refused_as_it_passes_it(
     assert answer.status == 413
     error = answer.body["error"]
     assert error["param"] == "file" and str(FILE_MAX) in error["message"]  # type: ignore[index]
-    assert answer.sent < SMALL_BOUND
+    assert answer.sent < SMALL_BOUND and answer.closes
     assert files_in(tmp_path / "genq" / "files") == []
     assert [
         k for k in cast(list[str], redis_client.keys("genq:*")) if not k.startswith("genq:ratelimit:")
@@ -140,12 +143,13 @@ def test_an_upload_over_the_rate_limit_is_refused_before_its_body_is_read(
         answer = chunked_upload(url, "alice-key", HOSTILE)
     assert answer.status == 429
     assert answer.body["error"]["code"] == "rate_limit_exceeded"  # type: ignore[index]
-    assert answer.sent < SMALL_BOUND
+    assert answer.sent < SMALL_BOUND and answer.closes
 
 
 def test_a_chunked_upload_within_the_cap_is_stored(upload_url: str, tmp_path: Path) -> None:
     answer = chunked_upload(upload_url, "alice-key", FILE_MAX)
     assert answer.status == 200 and answer.body["bytes"] == FILE_MAX
+    assert not answer.closes  # read to its end: the connection stays open
     stored = tmp_path / "genq" / "files" / str(answer.body["id"])
     assert stored.stat().st_size == FILE_MAX
 
@@ -212,3 +216,18 @@ def test_the_openapi_document_describes_the_multipart_body(upload_url: str) -> N
     assert schema["required"] == ["file", "purpose"]
     assert schema["properties"]["file"]["format"] == "binary"
     assert "413" in upload["responses"] and "429" in upload["responses"]
+
+
+def test_a_malformed_upload_is_400_once_its_caller_is_known(upload_url: str) -> None:
+    cut_short = HEAD + LINE  # no closing boundary
+    for key, status in [(None, 401), ("alice-key", 400)]:
+        headers = {"Content-Type": "multipart/form-data; boundary=b"} | (
+            {"Authorization": f"Bearer {key}"} if key else {}
+        )
+        answer = httpx.post(f"{upload_url}/v1/files", headers=headers, content=cut_short)
+        assert answer.status_code == status, answer.text
+    assert "closing boundary" in answer.json()["error"]["message"]
+    wrong_type = httpx.post(
+        f"{upload_url}/v1/files", headers={"Authorization": "Bearer alice-key"}, json={"file": "x"}
+    )
+    assert wrong_type.status_code == 415 and "multipart/form-data" in wrong_type.json()["error"]["message"]
