@@ -32,6 +32,9 @@ T = TypeVar("T")
 
 #: Seconds between two tries to record a taken message while the store refuses writes.
 RETRY_S = 0.5
+#: Longest a consumer's BRPOP waits (kombu's default): a consumer that stops consuming may still
+#: take a message this long after (workers/consuming.py).
+BRPOP_TIMEOUT_S = 1
 
 
 #: Delivery tags of messages a closing channel could not put back on their queue (Redis was gone:
@@ -175,3 +178,4 @@ class Transport(kombu_redis.Transport):
     """Set as the worker app's `broker_transport` (workers/worker.py)."""
 
     Channel = Channel
+    brpop_timeout = BRPOP_TIMEOUT_S

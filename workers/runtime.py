@@ -36,7 +36,9 @@ from shared.reaper import Reaper
 from shared.schemas import JobStatus
 from shared.store import as_text
 from workers import scalein
+from workers.cancels import CancelListener
 from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
+from workers.heartbeat import Heartbeat
 from workers.intake import Intake
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
@@ -88,6 +90,11 @@ class WorkerRuntime:
         self._stopped = threading.Event()
         #: Set from the drain on: task threads take no more jobs from the queue.
         self._closing = threading.Event()
+        #: Set when the engine died: no job is claimed any more (on_engine_fatal).
+        self._dying = False
+        #: Stops this process's broker consumer (set by the worker's start-up once Celery is
+        #: built): a dying worker calls it before it hands its jobs back.
+        self.stop_consuming: Callable[[], None] = lambda: None
         #: Where task threads get jobs without a delivery (take_from); None: every job is delivered.
         self.intake: Intake | None = None
         self._output_webhooks = OutputWebhooks(self.redis, settings)
@@ -114,19 +121,33 @@ class WorkerRuntime:
             if self.engine.fingerprint:  # the API computes cache keys with it (docs/cache.md)
                 self.jobs.publish_model(self.engine.model_id, self.engine.fingerprint)
             self.jobs.load_scripts()  # before any job is taken: the first claim pays no NOSCRIPT
-        self._beat()
-        threading.Thread(target=self._heartbeat_loop, name="genq-heartbeat", daemon=True).start()
-        threading.Thread(target=self._cancel_loop, name="genq-cancels", daemon=True).start()
+        slots = self.slots if self.engine is not None else None
+        heartbeat = Heartbeat(self.jobs, self.worker_id, self.registry, slots, self.ready_file,
+                              self._held, self._stop_if_held, self._report_inflight)  # fmt: skip
+        heartbeat.start(self.settings.heartbeat_interval_s, self._stopped)
+        CancelListener(self.redis, self._stopped, self._stop_if_held).start()
         self.reaper.start()
 
     def on_engine_fatal(self, error: BaseException) -> None:
         """The engine died (EngineConfig.on_fatal, called before it fails anything in flight):
-        hand every job this worker runs back to the queue, then exit non-zero so the supervisor
-        restarts the worker. A hand-back that cannot be written is left to the job's lease."""
+        stop taking jobs, then hand every job this worker runs back to the queue, and exit non-zero
+        so the supervisor restarts the worker. Consuming stops first: a consumer with a free task
+        thread took the very job just handed back, which then waited for the reaper. A hand-back
+        that cannot be written is left to the job's lease. Runs once; a later caller (a task
+        thread whose submit met the dead engine) waits for the exit."""
+        with self._lock:
+            first, self._dying = not self._dying, True
+        if not first:
+            threading.Event().wait()  # never set: the first caller ends the process
+        self._closing.set()  # task threads take no more jobs from the queue
         log.critical(
             "engine_fatal",
             extra=fields(worker=self.worker_id, error=repr(error), handing_back=len(self._inflight)),
         )
+        try:
+            self.stop_consuming()
+        except Exception as exc:  # the jobs must go back whatever failed here
+            log.warning("consumer_stop_failed", extra=fields(error=repr(exc)))
         with self._lock:
             held = dict(self._inflight)
         for job_id, record in held.items():
@@ -190,6 +211,8 @@ class WorkerRuntime:
         """Run the delivered job to a terminal state, or hand it back (drain timeout); then the
         jobs this thread takes straight from the queue (_take_queued). Raises HandBack when the
         store cannot be written for STORE_RETRY_S: the broker must redeliver the message."""
+        if self._dying:  # delivered while the worker stops consuming: back to the queue, unclaimed
+            raise HandBack("the worker's engine died")
         until = time.monotonic() + self.settings.visibility_timeout_s / 2
         claim = self._store(lambda: self.jobs.claim(job_id, self.worker_id))
         then = None
@@ -362,39 +385,10 @@ class WorkerRuntime:
         if self._deletion_cost is not None:
             self._deletion_cost.update(self.inflight)
 
-    def _beat(self) -> None:
-        self._report_inflight()
-        slots = self.slots if self.engine is not None else None
-        self.jobs.heartbeat(self.worker_id, self.registry, slots)
-        for job_id in self.jobs.renew(self.worker_id, list(self._inflight)):
-            # Canceled, ended elsewhere, or handed to another worker: stop generating it.
-            log.info("lease_lost", extra=fields(job_id=job_id))
-            if self.engine is not None:
-                self.engine.cancel(job_id)
-        if self.ready_file.exists():
-            self.ready_file.touch()
+    def _held(self) -> list[str]:
+        return list(self._inflight)
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stopped.wait(self.settings.heartbeat_interval_s):
-            try:
-                self._beat()
-            except redis.exceptions.RedisError as exc:
-                log.warning("heartbeat_failed", extra=fields(error=str(exc)))
-
-    def _cancel_loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self._listen_for_cancels()
-            except redis.exceptions.RedisError:
-                time.sleep(0.5)
-
-    def _listen_for_cancels(self) -> None:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        pubsub.subscribe(keys.CANCEL_CHANNEL)
-        try:
-            while not self._stopped.is_set():
-                message = pubsub.get_message(timeout=1.0)
-                if message is not None and self.engine is not None and message["data"] in self._inflight:
-                    self.engine.cancel(message["data"])
-        finally:
-            pubsub.close()
+    def _stop_if_held(self, job_id: str) -> None:
+        """Stop generating a job (canceled through the API, or its lease lost) if it runs here."""
+        if self.engine is not None and job_id in self._inflight:
+            self.engine.cancel(job_id)

@@ -17,12 +17,14 @@ from typing import Any
 
 import prometheus_client
 from celery import signals
+from celery.utils.nodenames import default_nodename
 
 from shared import keys, metrics
 from shared.celery_app import create_celery_app, queue_lists
 from shared.config import Settings
 from shared.logging import configure_logging, fields
 from workers import context
+from workers.consuming import consumer_stopper
 from workers.engine import EngineConfig, FatalEngineError, StepStats, build_engine
 from workers.runtime import WorkerRuntime
 
@@ -125,13 +127,15 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     pidfile.write_text(str(os.getpid()))
     app = create_celery_app(settings)
     app.conf.broker_transport = "workers.broker:Transport"  # records taken messages patiently
+    hostname = f"genq-{runtime.worker_id}"
+    runtime.stop_consuming = consumer_stopper(app, default_nodename(hostname), queues)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
     from workers import webhooks  # noqa: F401  (registers the webhook delivery task)
 
     argv = [
         "worker", "--pool=threads", f"--concurrency={runtime.slots}",
         f"--queues={','.join(queues)}", "--without-gossip", "--without-mingle",
-        f"--hostname=genq-{runtime.worker_id}", f"--loglevel={settings.log_level}",
+        f"--hostname={hostname}", f"--loglevel={settings.log_level}",
         *(["--task-events"] if settings.worker_task_events else []),
     ]  # fmt: skip
     try:

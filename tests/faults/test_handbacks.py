@@ -12,8 +12,10 @@ from typing import cast
 import pytest
 import redis
 
+from shared import keys
+from shared.celery_app import queue_lists
 from shared.config import Settings
-from tests.conftest import WorkerProcess, api_client, wait_until_acked, wait_until_running
+from tests.conftest import TEST_MODEL, WorkerProcess, api_client, wait_until_acked, wait_until_running
 from workers.runtime import FATAL_EXIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -94,3 +96,34 @@ async def test_a_job_dropped_by_a_live_worker_is_rescued_by_its_lease(
             assert time.monotonic() < deadline, redis_client.hgetall(f"genq:job:{job_id}")
             await asyncio.sleep(0.1)
     assert redis_client.hget(f"genq:job:{job_id}", "attempts") == "2"
+
+
+async def test_a_dying_worker_takes_nothing_new(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
+    """A worker whose engine died stops consuming before it hands its jobs back: with a task
+    thread free, its consumer used to take the job it had just handed back, and the job then sat
+    in the dead worker's unacknowledged messages until the reaper freed it. Here the job waits on
+    its queue, and the next worker runs it at once."""
+    fault = tmp_path / "engine-fault"
+    doomed = start_worker(make_settings(placeholder_step_s=0.05, fault_engine_fatal_file=fault),
+                          "--concurrency=2")  # fmt: skip
+    async with api_client(make_settings()) as api:
+        job_id = (await api.post("/v1/jobs", json={"prompt": "doomed", "max_tokens": 40})).json()["id"]
+        await wait_until_running(redis_client, [job_id])
+        fault.touch()
+        assert await asyncio.to_thread(doomed.process.wait, 30) == FATAL_EXIT
+        assert redis_client.hget(f"genq:job:{job_id}", "status") == "queued"
+        queue = keys.queue_for_model(TEST_MODEL)
+        assert sum(redis_client.llen(name) for name in queue_lists(queue)) == 1  # its message waits
+        assert redis_client.hlen(keys.KOMBU_UNACKED) == 0  # and no one holds it
+        assert doomed.log_path.read_text().count(f"[{job_id}] received") == 1  # taken once, at first
+        healthy = start_worker(make_settings(placeholder_step_s=0.01))
+        job = (await api.get(f"/v1/jobs/{job_id}", params={"wait": 30})).json()
+    assert job["status"] == "succeeded", job
+    assert f":{healthy.process.pid}:" in str(redis_client.hget(f"genq:job:{job_id}", "worker"))
+    assert redis_client.hget(f"genq:job:{job_id}", "attempts") == "2"
+    await wait_until_acked(redis_client)
