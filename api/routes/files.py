@@ -10,10 +10,12 @@ Errors leave in OpenAI's shape, like the completion routes.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from api.batches.files import Files
 from api.batches.service import Batches
@@ -22,6 +24,7 @@ from api.edge.limits import MULTIPART_OVERHEAD
 from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.openai.errors import OPENAI_ERRORS, OpenAIRoute
+from shared.errors import MalformedRequest
 from shared.files import public_file
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OpenAIRoute)
@@ -63,8 +66,18 @@ async def upload_file(request: Request, owner: CallerDep) -> Response:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
     files = _files(request)
     body_max = files.max_bytes + MULTIPART_OVERHEAD
-    form = UploadForm(request.headers.get("content-type"), request.stream(), body_max)
+    form = UploadForm(request.headers.get("content-type"), _body(request), body_max)
     return json_response(await files.upload_form(owner, form))
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    """The request's body as it arrives; a client gone mid-upload is a refusal (what it sent
+    is removed), not a bug."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise MalformedRequest("the client went away before the upload's body ended", param="file") from None
 
 
 @router.get("", responses=OPENAI_ERRORS, dependencies=[ReadLimit])

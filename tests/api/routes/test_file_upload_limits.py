@@ -231,3 +231,21 @@ def test_a_malformed_upload_is_400_once_its_caller_is_known(upload_url: str) -> 
         f"{upload_url}/v1/files", headers={"Authorization": "Bearer alice-key"}, json={"file": "x"}
     )
     assert wrong_type.status_code == 415 and "multipart/form-data" in wrong_type.json()["error"]["message"]
+
+
+def test_a_client_gone_mid_upload_leaves_nothing_in_storage(upload_url: str, tmp_path: Path) -> None:
+    folder = tmp_path / "genq" / "files"
+    host, port = upload_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: genq\r\nContent-Length: 900000\r\n"
+            b"Authorization: Bearer alice-key\r\n"
+            b"Content-Type: multipart/form-data; boundary=b\r\n\r\n" + HEAD + b"x" * 300_000
+        )
+        deadline = time.monotonic() + 30
+        while not files_in(folder) and time.monotonic() < deadline:  # the write has begun
+            time.sleep(0.02)
+        assert files_in(folder)
+    while files_in(folder) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert files_in(folder) == []
