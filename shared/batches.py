@@ -136,10 +136,6 @@ class Ending:
     webhook_message: bytes = b""
 
 
-def _bytes(value: bytes | str) -> bytes:
-    return value if isinstance(value, bytes) else value.encode()
-
-
 def _flat(fields: dict[str, str]) -> str:
     return orjson.dumps([item for pair in fields.items() for item in pair]).decode()
 
@@ -150,6 +146,7 @@ class BatchStore:
     def __init__(self, client: aioredis.Redis, ttl_s: int) -> None:
         self._redis = client
         self._ttl_s = ttl_s
+        self._create = client.register_script(scripts.source("batch_create"))
         self._cancel = client.register_script(scripts.source("batch_cancel"))
         self._validated = client.register_script(scripts.source("batch_validated"))
         self._feed = client.register_script(scripts.source("batch_feed"))
@@ -158,16 +155,17 @@ class BatchStore:
         self._finish = client.register_script(scripts.source("batch_finish"))
 
     # --- the routes ------------------------------------------------------------------------------
-    async def create(self, new: NewBatch) -> dict[str, str]:
-        fields = new.fields()
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.batch(new.batch_id), mapping=cast(Any, fields))
-            pipe.expire(keys.batch(new.batch_id), self._ttl_s)
-            pipe.zadd(keys.owner_batches(new.owner), {new.batch_id: time.time_ns() // 1000})
-            pipe.expire(keys.owner_batches(new.owner), self._ttl_s)
-            pipe.zadd(keys.BATCHES_ACTIVE, {new.batch_id: new.created_at})
-            await pipe.execute()
-        return fields
+    async def create(self, new: NewBatch, active_max: int) -> dict[str, str] | None:
+        """Record the new batch; None (nothing written) when its owner already has `active_max`
+        batches not yet ended."""
+        fields, now = new.fields(), time.time()
+        made = await self._create(
+            keys=[keys.batch(new.batch_id), keys.owner_batches(new.owner), keys.BATCHES_ACTIVE,
+                  keys.owner_active_batches(new.owner)],
+            args=[new.batch_id, _flat(fields), self._ttl_s, time.time_ns() // 1000, new.created_at, now,
+                  active_max, now + self._ttl_s],
+        )  # fmt: skip
+        return fields if made else None
 
     async def get(self, batch_id: str, owner: str) -> dict[str, str] | None:
         if not is_batch_id(batch_id):
@@ -228,20 +226,10 @@ class BatchStore:
     async def mark_expiring(self, batch_id: str) -> None:
         await self._redis.hsetnx(keys.batch(batch_id), "ending", BatchStatus.EXPIRED.value)
 
-    async def validated(self, batch_id: str, total: int, invalid: dict[int, bytes]) -> bool:
-        flat = [item for line, entry in invalid.items() for item in (str(line), entry.decode())]
-        done = await self._validated(
-            keys=[keys.batch(batch_id), keys.batch_invalid(batch_id)],
-            args=[repr(time.time()), total, orjson.dumps(flat)],
-        )
+    async def validated(self, batch_id: str, total: int, duplicates: int) -> bool:
+        """Validation passed: `total` requests, `duplicates` of them repeating a custom_id."""
+        done = await self._validated(keys=[keys.batch(batch_id)], args=[repr(time.time()), total, duplicates])
         return bool(done)
-
-    async def invalid(self, batch_id: str, lines: list[int]) -> dict[int, bytes]:
-        """The validation errors of those of `lines` that have one."""
-        if not lines:
-            return {}
-        found = await self._redis.hmget(keys.batch_invalid(batch_id), [str(line) for line in lines])
-        return {line: _bytes(entry) for line, entry in zip(lines, found, strict=True) if entry}
 
     async def window(self, batch_id: str) -> dict[int, dict[str, Any]]:
         raw = cast(dict[str, str], await self._redis.hgetall(keys.batch_window(batch_id)))
@@ -286,7 +274,7 @@ class BatchStore:
         now = time.time()
         done = await self._finish(
             keys=[keys.batch(batch_id), keys.BATCHES_ACTIVE, keys.batch_window(batch_id),
-                  keys.batch_invalid(batch_id), keys.batch_parts(batch_id),
+                  keys.owner_active_batches(owner), keys.batch_parts(batch_id),
                   keys.file(result_file_id(batch_id, "output")), keys.file(result_file_id(batch_id, "error")),
                   keys.owner_files(owner)],
             args=[ending.status.value, repr(now),

@@ -122,10 +122,11 @@ BATCHES_ACTIVE = PREFIX + ":batches:active"
 #: Settings.batch_window entries. Deleted when the batch ends; TTL: the batch's.
 BATCH_WINDOW = PREFIX + ":batch:{batch_id}:window"
 
-#: Hash line number -> JSON {"custom_id", "code", "message"} of the lines validation refused
-#: (bad JSON, wrong endpoint, duplicate custom_id, ...). Deleted when the batch ends; TTL: the
-#: batch's.
-BATCH_INVALID = PREFIX + ":batch:{batch_id}:invalid"
+#: Sorted set of one owner's batches not yet ended, scored by the time their record lapses (the
+#: bound on a key's active batches counts it; a member past its score lapsed without an end and
+#: no longer counts). Create adds; the script that ends a batch removes. TTL: job_ttl_s, renewed
+#: on each creation.
+OWNER_ACTIVE_BATCHES = PREFIX + ":owner:{owner}:batches:active"
 
 #: List of the storage names of one batch's committed result parts, in order (each commit of
 #: finished lines writes one `.out` and one `.err` object). The end of the batch joins them into
@@ -315,8 +316,8 @@ def batch_window(batch_id: str) -> str:
     return BATCH_WINDOW.format(batch_id=batch_id)
 
 
-def batch_invalid(batch_id: str) -> str:
-    return BATCH_INVALID.format(batch_id=batch_id)
+def owner_active_batches(owner: str) -> str:
+    return OWNER_ACTIVE_BATCHES.format(owner=owner)
 
 
 def batch_parts(batch_id: str) -> str:

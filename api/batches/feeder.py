@@ -60,7 +60,7 @@ class BatchFeeder:
         self._redis = client
         self._store = store
         self._files = files
-        self._window = Window(store, files, queue, settings.batch_window)
+        self._window = Window(store, files, queue, settings.batch_window, settings.batch_line_max_bytes)
         self._results = Results(store, files, queue, settings.batch_line_ttl_s)
         self._id = secrets.token_hex(8)
         self._stopped = asyncio.Event()
@@ -152,7 +152,10 @@ class BatchFeeder:
         return busy
 
     async def _validate(self, record: dict[str, str]) -> bool:
-        ending = await validate_input(record, self._files, self._store, self._settings.batch_max_lines)
+        settings = self._settings
+        ending = await validate_input(
+            record, self._files, self._store, settings.batch_max_lines, settings.batch_line_max_bytes
+        )
         return True if ending is None else await self._results.finish(record, ending)
 
     @staticmethod

@@ -43,21 +43,6 @@ def file_chunks(source: BinaryIO) -> Iterator[bytes]:
         yield chunk
 
 
-def lines_from(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a stream of chunks, each with its newline (the last may lack one); their
-    lengths add up to the bytes read, so a reader can keep a byte offset to resume from."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        start = 0
-        while (end := pending.find(b"\n", start)) != -1:
-            yield pending[start : end + 1]
-            start = end + 1
-        pending = pending[start:]
-    if pending:
-        yield pending
-
-
 class LocalStorage:
     """Files in one folder; a write goes to a temporary file renamed into place (never torn)."""
 

@@ -1,7 +1,9 @@
 """A batch's input file, as the feeder reads it: validating it in one streamed pass when the
-batch is new (whole-file problems fail the batch; refused lines are kept for their error
-results), and taking the next lines from the batch's durable cursor (a byte offset and a line
-number) to feed or to report as not run. Reads run on a thread: storage calls block."""
+batch is new (whole-file problems fail the batch; the numbers of the lines that repeat a
+custom_id are kept in the file storage beside the batch's result parts: every other refusal is
+found again from the line itself), and taking the next lines from the batch's durable cursor (a
+byte offset and a line number) to feed or to report as not run. Lines are split with a cap on
+their length (api/batches/splitter.py). Reads run on a thread: storage calls block."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import anyio.to_thread
+import orjson
 
 from api.batches.files import Files
-from api.batches.filestore import FileStorage, lines_from
-from api.batches.lines import input_problem, validate
+from api.batches.filestore import FileStorage
+from api.batches.lines import Validation, input_problem, validate
+from api.batches.splitter import Line, line_size, split_lines
 from shared.batches import BatchStatus, BatchStore, Ending
 from shared.errors import NotFound
 from shared.logging import fields
@@ -28,66 +32,90 @@ def input_gone(record: dict[str, str], how: str) -> Ending:
     return Ending(BatchStatus.FAILED, errors=[input_problem("file_not_found", message, None)])
 
 
+def duplicates_name(batch_id: str) -> str:
+    """The storage name of a batch's repeated-custom_id line numbers (a JSON array)."""
+    return f"{batch_id}/duplicates"
+
+
+def read_duplicates(storage: FileStorage, batch_id: str) -> frozenset[int]:
+    """The numbers of the batch's lines refused as duplicate_custom_id. Blocking."""
+    return frozenset(orjson.loads(b"".join(storage.read(duplicates_name(batch_id)))))
+
+
 async def validate_input(
-    record: dict[str, str], files: Files, store: BatchStore, max_lines: int
+    record: dict[str, str], files: Files, store: BatchStore, max_lines: int, line_max_bytes: int
 ) -> Ending | None:
     """Check a validating batch's input file and record its request count and refused lines;
     how the batch ends instead when its window has passed or the file is gone or wrong as a whole."""
-    batch_id, endpoint = record["id"], record["endpoint"]
+    batch_id = record["id"]
     if time.time() > float(record["expires_at"]):
         return Ending(BatchStatus.EXPIRED)
     try:
         await files.get(record["input_file_id"], record["owner"])
-        chunks = await anyio.to_thread.run_sync(files.storage.read, record["input_file_id"])
+        checked = await anyio.to_thread.run_sync(
+            _validate_file, files.storage, record, max_lines, line_max_bytes
+        )
     except (NotFound, FileNotFoundError):
         return input_gone(record, "is gone")
-    checked = await anyio.to_thread.run_sync(
-        lambda: validate(lines_from(chunks), endpoint, batch_id, max_lines)
-    )
     if checked.problem is not None:
         return Ending(BatchStatus.FAILED, errors=[checked.problem])
-    await store.validated(batch_id, checked.total, checked.invalid)
-    log.info(
-        "batch_validated", extra=fields(batch_id=batch_id, total=checked.total, invalid=len(checked.invalid))
-    )
+    if checked.duplicates:
+        name, content = duplicates_name(batch_id), orjson.dumps(checked.duplicates)
+        await anyio.to_thread.run_sync(files.storage.put, name, [content])
+    await store.validated(batch_id, checked.total, len(checked.duplicates))
+    log.info("batch_validated", extra=fields(batch_id=batch_id, total=checked.total, refused=checked.refused))
     return None
+
+
+def _validate_file(
+    storage: FileStorage, record: dict[str, str], max_lines: int, line_max_bytes: int
+) -> Validation:
+    chunks = storage.read(record["input_file_id"])
+    try:
+        return validate(split_lines(chunks, line_max_bytes), record["endpoint"], record["id"], max_lines)
+    finally:
+        _close(chunks)
 
 
 @dataclass(slots=True)
 class Taken:
     """Lines read from the input file at the batch's cursor."""
 
-    #: (line number, its bytes, its offset in the file)
-    lines: list[tuple[int, bytes, int]] = field(default_factory=list)
+    #: (line number, its bytes or TooLong, its offset in the file)
+    lines: list[tuple[int, Line, int]] = field(default_factory=list)
     end_offset: int = 0
     end_line: int = 0
     at_end: bool = False
 
 
-def take_lines(storage: FileStorage, name: str, offset: int, line: int, count: int) -> Taken:
+def take_lines(
+    storage: FileStorage, name: str, offset: int, line: int, count: int, line_max_bytes: int
+) -> Taken:
     """Up to `count` request lines from byte `offset` (after line number `line`); blank lines are
-    stepped over. Blocking: run it on a thread."""
+    stepped over, lines over `line_max_bytes` come as TooLong. Blocking: run it on a thread."""
     taken = Taken(end_offset=offset, end_line=line)
     chunks = storage.read(name, offset)
-    lines = lines_from(chunks)
     try:
-        for raw in lines:
+        for raw in split_lines(chunks, line_max_bytes):
             if len(taken.lines) == count:
                 return taken
             taken.end_line += 1
-            if raw.strip():
+            if not isinstance(raw, bytes) or raw.strip():
                 taken.lines.append((taken.end_line, raw, taken.end_offset))
-            taken.end_offset += len(raw)
+            taken.end_offset += line_size(raw)
         taken.at_end = True
         return taken
     finally:
         _close(chunks)
 
 
-async def take_at_cursor(storage: FileStorage, record: dict[str, str], count: int) -> Taken:
+async def take_at_cursor(
+    storage: FileStorage, record: dict[str, str], count: int, line_max_bytes: int
+) -> Taken:
     """take_lines at the batch's cursor, on a thread."""
     offset, line = int(record["cursor_offset"]), int(record["cursor_line"])
-    return await anyio.to_thread.run_sync(take_lines, storage, record["input_file_id"], offset, line, count)
+    name = record["input_file_id"]
+    return await anyio.to_thread.run_sync(take_lines, storage, name, offset, line, count, line_max_bytes)
 
 
 def _close(chunks: Iterator[bytes]) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pydantic
 
+from api.batches.splitter import Line, TooLong
 from api.openai.kind import Kind
 from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create
 from api.openai.responses import completion, failure_of
@@ -31,6 +32,16 @@ KIND_OF_ENDPOINT = {"/v1/chat/completions": Kind.CHAT, "/v1/completions": Kind.T
 
 #: Longest custom_id (it goes into the job's metadata, whose values are at most 512 characters).
 CUSTOM_ID_MAX = 512
+#: Longest message of a refused line's error, and longest part of the line (its url) a message
+#: echoes: a refusal costs a bounded amount wherever it is kept, whatever the line held.
+MESSAGE_MAX = 300
+ECHO_MAX = 100
+
+
+def echo(value: object) -> str:
+    """A value of the line as an error message shows it: its repr, cut to ECHO_MAX characters."""
+    text = repr(value)
+    return text if len(text) <= ECHO_MAX else text[: ECHO_MAX - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +58,12 @@ class LineError:
     message: str
 
     def entry(self) -> dict[str, Any]:
-        """The line's window entry (its error is written with the next part)."""
-        return {"custom_id": self.custom_id, "error": {"code": self.code, "message": self.message}}
+        """The line's window entry (its error is written with the next part); the message is cut
+        to MESSAGE_MAX characters."""
+        message = (
+            self.message if len(self.message) <= MESSAGE_MAX else self.message[: MESSAGE_MAX - 3] + "..."
+        )
+        return {"custom_id": self.custom_id, "error": {"code": self.code, "message": message}}
 
 
 def _custom_id(line: dict[str, Any], number: int) -> str | LineError:
@@ -62,8 +77,12 @@ def _custom_id(line: dict[str, Any], number: int) -> str | LineError:
     return custom_id
 
 
-def parse_line(raw: bytes, number: int, endpoint: str, batch_id: str) -> LineRequest | LineError:
-    """One input line (1-based `number`) as the job it asks for, or why it cannot be one."""
+def parse_line(raw: Line, number: int, endpoint: str, batch_id: str) -> LineRequest | LineError:
+    """One input line (1-based `number`) as the job it asks for, or why it cannot be one; a line
+    over the cap (TooLong: its bytes were never held) is refused unparsed."""
+    if isinstance(raw, TooLong):
+        message = f"line {number} is {raw.size} bytes, longer than a line may be (GENQ_BATCH_LINE_MAX_BYTES)"
+        return LineError(None, "line_too_long", message)
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -84,7 +103,7 @@ def _envelope_error(line: dict[str, Any], custom_id: str, number: int, endpoint:
     if line.get("method") != "POST":
         return LineError(custom_id, "invalid_method", f"line {number}: method must be POST")
     if line.get("url") != endpoint:
-        message = f"line {number}: url {line.get('url')!r} is not this batch's endpoint {endpoint!r}"
+        message = f"line {number}: url {echo(line.get('url'))} is not this batch's endpoint {endpoint!r}"
         return LineError(custom_id, "invalid_url", message)
     if not isinstance(line.get("body"), dict):
         return LineError(custom_id, "invalid_request", f"line {number}: body must be a JSON object")
@@ -113,35 +132,48 @@ def _request(
 
 @dataclass(frozen=True, slots=True)
 class Validation:
-    """A pass over an input file: its request count, the lines refused, or a whole-file error."""
+    """A pass over an input file: its request count, how many lines it refused, the numbers of
+    the lines refused for repeating a custom_id, or a whole-file error.
+
+    Only the repeats are kept: every other refusal follows from the line alone, so the feeder
+    finds it again when it reads the line, and a refused line is copied nowhere."""
 
     total: int
-    invalid: dict[int, bytes]
+    refused: int = 0
+    duplicates: list[int] = field(default_factory=list)
     problem: dict[str, Any] | None = None
 
 
-def validate(lines: Iterable[bytes], endpoint: str, batch_id: str, max_lines: int) -> Validation:
+def validate(lines: Iterable[Line], endpoint: str, batch_id: str, max_lines: int) -> Validation:
     """Check every line (blank ones are skipped); the second and later lines with a custom_id
     already seen are refused as duplicate_custom_id."""
-    total, invalid, seen = 0, {}, set()
+    seen: set[str] = set()
+    duplicates: list[int] = []
+    total = refused = 0
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+        if isinstance(raw, bytes) and not raw.strip():
             continue
         total += 1
         if total > max_lines:
             message = f"the file holds more than {max_lines} requests (GENQ_BATCH_MAX_LINES)"
-            return Validation(0, {}, input_problem("too_many_lines", message, number))
+            return Validation(0, problem=input_problem("too_many_lines", message, number))
         parsed = parse_line(raw, number, endpoint, batch_id)
-        if isinstance(parsed, LineRequest) and parsed.custom_id in seen:
-            message = f"line {number}: custom_id {parsed.custom_id!r} was used by an earlier line"
-            parsed = LineError(parsed.custom_id, "duplicate_custom_id", message)
         if isinstance(parsed, LineError):
-            invalid[number] = orjson.dumps(parsed.entry())
+            refused += 1
+        elif parsed.custom_id in seen:
+            refused += 1
+            duplicates.append(number)
         else:
             seen.add(parsed.custom_id)
     if total == 0:
-        return Validation(0, {}, input_problem("empty_file", "the file holds no requests", None))
-    return Validation(total, invalid)
+        return Validation(0, problem=input_problem("empty_file", "the file holds no requests", None))
+    return Validation(total, refused, duplicates)
+
+
+def duplicate(custom_id: str, number: int) -> LineError:
+    """The refusal of a line whose custom_id an earlier line used."""
+    message = f"line {number}: custom_id {echo(custom_id)} was used by an earlier line"
+    return LineError(custom_id, "duplicate_custom_id", message)
 
 
 def input_problem(code: str, message: str, line: int | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from api.batches.files import Files
 from shared.batches import BATCH_ENDPOINTS, BatchStatus, BatchStore, NewBatch, new_batch_id, public_batch
 from shared.config import Settings
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from shared.files import FilePurpose
 from shared.schemas import MetadataKey, MetadataValue
 from shared.ssrf import check_url
@@ -72,7 +72,15 @@ class Batches:
         window = self._settings.batch_completion_window_s
         new = NewBatch(new_batch_id(), owner, body.endpoint, body.input_file_id, now, now + window,
                        body.metadata, expires, webhook)  # fmt: skip
-        return public_batch(await self.store.create(new))
+        made = await self.store.create(new, self._settings.batch_active_max)
+        if made is None:
+            limit = self._settings.batch_active_max
+            raise QuotaExceeded(
+                f"this API key has {limit} batches not yet ended (GENQ_BATCH_ACTIVE_MAX); wait for one "
+                "to end, or cancel one",
+                param="active_batches",
+            )
+        return public_batch(made)
 
     async def _webhook_url(self, metadata: dict[str, str], owner: str) -> str:
         """Where the batch's end is announced: metadata's webhook_url, else the key's default."""

@@ -11,14 +11,15 @@ result. Collecting what leaves the window is api/batches/results.py's job."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
+import anyio.to_thread
 import redis.exceptions
 
 from api.batches.files import Files
-from api.batches.input_file import Taken, take_at_cursor
-from api.batches.lines import NOT_RUN, LineError, parse_line
+from api.batches.input_file import Taken, read_duplicates, take_at_cursor
+from api.batches.lines import NOT_RUN, LineError, LineRequest, duplicate, parse_line
+from api.batches.splitter import Line
 from api.jobs.queue import Accepted, JobQueue
 from shared.batches import BatchStatus, BatchStore, line_idempotency_key
 from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
@@ -26,24 +27,31 @@ from shared.schemas import JobStatus
 
 #: Errors of a submission that say "not now" (the next period retries the line).
 RETRY_LATER = (GenqError, redis.exceptions.RedisError)
+#: Batches whose repeated-custom_id lines a feeder keeps in memory (read once from storage).
+DUPLICATES_CACHED = 64
 
 
 class Window:
     """Moves lines into a batch's window: fed as jobs, or reported as not run."""
 
-    def __init__(self, store: BatchStore, files: Files, queue: JobQueue, window: int) -> None:
+    def __init__(
+        self, store: BatchStore, files: Files, queue: JobQueue, window: int, line_max_bytes: int
+    ) -> None:
         self._store = store
         self._files = files
         self._queue = queue
         #: GENQ_BATCH_WINDOW: the most lines a wind-up reports per period.
         self._window = window
+        #: GENQ_BATCH_LINE_MAX_BYTES: a longer line is refused unread.
+        self._line_max_bytes = line_max_bytes
+        self._duplicates: dict[str, frozenset[int]] = {}
 
     async def top_up(self, record: dict[str, str], share: int) -> bool:
         """Submit up to `share` more lines as jobs and record them in the window."""
-        taken = await take_at_cursor(self._files.storage, record, share)
-        invalid = await self._refused(record["id"], taken)
+        taken = await take_at_cursor(self._files.storage, record, share, self._line_max_bytes)
+        duplicates = await self._repeats(record)
         outcomes = await asyncio.gather(
-            *(self._submit(record, number, raw, invalid.get(number)) for number, raw, _ in taken.lines)
+            *(self._submit(record, number, raw, number in duplicates) for number, raw, _ in taken.lines)
         )
         entries: dict[int, dict[str, Any]] = {}
         for (number, _, line_offset), entry in zip(taken.lines, outcomes, strict=True):
@@ -67,22 +75,37 @@ class Window:
         return await self._not_run(record, ending) or busy
 
     async def _not_run(self, record: dict[str, str], ending: BatchStatus) -> bool:
-        taken = await take_at_cursor(self._files.storage, record, self._window)
-        invalid = await self._refused(record["id"], taken)
+        taken = await take_at_cursor(self._files.storage, record, self._window, self._line_max_bytes)
+        duplicates = await self._repeats(record)
         entries: dict[int, dict[str, Any]] = {}
         for number, raw, _ in taken.lines:
-            refused = invalid.get(number)
-            if refused is not None:
-                entries[number] = dict(json.loads(refused))
-                continue
-            parsed = parse_line(raw, number, record["endpoint"], record["id"])
-            code, message = NOT_RUN[ending]
-            entries[number] = LineError(parsed.custom_id, code, message).entry()
+            parsed = self._parse(record, number, raw, number in duplicates)
+            if isinstance(parsed, LineRequest):
+                code, message = NOT_RUN[ending]
+                parsed = LineError(parsed.custom_id, code, message)
+            entries[number] = parsed.entry()
         return await self._record(record, taken, entries)
 
-    async def _refused(self, batch_id: str, taken: Taken) -> dict[int, bytes]:
-        """The error entries validation kept for the taken lines it refused."""
-        return await self._store.invalid(batch_id, [number for number, _, _ in taken.lines])
+    @staticmethod
+    def _parse(record: dict[str, str], number: int, raw: Line, repeated: bool) -> LineRequest | LineError:
+        """The line's job, or its refusal: as validation found it (a repeated custom_id is the one
+        refusal the line alone does not show, so validation kept their numbers)."""
+        parsed = parse_line(raw, number, record["endpoint"], record["id"])
+        if repeated and isinstance(parsed, LineRequest):
+            return duplicate(parsed.custom_id, number)
+        return parsed
+
+    async def _repeats(self, record: dict[str, str]) -> frozenset[int]:
+        """The batch's lines refused for a repeated custom_id (read from storage once)."""
+        batch_id = record["id"]
+        if not int(record.get("duplicates") or 0):
+            return frozenset()
+        if batch_id not in self._duplicates:
+            if len(self._duplicates) >= DUPLICATES_CACHED:
+                self._duplicates.clear()
+            storage = self._files.storage
+            self._duplicates[batch_id] = await anyio.to_thread.run_sync(read_duplicates, storage, batch_id)
+        return self._duplicates[batch_id]
 
     async def _record(self, record: dict[str, str], taken: Taken, entries: dict[int, dict[str, Any]]) -> bool:
         """Move the cursor past what was taken and put the entries in the window, in one step."""
@@ -94,13 +117,11 @@ class Window:
         )
 
     async def _submit(
-        self, record: dict[str, str], number: int, raw: bytes, refused: bytes | None
+        self, record: dict[str, str], number: int, raw: Line, repeated: bool
     ) -> dict[str, Any] | None:
         """The line's window entry: its job, or its error; None when it must wait (the queue is
         full, the key is at a bound, Redis refused)."""
-        if refused is not None:
-            return dict(json.loads(refused))
-        parsed = parse_line(raw, number, record["endpoint"], record["id"])
+        parsed = self._parse(record, number, raw, repeated)
         if isinstance(parsed, LineError):
             return parsed.entry()
         try:

@@ -1,9 +1,9 @@
--- A batch ends. KEYS: batch, active batches, window, invalid lines, parts, output file, error
--- file, owner's files. ARGV: final status, now, errors JSON ('' for none), output file fields
--- as a JSON array ('' for none), error file fields likewise, files' index score, files'
--- expires_at (0: none), the batch webhook's delivery message ('' for none).
--- The batch's files become the owner's, its webhook is enqueued and it leaves the feeder's set
--- in one step: the batch.<status> event is sent once, never lost.
+-- A batch ends. KEYS: batch, active batches, window, owner's active batches, parts, output
+-- file, error file, owner's files. ARGV: final status, now, errors JSON ('' for none), output
+-- file fields as a JSON array ('' for none), error file fields likewise, files' index score,
+-- files' expires_at (0: none), the batch webhook's delivery message ('' for none).
+-- The batch's files become the owner's, its webhook is enqueued, it leaves the feeder's set and
+-- frees its owner's slot in one step: the batch.<status> event is sent once, never lost.
 -- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
 local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
 local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
@@ -35,5 +35,6 @@ if ARGV[8] ~= '' then
   redis.call('ZADD', K.webhook_pending, tonumber(ARGV[2]) + ORPHAN_CHECK_S, delivery)
 end
 redis.call('ZREM', KEYS[2], rec[2])
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[4], rec[2])
+redis.call('DEL', KEYS[3], KEYS[5])
 return 1

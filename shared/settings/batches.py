@@ -47,6 +47,16 @@ class BatchSettings(BaseModel):
     """Most request lines one batch's input file may hold (OpenAI's limit); more fails the batch
     in validation with the code `too_many_lines`."""
 
+    batch_line_max_bytes: int = Field((1 << 20) + (16 << 10), ge=1024)
+    """Longest line (one request, with its newline) a batch input file may hold. OpenAI sets no
+    cap of its own per line beyond its request limits, so the default is the longest body the API
+    takes directly (max_body_bytes' 1 MiB) plus 16 KiB for the line's envelope (custom_id, method,
+    url). A longer line is read past without being held and refused as `line_too_long`."""
+
+    batch_active_max: int = Field(20, ge=1)
+    """Most batches one API key may have not yet ended (validating, in progress, finalizing,
+    cancelling); one more is refused with 429 until one of them ends."""
+
     batch_window: int = Field(64, ge=1)
     """Most lines of one batch queued or running as jobs at a time; the feeder tops the window up
     as they finish, so a 50,000-line batch costs Redis a bounded amount."""

@@ -58,16 +58,64 @@ def test_cancel(
 )
 def test_validated_once(redis_client: redis.Redis, before: BatchStatus, after: BatchStatus) -> None:
     make_batch(redis_client, before)
-    batch_keys = [keys.batch(BATCH), keys.batch_invalid(BATCH)]
-    invalid = orjson.dumps(["3", '{"custom_id":null}'])
-    assert run(redis_client, "batch_validated", batch_keys, ["1100.0", 7, invalid]) == 1
+    batch_keys = [keys.batch(BATCH)]
+    assert run(redis_client, "batch_validated", batch_keys, ["1100.0", 7, 2]) == 1
     record = redis_client.hgetall(keys.batch(BATCH))
-    assert (record["status"], record["total"], record["validated"]) == (after, "7", "1")
-    assert redis_client.hgetall(keys.batch_invalid(BATCH)) == {"3": '{"custom_id":null}'}
-    assert redis_client.ttl(keys.batch_invalid(BATCH)) > 0
+    assert (record["status"], record["total"], record["validated"], record["duplicates"]) == (
+        after,
+        "7",
+        "1",
+        "2",
+    )
+    assert redis_client.keys(keys.batch(BATCH) + ":*") == []  # no refused line is copied into Redis
     # A second feeder's validation of the same batch writes nothing.
-    assert run(redis_client, "batch_validated", batch_keys, ["1200.0", 9, orjson.dumps([])]) == 0
+    assert run(redis_client, "batch_validated", batch_keys, ["1200.0", 9, 0]) == 0
     assert redis_client.hget(keys.batch(BATCH), "total") == "7"
+
+
+def create_keys(batch_id: str) -> list[str]:
+    return [
+        keys.batch(batch_id),
+        keys.owner_batches(OWNER),
+        keys.BATCHES_ACTIVE,
+        keys.owner_active_batches(OWNER),
+    ]
+
+
+def create_args(batch_id: str, now: float, active_max: int) -> list[Any]:
+    new = NewBatch(batch_id, OWNER, "/v1/chat/completions", "file-" + "1" * 32, now, now + 100, None)
+    fields = orjson.dumps([i for pair in new.fields().items() for i in pair]).decode()
+    return [batch_id, fields, 3600, 7, now, now, active_max, now + 3600]
+
+
+@pytest.mark.parametrize(
+    ("active", "active_max", "made"),
+    [
+        ({}, 1, True),
+        ({"batch_a": 5000.0}, 2, True),
+        ({"batch_a": 5000.0, "batch_b": 5000.0}, 2, False),  # at the bound: nothing written
+        ({"batch_a": 5000.0, "batch_b": 900.0}, 2, True),  # batch_b's record lapsed: it no longer counts
+    ],
+)
+def test_create_counts_the_owners_active_batches(
+    redis_client: redis.Redis, active: dict[str, float], active_max: int, made: bool
+) -> None:
+    if active:
+        redis_client.zadd(keys.owner_active_batches(OWNER), active)
+    assert (
+        run(redis_client, "batch_create", create_keys(BATCH), create_args(BATCH, 1000.0, active_max)) == made
+    )
+    members = set(redis_client.zrange(keys.owner_active_batches(OWNER), 0, -1))
+    kept = {batch_id for batch_id, score in active.items() if score > 1000.0}
+    assert members == (kept | {BATCH} if made else kept)
+    assert bool(redis_client.exists(keys.batch(BATCH))) is made
+    assert (redis_client.zscore(keys.BATCHES_ACTIVE, BATCH) == 1000.0) is made
+    assert (redis_client.zscore(keys.owner_batches(OWNER), BATCH) == 7.0) is made
+    if made:
+        assert redis_client.hget(keys.batch(BATCH), "status") == "validating"
+        assert (
+            redis_client.ttl(keys.batch(BATCH)) > 0 and redis_client.ttl(keys.owner_active_batches(OWNER)) > 0
+        )
 
 
 def feed_args(
@@ -112,7 +160,7 @@ def finish_args(status: BatchStatus, output: NewFile | None, webhook: str = "") 
 
 def finish_keys() -> list[str]:
     return [
-        keys.batch(BATCH), keys.BATCHES_ACTIVE, keys.batch_window(BATCH), keys.batch_invalid(BATCH),
+        keys.batch(BATCH), keys.BATCHES_ACTIVE, keys.batch_window(BATCH), keys.owner_active_batches(OWNER),
         keys.batch_parts(BATCH), keys.file(result_file_id(BATCH, "output")),
         keys.file(result_file_id(BATCH, "error")), keys.owner_files(OWNER),
     ]  # fmt: skip
@@ -120,6 +168,7 @@ def finish_keys() -> list[str]:
 
 def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> None:
     make_batch(redis_client, BatchStatus.FINALIZING)
+    redis_client.zadd(keys.owner_active_batches(OWNER), {BATCH: 5000.0, "batch_other": 5000.0})
     redis_client.rpush(keys.batch_parts(BATCH), "part-0")
     output = NewFile(result_file_id(BATCH, "output"), OWNER, 10, 1900, "out.jsonl", FilePurpose.BATCH_OUTPUT)
     finished = finish_args(BatchStatus.COMPLETED, output, webhook="the delivery message")
@@ -135,6 +184,7 @@ def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> N
     assert redis_client.hget(keys.file(output.file_id), "owner") == OWNER
     assert redis_client.zrange(keys.owner_files(OWNER), 0, -1) == [output.file_id]
     assert redis_client.zcard(keys.BATCHES_ACTIVE) == 0 and not redis_client.exists(keys.batch_parts(BATCH))
+    assert redis_client.zrange(keys.owner_active_batches(OWNER), 0, -1) == ["batch_other"]  # its slot is free
     # Ended: a second finish (a feeder retried after a crash) changes nothing.
     assert (
         run(redis_client, "batch_finish", finish_keys(), finish_args(BatchStatus.CANCELLED, None, "m2")) == 0

@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from api.batches.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage, lines_from
+from api.batches.filestore import CHUNK_BYTES, FileStorage, LocalStorage, S3Storage
 from cli.redis_server import free_port
 
 BUCKET = "genq-test"
@@ -79,10 +79,3 @@ def test_a_failed_stream_leaves_nothing_behind(storage: FileStorage) -> None:
         storage.put("file-c", broken())
     with pytest.raises(FileNotFoundError):
         b"".join(storage.read("file-c"))
-
-
-def test_lines_keep_their_bytes_across_chunks() -> None:
-    chunks = [b'{"a"', b':1}\n{"b":2}\n\n{"c"', b":3}"]
-    lines = list(lines_from(chunks))
-    assert lines == [b'{"a":1}\n', b'{"b":2}\n', b"\n", b'{"c":3}']
-    assert sum(map(len, lines)) == sum(map(len, chunks))

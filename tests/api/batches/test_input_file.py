@@ -15,12 +15,17 @@ CONTENT = b'{"n": 1}\n\n{"n": 3}\n{"n": 4}\n{"n": 5}'
 def test_lines_are_taken_from_the_cursor_stepping_over_blank_ones(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     storage.put("input", [CONTENT])
-    first = take_lines(storage, "input", 0, 0, 2)
+    first = take_lines(storage, "input", 0, 0, 2, 1024)
     assert [(number, raw) for number, raw, _ in first.lines] == [(1, b'{"n": 1}\n'), (3, b'{"n": 3}\n')]
     assert (first.end_line, first.at_end) == (3, False)
     # Each line's offset is where it starts: a feeder that stops before it resumes there.
-    assert [CONTENT[offset:].startswith(raw) for _, raw, offset in first.lines] == [True, True]
-    rest = take_lines(storage, "input", first.end_offset, first.end_line, 10)
+    assert [
+        isinstance(raw, bytes) and CONTENT[offset:].startswith(raw) for _, raw, offset in first.lines
+    ] == [
+        True,
+        True,
+    ]
+    rest = take_lines(storage, "input", first.end_offset, first.end_line, 10, 1024)
     assert [(number, raw) for number, raw, _ in rest.lines] == [(4, b'{"n": 4}\n'), (5, b'{"n": 5}')]
     assert (rest.end_offset, rest.end_line, rest.at_end) == (len(CONTENT), 5, True)
 
@@ -28,7 +33,7 @@ def test_lines_are_taken_from_the_cursor_stepping_over_blank_ones(tmp_path: Path
 def test_a_read_at_the_end_takes_nothing_and_says_so(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     storage.put("input", [CONTENT])
-    taken = take_lines(storage, "input", len(CONTENT), 5, 10)
+    taken = take_lines(storage, "input", len(CONTENT), 5, 10, 1024)
     assert (taken.lines, taken.end_offset, taken.at_end) == ([], len(CONTENT), True)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from api.batches.lines import (
     CUSTOM_ID_MAX,
+    MESSAGE_MAX,
     LineError,
     LineRequest,
     error_result,
@@ -20,6 +21,7 @@ from api.batches.lines import (
     request_id,
     validate,
 )
+from api.batches.splitter import TooLong
 from api.openai.kind import Kind
 from shared.schemas import JobStatus, JobView, Priority
 from shared.store import public_job
@@ -59,10 +61,11 @@ def line(custom_id: Any = "req-1", url: str = CHAT, method: str = "POST", **body
         ),
         (line(model="m", messages=MESSAGES, max_tokens=-1), "req-1", "invalid_request", "body.max_tokens"),
         (line(model="m"), "req-1", "invalid_request", "body.messages"),
+        (TooLong(5 << 20), None, "line_too_long", "5242880 bytes, longer than a line may be"),
     ],
 )
 def test_a_line_that_cannot_be_a_job_says_why(
-    raw: bytes, custom_id: str | None, code: str, says: str
+    raw: bytes | TooLong, custom_id: str | None, code: str, says: str
 ) -> None:
     parsed = parse_line(raw, 3, CHAT, BATCH)
     assert isinstance(parsed, LineError)
@@ -82,13 +85,30 @@ def test_a_good_line_is_a_batch_priority_job_that_names_its_batch_and_line() -> 
 
 
 def test_a_file_is_counted_and_its_bad_and_repeated_lines_named() -> None:
-    lines = [line("a"), b"\n", b"   \n", line("b"), b"{oops", line("a")]
+    lines: list[bytes | TooLong] = [
+        line("a"), b"\n", b"   \n", line("b"), b"{oops", line("a"), TooLong(2 << 20), line("b")
+    ]  # fmt: skip
     checked = validate(lines, CHAT, BATCH, max_lines=10)
-    assert checked.problem is None and checked.total == 4  # blank lines are not requests
-    assert sorted(checked.invalid) == [5, 6]
-    assert orjson.loads(checked.invalid[5])["error"]["code"] == "invalid_json_line"
-    repeated = orjson.loads(checked.invalid[6])
-    assert repeated["custom_id"] == "a" and repeated["error"]["code"] == "duplicate_custom_id"
+    assert checked.problem is None and checked.total == 6  # blank lines are not requests
+    # Refusals are counted; only the repeats' numbers are kept (the rest follow from the line).
+    assert (checked.refused, checked.duplicates) == (4, [6, 8])
+
+
+def test_what_a_refusal_echoes_is_cut_short() -> None:
+    """A refused line costs a bounded amount wherever its error is kept, whatever it held."""
+    url = "/v1/" + "u" * 100_000
+    refused = parse_line(line(url=url), 2, CHAT, BATCH)
+    assert isinstance(refused, LineError) and refused.code == "invalid_url"
+    message = refused.entry()["error"]["message"]
+    assert len(message) <= MESSAGE_MAX and message.startswith("line 2: url '/v1/uuu") and "..." in message
+    long_id = "i" * CUSTOM_ID_MAX
+    checked = validate([line(long_id), line(long_id)], CHAT, BATCH, max_lines=10)
+    assert checked.duplicates == [2]
+    extra = {"custom_id": "c", "method": "POST", "url": CHAT, "body": {"model": "m", "messages": MESSAGES,
+             "k" * 50_000: 1}}  # fmt: skip
+    for raw in (orjson.dumps(extra), line(model="m", messages=MESSAGES, stop=["s" * 50_000] * 9)):
+        entry = parse_line(raw, 1, CHAT, BATCH)
+        assert isinstance(entry, LineError) and len(orjson.dumps(entry.entry())) < 1000
 
 
 def test_a_file_too_long_or_empty_fails_whole() -> None:

@@ -18,9 +18,9 @@ from api.batches import service
 from api.batches.files import Files
 from api.batches.service import BatchCreate, Batches
 from shared import keys
-from shared.batches import BatchStore
+from shared.batches import BatchStatus, BatchStore, Ending
 from shared.config import Settings
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 
 pytestmark = pytest.mark.anyio
 
@@ -143,3 +143,20 @@ async def test_progress_stops_when_the_batch_is_gone(
     redis_client.delete(keys.batch(batch["id"]))
     assert [u async for u in batches.progress(batch["id"], "alice", poll_s=0.05)] == []
     assert [u async for u in batches.progress("batch_nope", "alice", poll_s=0.05)] == []
+
+
+async def test_a_key_has_a_bound_on_its_active_batches_and_an_end_frees_a_slot(
+    make_settings: Callable[..., Settings], aio_redis: aioredis.Redis, files: Files, redis_client: redis.Redis
+) -> None:
+    batches = batches_of(make_settings(batch_active_max=2), aio_redis, files)
+    file_id = await input_file(files)
+    first = await batches.create(create(file_id), "alice")
+    await batches.create(create(file_id), "alice")
+    with pytest.raises(QuotaExceeded) as refused:
+        await batches.create(create(file_id), "alice")
+    assert refused.value.param == "active_batches" and "GENQ_BATCH_ACTIVE_MAX" in refused.value.message
+    assert redis_client.zcard(keys.owner_batches("alice")) == 2  # the refused create wrote nothing
+    await batches.create(create(await input_file(files, "bob")), "bob")  # another key is not bound by alice's
+    # Ending a batch (here cancelled, as the feeder ends it) frees its slot.
+    assert await batches.store.finish(await batches.store.record(first["id"]), Ending(BatchStatus.CANCELLED))
+    await batches.create(create(file_id), "alice")

@@ -5,6 +5,7 @@ cancelled batch's wind-up cancels its jobs and reports every line never fed as n
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from fastapi import FastAPI
 from api.app import job_api
 from api.batches.files import Files
 from api.batches.filestore import LocalStorage
+from api.batches.input_file import validate_input
 from api.batches.window import Window
 from api.edge.autopipeline import DirectCommands
+from api.edge.ratelimit import RateLimiter
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from shared import keys
@@ -30,6 +33,8 @@ from shared.schemas import JobStatus
 from tests.api.routes.test_batches import chat_line
 
 OWNER = "key-a"
+#: GENQ_BATCH_LINE_MAX_BYTES for these tests.
+LINE_MAX = 4096
 
 
 @pytest.fixture
@@ -42,39 +47,38 @@ async def client(settings: Settings) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def queue(settings: Settings, client: aioredis.Redis) -> AsyncIterator[JobQueue]:
     app = FastAPI()
+    app.state.rate_limiter = RateLimiter(client, DirectCommands(client), settings)
     cache, _, _ = job_api(app, settings, client, DirectCommands(client), JobEvents(client))
     yield app.state.queue
     await cache.close()
 
 
-async def new_batch(store: BatchStore, storage: LocalStorage, lines: list[bytes]) -> dict[str, str]:
-    """A validated batch of `lines` (blank ones skipped); a line of b"{" is refused at validation."""
-    batch_id = new_batch_id()
-    storage.put(batch_id + "-input", [b"".join(lines)])
+async def new_batch(store: BatchStore, files: Files, lines: list[bytes]) -> dict[str, str]:
+    """A batch of `lines` (blank ones skipped), validated as the feeder does: a line of b"{" is
+    refused (not JSON), and so is one over LINE_MAX."""
+    upload = await files.upload(OWNER, io.BytesIO(b"".join(lines)), "in.jsonl", "batch")
     now = time.time()
-    await store.create(
-        NewBatch(batch_id, OWNER, "/v1/chat/completions", batch_id + "-input", now, now + 3600, None)
-    )
-    refused = {n: orjson.dumps({"custom_id": None, "error": {"code": "invalid_json", "message": "m"}})
-               for n, line in enumerate(lines, start=1) if line == b"{\n"}  # fmt: skip
-    await store.validated(batch_id, sum(1 for line in lines if line.strip()), refused)
-    return await store.record(batch_id)
+    new = NewBatch(new_batch_id(), OWNER, "/v1/chat/completions", upload["id"], now, now + 3600, None)
+    record = await store.create(new, active_max=100)
+    assert record is not None
+    assert await validate_input(record, files, store, max_lines=100, line_max_bytes=LINE_MAX) is None
+    return await store.record(new.batch_id)
 
 
 def window_of(
     settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
-) -> tuple[Window, BatchStore, LocalStorage]:
+) -> tuple[Window, BatchStore, Files]:
     store = BatchStore(client, settings.job_ttl_s)
-    storage = LocalStorage(tmp_path)
-    return Window(store, Files(FileRecords(client), storage, 1 << 20), queue, window=64), store, storage
+    files = Files(FileRecords(client), LocalStorage(tmp_path), 1 << 20)
+    return Window(store, files, queue, window=64, line_max_bytes=LINE_MAX), store, files
 
 
 @pytest.mark.anyio
 async def test_a_top_up_submits_lines_as_jobs_and_keeps_refused_ones_as_errors(
     settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
 ) -> None:
-    window, store, storage = window_of(settings, client, queue, tmp_path)
-    record = await new_batch(store, storage, [chat_line("a", "hi"), b"{\n", b"\n", chat_line("c", "yo")])
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    record = await new_batch(store, files, [chat_line("a", "hi"), b"{\n", b"\n", chat_line("c", "yo")])
     assert await window.top_up(record, share=2)
     entries: dict[int, dict[str, Any]] = await store.window(record["id"])
     assert set(entries) == {1, 2}
@@ -82,7 +86,7 @@ async def test_a_top_up_submits_lines_as_jobs_and_keeps_refused_ones_as_errors(
         entries[1]["custom_id"] == "a"
         and (await queue.get(entries[1]["job"], OWNER))["status"] is JobStatus.QUEUED
     )
-    assert entries[2]["error"]["code"] == "invalid_json"
+    assert entries[2]["error"]["code"] == "invalid_json_line"
     record = await store.record(record["id"])
     assert (record["cursor_line"], record.get("input_done")) == ("2", None)
     # The next top-up resumes after the cursor, steps over the blank line, and reaches the end.
@@ -97,8 +101,8 @@ async def test_a_resubmitted_line_joins_its_first_job(
     settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
 ) -> None:
     """A feeder that died after submitting, before recording: the next one submits the same job."""
-    window, store, storage = window_of(settings, client, queue, tmp_path)
-    record = await new_batch(store, storage, [chat_line("a", "hi")])
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    record = await new_batch(store, files, [chat_line("a", "hi")])
     assert await window.top_up(record, share=1)
     first = (await store.window(record["id"]))[1]["job"]
     await client.hset(keys.batch(record["id"]), mapping={"cursor_offset": "0", "cursor_line": "0"})
@@ -111,14 +115,38 @@ async def test_a_resubmitted_line_joins_its_first_job(
 async def test_a_wind_up_cancels_the_jobs_and_reports_lines_never_fed(
     settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
 ) -> None:
-    window, store, storage = window_of(settings, client, queue, tmp_path)
-    record = await new_batch(store, storage, [chat_line("a", "hi"), b"{\n", chat_line("c", "yo")])
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    record = await new_batch(store, files, [chat_line("a", "hi"), b"{\n", chat_line("c", "yo")])
     assert await window.top_up(record, share=1)
     job = (await store.window(record["id"]))[1]["job"]
     assert await window.wind_up(await store.record(record["id"]), BatchStatus.CANCELLED)
     assert (await queue.get(job, OWNER))["status"] is JobStatus.CANCELED
     entries = await store.window(record["id"])
-    assert entries[2]["error"]["code"] == "invalid_json"  # refused at validation: its own error
+    assert entries[2]["error"]["code"] == "invalid_json_line"  # refused at validation: its own error
     assert entries[3] == {"custom_id": "c", "error": {"code": "batch_cancelled",
                           "message": "the batch was cancelled before this request ran"}}  # fmt: skip
     assert (await store.record(record["id"]))["input_done"] == "1"
+
+
+@pytest.mark.anyio
+async def test_refusals_are_found_again_from_the_line_and_repeats_from_storage(
+    settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
+) -> None:
+    """Validation copies no refused line into Redis: the feeder finds each refusal again when it
+    reads the line, and the repeated custom_ids' line numbers from the file storage."""
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    too_long = chat_line("b", "x" * LINE_MAX)
+    bad_url = (
+        orjson.dumps({"custom_id": "u", "method": "POST", "url": "/v1/" + "u" * 2000, "body": {}}) + b"\n"
+    )
+    lines = [chat_line("a", "hi"), too_long, bad_url, chat_line("a", "again"), chat_line("c", "yo")]
+    record = await new_batch(store, files, lines)
+    assert (record["total"], record["duplicates"]) == ("5", "1")
+    assert await client.keys(keys.batch(record["id"]) + ":*") == []  # nothing kept per line
+    assert await window.top_up(record, share=5)
+    entries = await store.window(record["id"])
+    assert [entries[n].get("error", {}).get("code") for n in range(1, 6)] == [
+        None, "line_too_long", "invalid_url", "duplicate_custom_id", None
+    ]  # fmt: skip
+    assert entries[2]["custom_id"] is None and len(entries[3]["error"]["message"]) <= 300
+    assert (entries[4]["custom_id"], entries[5]["custom_id"]) == ("a", "c")
