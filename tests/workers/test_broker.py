@@ -2,14 +2,17 @@
 # mypy: disable-error-code="no-untyped-call"
 """workers/broker.py, the worker's kombu transport, against a real Redis: a message taken while the
 store refuses writes (maxmemory) is recorded once the store takes writes again, instead of the
-consumer failing for good, and so is a queue binding; any other error still raises. A channel
+consumer failing for good, and so is a queue binding, and the acknowledgement or rejection of a
+message; any other error still raises. A channel
 reuses one client per connection pool."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -19,6 +22,7 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.message import Message
 
+from cli import redis_server
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from workers.broker import Channel, Transport, while_refused
@@ -87,3 +91,47 @@ def test_a_channel_reuses_its_client(connection: Connection) -> None:
     channel = cast(Channel, connection.default_channel)
     assert channel.client is channel.client
     assert channel._create_client() is channel._create_client()
+
+
+#: Redis itself: valkey queues a MULTI's commands that need no memory even when full, Redis
+#: refuses each, so only Redis refuses kombu's acknowledgement (a MULTI of ZREM and HDEL).
+REDIS_SERVER = shutil.which("redis-server")
+
+
+@pytest.fixture
+def full_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedRedis]:
+    if REDIS_SERVER is None:
+        pytest.skip("needs Redis's redis-server on PATH")
+    monkeypatch.setattr(redis_server, "server_binary", lambda: REDIS_SERVER)
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("settle", ["ack", "requeue", "drop"])
+def test_a_message_settled_while_writes_are_refused_is_settled_once_they_are_not(
+    full_redis: EmbeddedRedis, settle: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stock kombu raised, and on Celery's event loop that stopped the worker for good."""
+    admin = redis.Redis.from_url(full_redis.url, decode_responses=True)
+    queue = Queue(QUEUE, routing_key=QUEUE)
+    received: list[Message] = []
+    with (
+        Connection(full_redis.url, transport=Transport) as connection,
+        connection.Consumer(queue, callbacks=[lambda _, message: received.append(message)], no_ack=False),
+    ):
+        connection.Producer().publish({"job": 1}, routing_key=QUEUE, declare=[queue])
+        connection.drain_events(timeout=10)
+        lift = _refuse_writes_for(admin, 1.0)
+        with caplog.at_level(logging.WARNING, logger="genq.worker"):
+            if settle == "ack":
+                received[0].ack()
+            else:
+                received[0].reject(requeue=settle == "requeue")
+        lift.join()
+    assert not admin.hexists(keys.KOMBU_UNACKED, received[0].delivery_tag)
+    assert admin.llen(QUEUE) == (1 if settle == "requeue" else 0)
+    event = "broker_ack_refused" if settle == "ack" else "broker_reject_refused"
+    assert [r.getMessage() for r in caplog.records].count(event) == 1
+    admin.close()
