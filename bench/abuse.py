@@ -225,9 +225,9 @@ def start_stack(stack: Any, scratch: Path, redis_mb: int) -> tuple[dict[str, Any
     temp_dir.mkdir()
     env = {**service_env(settings), "TMPDIR": str(temp_dir)}
     api, port = start_http(stack, "api", [sys.executable, "-m", "cli.main", "api"], env, scratch, "/healthz")
-    monitor = Monitor(
-        api.process.pid, worker.process.pid, str(temp_dir), scratch / "genq" / "files", server.url
-    )
+    assert server.process is not None
+    pids = (api.process.pid, worker.process.pid, server.process.pid)
+    monitor = Monitor(*pids, str(temp_dir), scratch / "genq" / "files", server.url)
     return {"api": api, "worker": worker}, port, monitor
 
 
@@ -235,11 +235,16 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attacks", default="", help="only the attacks whose names start with one of "
                         "these comma-separated prefixes (e.g. 2_,4_n16), to find which one costs B; "
                         "default: all")  # fmt: skip
+    parser.add_argument("--phase-seconds", default=None, metavar="ALONE,ATTACK",
+                        help="phases `alone` and `attack` in s (default 30,75; --quick 4,6)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(__doc__, "abuse", argv, more=options)
     durations = QUICK if args.quick else FULL
+    if args.phase_seconds is not None:
+        alone_s, attack_s = (float(value) for value in args.phase_seconds.split(","))
+        durations = (alone_s, attack_s, *durations[2:])
     report: dict[str, Any] = {
         "quick": args.quick,
         "machine": machine(),
@@ -264,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["resources"] = monitor.peaks()
         for result in report["phases"].values():
             result["peaks"] = monitor.peaks(tuple(result["window_s"]))
-        report["samples"] = monitor.samples[::5]  # every 0.5 s, for the plot
+            result["cpu"] = monitor.cpu_percent(tuple(result["window_s"]))
+        report["samples"] = [sample[:6] for sample in monitor.samples[::5]]  # every 0.5 s, for the plot
     report["targets"] = targets(report)
     print_tables(report)
     write_report(args.out, "abuse", report, plot)

@@ -75,6 +75,10 @@ def print_tables(report: dict[str, Any]) -> None:
     peaks = {"whole run": report["resources"], **{name: report["phases"][name]["peaks"] for name in PHASES}}
     columns = ["", "API RSS MB", "worker RSS MB", "API temp MB", "file storage MB", "Redis used MB"]
     print_table("Peaks (sampled every 100 ms)", columns, [[name, *p.values()] for name, p in peaks.items()])
+    rows = [[name, *report["phases"][name]["cpu"].values()] for name in PHASES]
+    print_table(
+        "CPU, % of one core (2 cores here: the host's limit is 200)", ["", "API", "worker", "Redis"], rows
+    )
 
 
 def _codes(codes: dict[str, int]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from bench.common import latency_summary, process_tree, rss_mb
+from bench.common import cpu_seconds, latency_summary, process_tree, rss_mb
 
 PROBE_INTERVAL_S = 0.05
 SAMPLE_INTERVAL_S = 0.1
@@ -69,10 +69,12 @@ def folder_bytes(folder: Path) -> int:
 @dataclass
 class Monitor:
     """Samples (in a thread) until stopped: each sample is [t, api MB, worker MB, temp MB, files
-    MB, Redis MB]; peaks are the largest of each."""
+    MB, Redis MB, then the CPU seconds so far of the API, the worker and Redis]; peaks are the
+    largest of each measure, CPU percent the CPU seconds' growth over a window."""
 
     api_pid: int
     worker_pid: int
+    redis_pid: int
     temp_dir: str
     files_dir: Path
     redis_url: str
@@ -106,6 +108,9 @@ class Monitor:
                     round(temp_bytes(api, self.temp_dir) / 2**20, 1),
                     round(folder_bytes(self.files_dir) / 2**20, 1),
                     round(used_mb, 1),
+                    cpu_seconds(api),
+                    cpu_seconds(process_tree(self.worker_pid)),
+                    cpu_seconds([self.redis_pid]),
                 ]
             )
         client.close()
@@ -115,6 +120,15 @@ class Monitor:
         names = ["api_rss_mb", "worker_rss_mb", "api_temp_mb", "file_storage_mb", "redis_used_mb"]
         within = [sample for sample in self.samples if window[0] <= sample[0] <= window[1]]
         return {f"{name}_peak": max((s[i + 1] for s in within), default=0.0) for i, name in enumerate(names)}
+
+    def cpu_percent(self, window: tuple[float, float]) -> dict[str, float]:
+        """Each process's CPU over `window` (s since t0), in percent of one core."""
+        within = [sample for sample in self.samples if window[0] <= sample[0] <= window[1]]
+        if len(within) < 2 or within[-1][0] <= within[0][0]:
+            return {}
+        span = within[-1][0] - within[0][0]
+        return {f"{name}_cpu_percent": round((within[-1][i] - within[0][i]) / span * 100, 1)
+                for i, name in ((6, "api"), (7, "worker"), (8, "redis"))}  # fmt: skip
 
 
 def probe_summary(samples: list[list[float]], offset_s: float) -> dict[str, Any]:
