@@ -13,6 +13,9 @@ from tests.bench.test_quick import assert_latencies, run_quick
 
 pytestmark = pytest.mark.slow
 
+#: How httpx reports a connection the server closed while the request's body was still being sent.
+CLOSED = {"ReadError", "WriteError", "RemoteProtocolError"}
+
 
 def test_abuse_quick(tmp_path: Path) -> None:
     report = run_quick("abuse", tmp_path)
@@ -33,7 +36,10 @@ def test_abuse_quick(tmp_path: Path) -> None:
     assert set(ran) == expected, set(ran) ^ expected
     for name, attack in ran.items():
         assert attack["requests"] >= 1, name
-        assert any(code.isdigit() for code in attack["codes"]), (name, attack)
+        # An upload refused before its body was read may be answered by closing the connection.
+        closed = CLOSED if "upload" in name else set()
+        answers = {code for code in attack["codes"] if code.isdigit() or code in closed}
+        assert answers, (name, attack)
     fill = phases["full_redis"]["a"]
     assert fill["first_503_s"] is not None and "503" in fill["attacks"]["8_fill_redis"]["codes"]
     assert report["setup"]["metadata_jobs_seeded"] > 0
