@@ -248,7 +248,10 @@ async def run_phase2(base: str, plan: tuple[dict[str, str], str], duration_s: fl
         for task in tasks:
             task.cancel()
         await cancel_batches(a)
-    return record.report()
+    report = record.report()
+    for name, (keyed, _, pause) in chosen.items():
+        report.setdefault(name, {"requests": 0, "codes": {}}).update(with_key=keyed, pause_s=pause)
+    return report
 
 
 async def run_fill(base: str, limit_s: float) -> dict[str, Any]:
