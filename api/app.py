@@ -107,7 +107,7 @@ def batch_api(app: FastAPI, settings: Settings, client: aioredis.Redis) -> Batch
     app.state.files = files
     store = BatchStore(client, settings.job_ttl_s)
     app.state.batches = Batches(settings, store, files)
-    return BatchFeeder(settings, client, store, files, app.state.queue)
+    return BatchFeeder(settings, client, store, files, app.state.queue, app.state.schema_checker)
 
 
 @asynccontextmanager

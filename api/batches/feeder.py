@@ -40,6 +40,7 @@ from api.batches.results import Results
 from api.batches.window import Window
 from api.jobs.fleet import fleet_slots
 from api.jobs.queue import JobQueue
+from api.jobs.schema_compile import SchemaChecker
 from shared import keys
 from shared.batches import BatchStatus, BatchStore, Ending
 from shared.config import Settings
@@ -54,9 +55,17 @@ BUSY_PAUSE_S = 0.05
 
 class BatchFeeder:
     def __init__(
-        self, settings: Settings, client: aioredis.Redis, store: BatchStore, files: Files, queue: JobQueue
+        self,
+        settings: Settings,
+        client: aioredis.Redis,
+        store: BatchStore,
+        files: Files,
+        queue: JobQueue,
+        schemas: SchemaChecker,
     ) -> None:
         self._settings = settings
+        #: Compiles each distinct response-format schema of a batch once, at validation.
+        self._schemas = schemas
         self._redis = client
         self._store = store
         self._files = files
@@ -154,7 +163,12 @@ class BatchFeeder:
     async def _validate(self, record: dict[str, str]) -> bool:
         settings = self._settings
         ending = await validate_input(
-            record, self._files, self._store, settings.batch_max_lines, settings.batch_line_max_bytes
+            record,
+            self._files,
+            self._store,
+            settings.batch_max_lines,
+            settings.batch_line_max_bytes,
+            schemas=self._schemas,
         )
         return True if ending is None else await self._results.finish(record, ending)
 

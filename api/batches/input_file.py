@@ -17,8 +17,10 @@ import orjson
 
 from api.batches.files import Files
 from api.batches.filestore import FileStorage
+from api.batches.line_schemas import BatchSchemas, write_refused
 from api.batches.lines import Validation, input_problem, validate
 from api.batches.splitter import Line, line_size, split_lines
+from api.jobs.schema_compile import SchemaChecker
 from shared.batches import BatchStatus, BatchStore, Ending
 from shared.errors import NotFound
 from shared.logging import fields
@@ -43,17 +45,24 @@ def read_duplicates(storage: FileStorage, batch_id: str) -> frozenset[int]:
 
 
 async def validate_input(
-    record: dict[str, str], files: Files, store: BatchStore, max_lines: int, line_max_bytes: int
+    record: dict[str, str],
+    files: Files,
+    store: BatchStore,
+    max_lines: int,
+    line_max_bytes: int,
+    *,
+    schemas: SchemaChecker,
 ) -> Ending | None:
     """Check a validating batch's input file and record its request count and refused lines;
-    how the batch ends instead when its window has passed or the file is gone or wrong as a whole."""
+    how the batch ends instead when its window has passed or the file is gone or wrong as a whole.
+    Each distinct response-format schema is compiled here, once (off the event loop)."""
     batch_id = record["id"]
     if time.time() > float(record["expires_at"]):
         return Ending(BatchStatus.EXPIRED)
     try:
         await files.get(record["input_file_id"], record["owner"])
         checked = await anyio.to_thread.run_sync(
-            _validate_file, files.storage, record, max_lines, line_max_bytes
+            _validate_file, files.storage, record, max_lines, line_max_bytes, BatchSchemas(schemas)
         )
     except (NotFound, FileNotFoundError):
         return input_gone(record, "is gone")
@@ -68,13 +77,21 @@ async def validate_input(
 
 
 def _validate_file(
-    storage: FileStorage, record: dict[str, str], max_lines: int, line_max_bytes: int
+    storage: FileStorage,
+    record: dict[str, str],
+    max_lines: int,
+    line_max_bytes: int,
+    schemas: BatchSchemas,
 ) -> Validation:
     chunks = storage.read(record["input_file_id"])
     try:
-        return validate(split_lines(chunks, line_max_bytes), record["endpoint"], record["id"], max_lines)
+        lines = split_lines(chunks, line_max_bytes)
+        checked = validate(lines, record["endpoint"], record["id"], max_lines, schemas.check)
     finally:
         _close(chunks)
+    if checked.problem is None:  # the feeder refuses those schemas' lines by hash (line_schemas.py)
+        write_refused(storage, record["id"], schemas.refused)
+    return checked
 
 
 @dataclass(slots=True)

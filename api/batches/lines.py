@@ -12,7 +12,7 @@ Error:  {"id": ..., "custom_id": ..., "response": null, "error": {"code": ..., "
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,11 @@ def _request(
     return LineRequest(custom_id, create, echoes(request))
 
 
+#: Whether a line's response-format schema can be enforced: its refusal, or None
+#: (api/batches/line_schemas.py's BatchSchemas.check).
+SchemaCheck = Callable[[LineRequest, int], LineError | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Validation:
     """A pass over an input file: its request count, how many lines it refused, the numbers of
@@ -144,9 +149,12 @@ class Validation:
     problem: dict[str, Any] | None = None
 
 
-def validate(lines: Iterable[Line], endpoint: str, batch_id: str, max_lines: int) -> Validation:
+def validate(
+    lines: Iterable[Line], endpoint: str, batch_id: str, max_lines: int, schemas: SchemaCheck | None = None
+) -> Validation:
     """Check every line (blank ones are skipped); the second and later lines with a custom_id
-    already seen are refused as duplicate_custom_id."""
+    already seen are refused as duplicate_custom_id. With `schemas`, a line whose response-format
+    schema cannot be enforced is refused too; without, the lines' format alone is checked."""
     seen: set[str] = set()
     duplicates: list[int] = []
     total = refused = 0
@@ -158,6 +166,8 @@ def validate(lines: Iterable[Line], endpoint: str, batch_id: str, max_lines: int
             message = f"the file holds more than {max_lines} requests (GENQ_BATCH_MAX_LINES)"
             return Validation(0, problem=input_problem("too_many_lines", message, number))
         parsed = parse_line(raw, number, endpoint, batch_id)
+        if isinstance(parsed, LineRequest) and schemas is not None and parsed.custom_id not in seen:
+            parsed = schemas(parsed, number) or parsed
         if isinstance(parsed, LineError):
             refused += 1
         elif parsed.custom_id in seen:

@@ -20,6 +20,7 @@ import anyio.to_thread
 from api.batches.files import Files
 from api.batches.filestore import FileStorage
 from api.batches.input_file import duplicates_name
+from api.batches.line_schemas import refused_name
 from api.batches.lines import KIND_OF_ENDPOINT, NOT_RUN, error_result, job_result
 from api.jobs.queue import JobQueue
 from api.openai.kind import Kind
@@ -85,6 +86,7 @@ class Results:
         metrics.BATCHES.labels(ending.status.value).inc()
         await anyio.to_thread.run_sync(_delete_parts, self._files.storage, parts)
         await anyio.to_thread.run_sync(self._files.storage.delete, duplicates_name(batch_id))
+        await anyio.to_thread.run_sync(self._files.storage.delete, refused_name(batch_id))
         log.info("batch_ended", extra=fields(batch_id=batch_id, status=ending.status.value))
         return True
 

@@ -18,6 +18,7 @@ import redis.exceptions
 
 from api.batches.files import Files
 from api.batches.input_file import Taken, read_duplicates, take_at_cursor
+from api.batches.line_schemas import read_refused, refused_again
 from api.batches.lines import NOT_RUN, LineError, LineRequest, duplicate, parse_line
 from api.batches.splitter import Line
 from api.jobs.queue import Accepted, JobQueue
@@ -45,13 +46,17 @@ class Window:
         #: GENQ_BATCH_LINE_MAX_BYTES: a longer line is refused unread.
         self._line_max_bytes = line_max_bytes
         self._duplicates: dict[str, frozenset[int]] = {}
+        self._schemas: dict[str, dict[str, str]] = {}
 
     async def top_up(self, record: dict[str, str], share: int) -> bool:
         """Submit up to `share` more lines as jobs and record them in the window."""
         taken = await take_at_cursor(self._files.storage, record, share, self._line_max_bytes)
-        duplicates = await self._repeats(record)
+        duplicates, schemas = await self._repeats(record), await self._refused_schemas(record)
         outcomes = await asyncio.gather(
-            *(self._submit(record, number, raw, number in duplicates) for number, raw, _ in taken.lines)
+            *(
+                self._submit(record, number, raw, number in duplicates, schemas)
+                for number, raw, _ in taken.lines
+            )
         )
         entries: dict[int, dict[str, Any]] = {}
         for (number, _, line_offset), entry in zip(taken.lines, outcomes, strict=True):
@@ -76,10 +81,10 @@ class Window:
 
     async def _not_run(self, record: dict[str, str], ending: BatchStatus) -> bool:
         taken = await take_at_cursor(self._files.storage, record, self._window, self._line_max_bytes)
-        duplicates = await self._repeats(record)
+        duplicates, schemas = await self._repeats(record), await self._refused_schemas(record)
         entries: dict[int, dict[str, Any]] = {}
         for number, raw, _ in taken.lines:
-            parsed = self._parse(record, number, raw, number in duplicates)
+            parsed = self._parse(record, number, raw, number in duplicates, schemas)
             if isinstance(parsed, LineRequest):
                 code, message = NOT_RUN[ending]
                 parsed = LineError(parsed.custom_id, code, message)
@@ -87,13 +92,28 @@ class Window:
         return await self._record(record, taken, entries)
 
     @staticmethod
-    def _parse(record: dict[str, str], number: int, raw: Line, repeated: bool) -> LineRequest | LineError:
-        """The line's job, or its refusal: as validation found it (a repeated custom_id is the one
-        refusal the line alone does not show, so validation kept their numbers)."""
+    def _parse(
+        record: dict[str, str], number: int, raw: Line, repeated: bool, schemas: dict[str, str]
+    ) -> LineRequest | LineError:
+        """The line's job, or its refusal: as validation found it (a repeated custom_id and a
+        schema that cannot be enforced are the refusals the line alone does not show cheaply, so
+        validation kept their numbers, and the schemas' verdicts by hash: nothing compiles here)."""
         parsed = parse_line(raw, number, record["endpoint"], record["id"])
         if repeated and isinstance(parsed, LineRequest):
             return duplicate(parsed.custom_id, number)
+        if isinstance(parsed, LineRequest):
+            return refused_again(parsed, number, schemas) or parsed
         return parsed
+
+    async def _refused_schemas(self, record: dict[str, str]) -> dict[str, str]:
+        """The verdicts validation kept on the batch's schemas it refused (read from storage once)."""
+        batch_id = record["id"]
+        if batch_id not in self._schemas:
+            if len(self._schemas) >= DUPLICATES_CACHED:
+                self._schemas.clear()
+            storage = self._files.storage
+            self._schemas[batch_id] = await anyio.to_thread.run_sync(read_refused, storage, batch_id)
+        return self._schemas[batch_id]
 
     async def _repeats(self, record: dict[str, str]) -> frozenset[int]:
         """The batch's lines refused for a repeated custom_id (read from storage once)."""
@@ -117,11 +137,11 @@ class Window:
         )
 
     async def _submit(
-        self, record: dict[str, str], number: int, raw: Line, repeated: bool
+        self, record: dict[str, str], number: int, raw: Line, repeated: bool, schemas: dict[str, str]
     ) -> dict[str, Any] | None:
         """The line's window entry: its job, or its error; None when it must wait (the queue is
         full, the key is at a bound, Redis refused)."""
-        parsed = self._parse(record, number, raw, repeated)
+        parsed = self._parse(record, number, raw, repeated, schemas)
         if isinstance(parsed, LineError):
             return parsed.entry()
         try:

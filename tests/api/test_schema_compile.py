@@ -1,6 +1,7 @@
 """A response_format's JSON schema is compiled only for a caller the API has authenticated, in a
 compile process within a time budget (the event loop serves meanwhile), and once per distinct
-schema: over real HTTP against the live app (api/jobs/schema_compile.py)."""
+schema, a batch's at its validation only: over real HTTP against the live app
+(api/jobs/schema_compile.py, api/batches/line_schemas.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from api.app import create_app
 from api.jobs.schema_compile import SchemaChecker
@@ -19,7 +21,9 @@ from shared import structured
 from shared.config import Settings
 from tests.api.jobs.test_schema_compile import costly_schema
 from tests.api.live_server import serve
-from tests.conftest import TEST_MODEL
+from tests.api.routes.test_batches import chat_line, results, start_batch, wait_for
+from tests.api.routes.test_openai import client_for
+from tests.conftest import TEST_MODEL, WorkerProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -67,7 +71,10 @@ def submissions(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("hot_paths", [True, False])
 async def test_without_a_key_a_costly_schema_is_refused_uncompiled(
-    make_settings: Callable[..., Settings], compiled_here: list[str], hot_paths: bool
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
+    compiled_here: list[str],
+    hot_paths: bool,
 ) -> None:
     settings = make_settings(api_keys=KEY, api_hot_paths=hot_paths)
     with live_app(settings) as (base_url, checker):
@@ -87,6 +94,7 @@ async def test_without_a_key_a_costly_schema_is_refused_uncompiled(
 
 async def test_a_compile_over_its_time_budget_is_refused_while_the_api_serves(
     make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
 ) -> None:
     settings = make_settings(api_keys=KEY, schema_compile_timeout_s=0.25)
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -119,7 +127,9 @@ async def test_a_compile_over_its_time_budget_is_refused_while_the_api_serves(
     assert checker.compiles == 3 and checker.overruns == 3
 
 
-async def test_a_repeated_schema_is_compiled_once(make_settings: Callable[..., Settings]) -> None:
+async def test_a_repeated_schema_is_compiled_once(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
     settings = make_settings(api_keys=KEY)
     headers = {"Authorization": f"Bearer {KEY}"}
     good = response_format({"type": "object", "properties": {"city": {"type": "string"}}})
@@ -136,3 +146,33 @@ async def test_a_repeated_schema_is_compiled_once(make_settings: Callable[..., S
                 assert refused.json()["error"]["param"] == "response_format"
                 assert "cannot be enforced: Invalid type: strin" in refused.json()["error"]["message"]
             assert checker.compiles == 2
+
+
+def test_a_batch_compiles_each_schema_once_at_validation_and_the_feeder_none(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
+    start_worker: Callable[..., WorkerProcess],
+    compiled_here: list[str],
+) -> None:
+    # No verdict cache: a compile anywhere after validation (the feeder) would count again.
+    settings = make_settings(api_keys=KEY, schema_cache_entries=0, batch_feeder_interval_s=0.05)
+    good = response_format({"type": "object", "properties": {"city": {"type": "string"}}})
+    bad = response_format({"type": "object", "properties": {"city": {"type": "strin"}}})
+    content = b"".join(
+        [chat_line(f"good-{i}", "hi", response_format=good) for i in range(4)]
+        + [chat_line(f"bad-{i}", "hi", response_format=bad) for i in range(2)]
+    )
+    start_worker(settings)
+    with live_app(settings) as (base_url, checker):
+        client = client_for(base_url, KEY)
+        done = wait_for(client, start_batch(client, content).id, {"completed", "failed"})
+        errors = results(client, done.error_file_id) | results(client, done.output_file_id)
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.total == 6
+    assert checker.compiles == 2 and compiled_here == []  # one per distinct schema, none by the feeder
+    for custom_id in ("bad-0", "bad-1"):
+        error = errors[custom_id]["error"]
+        assert error["code"] == "invalid_request"
+        assert "response_format: the JSON schema cannot be enforced: Invalid type: strin" in error["message"]
+    for custom_id in ("good-0", "good-3"):  # fed as jobs (the placeholder model then fails them)
+        assert errors[custom_id]["response"]["request_id"]

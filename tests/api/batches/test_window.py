@@ -25,6 +25,7 @@ from api.edge.autopipeline import DirectCommands
 from api.edge.ratelimit import RateLimiter
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
+from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from shared import keys
 from shared.batches import BatchStatus, BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
@@ -35,6 +36,8 @@ from tests.api.routes.test_batches import chat_line
 OWNER = "key-a"
 #: GENQ_BATCH_LINE_MAX_BYTES for these tests.
 LINE_MAX = 4096
+#: No line of these tests asks for a schema: the checker never starts a compile process.
+SCHEMAS = SchemaChecker(CompileBudget(timeout_s=10, memory_bytes=512 << 20))
 
 
 @pytest.fixture
@@ -61,7 +64,10 @@ async def new_batch(store: BatchStore, files: Files, lines: list[bytes]) -> dict
     new = NewBatch(new_batch_id(), OWNER, "/v1/chat/completions", upload["id"], now, now + 3600, None)
     record = await store.create(new, active_max=100)
     assert record is not None
-    assert await validate_input(record, files, store, max_lines=100, line_max_bytes=LINE_MAX) is None
+    assert (
+        await validate_input(record, files, store, max_lines=100, line_max_bytes=LINE_MAX, schemas=SCHEMAS)
+        is None
+    )
     return await store.record(new.batch_id)
 
 
