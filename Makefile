@@ -42,16 +42,18 @@ format: install
 
 # Debian tools the tests use: chromium (the playground test drives a real headless browser), wrk
 # (the gateway benchmark's load tool) and prometheus with promtool (tests/monitoring: the
-# dashboard's and the autoscalers' queries against a real Prometheus, the alert rules' unit tests).
+# dashboard's and the autoscalers' queries against a real Prometheus, the alert rules' unit tests)
+# and Redis 7's redis-server (tests/faults/test_storage_full.py: Redis refuses a MULTI at
+# maxmemory, which the suite's valkey lets through, and that refusal is the fault it proves).
 # Installed when we can (root with apt); elsewhere those tests skip and say why, and the benchmark
 # falls back to its own load generator. (On a host running systemd, Debian's prometheus package also
 # starts a prometheus service on :9090; the tests start their own on free ports.)
 system-tools:
 	@{ command -v chromium >/dev/null && command -v wrk >/dev/null && command -v prometheus >/dev/null && \
-	   command -v promtool >/dev/null; } || \
+	   command -v promtool >/dev/null && command -v redis-server >/dev/null; } || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
-		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk prometheus >/dev/null; } || \
-		echo "chromium, wrk or prometheus missing: the browser and monitoring tests skip, the gateway benchmark uses its own load"
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk prometheus redis-server >/dev/null; } || \
+		echo "chromium, wrk, prometheus or redis-server missing: the browser, monitoring and full-Redis tests skip, the gateway benchmark uses its own load"
 
 test: install system-tools lint
 	$(BIN)/python -m pytest
