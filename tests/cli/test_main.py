@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from cli.main import _is_loopback, app
+from cli.main import app
 from cli.settings_doc import END_MARK, START_MARK, markdown_table
+from shared.settings.types import is_loopback as _is_loopback
 
 
 def _genq(tmp_path: Path, *args: str, **env: str) -> Result:
