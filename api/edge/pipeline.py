@@ -11,11 +11,17 @@ metrics and the rate-limit headers serve() leaves in the scope's state are added
 route by construction, and `check_routes()` (create_app calls it) refuses to start an app with a
 route that serves a caller some other way.
 
-The caller is asked once, when the work first needs it (`Caller.owner()`), not before: FastAPI
-parses a JSON body before it solves a route's dependencies, so a malformed body is a 400 whoever
-sends it and costs no rate-limit token, and the route's owner dependency (`CallerDep`) is where
-FastAPI's order asks. A streamed response's errors before its first byte are serve()'s; once the
-body streams, the stream reports its own (as an SSE event).
+The caller is asked once, when the work first needs it (`Caller.owner()`), not before. What
+comes first depends on how the route takes its body. A route with a JSON body model: FastAPI
+parses the body (within the body cap) before it solves the route's dependencies, so a malformed
+JSON body is a 400 whoever sends it and costs no rate-limit token; the route's owner dependency
+(`CallerDep`) is where FastAPI's order asks, and work that costs more than parsing (compiling a
+response_format's schema) waits for it. A route that reads its body itself (the multipart upload,
+api/routes/files.py): the caller is authenticated and rate-limited before a byte of the body is
+read, so an unknown caller or one over its bucket is refused first, and a malformed body is a 400
+only to a caller known and charged a token. A route with no body: the caller comes first. A
+streamed response's errors before its first byte are serve()'s; once the body streams, the stream
+reports its own (as an SSE event).
 """
 
 from __future__ import annotations

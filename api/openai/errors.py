@@ -1,8 +1,10 @@
 """OpenAI's error shape, `{"error": {"message", "type", "param", "code"}}`, for the routes that
 speak OpenAI's API (completions, models, files, batches): `OpenAIRoute`, a PipelineRoute whose
 errors render this way. Which error a failure is stays api/edge/errors.py's; here only how it
-reads: OpenAI's type and code for the status, 422 answered as 400 (as OpenAI does), and an
-unknown model as 404 `model_not_found`.
+reads: OpenAI's type and code for the status, 422 answered as 400 (as OpenAI does), an unknown
+model as 404 `model_not_found`, and a per-key quota (stored file bytes, active batches, live jobs)
+as a 429 whose code says quota (`quota_exceeded`), so a client can tell a bound it must free room
+under from a rate limit it need only wait out (`rate_limit_exceeded`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.edge.errors import ErrorRenderer, headers_of, status_of
 from api.edge.pipeline import PipelineRoute
 from api.edge.responses import json_response
-from shared.errors import GenqError
+from shared.errors import GenqError, QuotaExceeded
 
 _TYPE_OF_STATUS = {401: "invalid_request_error", 429: "rate_limit_error"}
 _CODE_OF_STATUS = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
@@ -52,7 +54,7 @@ class OpenAIErrors(ErrorRenderer):
 
     def genq(self, exc: GenqError) -> Response:
         status, param = status_of(exc), exc.param
-        code = _CODE_OF_STATUS.get(status, exc.type)
+        code = exc.type if isinstance(exc, QuotaExceeded) else _CODE_OF_STATUS.get(status, exc.type)
         if status == 422 and param == "model":
             status, code = 404, "model_not_found"
         message, param = _openai_field(exc.message, param)

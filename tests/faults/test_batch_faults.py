@@ -163,6 +163,7 @@ async def test_a_key_has_a_bound_on_its_active_batches(
     assert (
         isinstance(error, dict) and error["type"] == "rate_limit_error" and error["param"] == "active_batches"
     )
+    assert error["code"] == "quota_exceeded"  # a bound to free room under, not a rate to wait out
     assert "GENQ_BATCH_ACTIVE_MAX" in error["message"]
     assert len(client.batches.list().data) == 2  # the refused create made nothing
     other.batches.create(

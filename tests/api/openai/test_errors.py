@@ -28,6 +28,8 @@ CASES: list[tuple[errors.GenqError, int, str, str, dict[str, str]]] = [
      {"retry-after": "1", "x-ratelimit-limit": "4", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "3"}),
     (errors.ConcurrencyLimited("m", limit_name="streams", limit=2), 429, "rate_limit_error",
      "rate_limit_exceeded", {"retry-after": "1"}),
+    (errors.QuotaExceeded("m", param="file"), 429, "rate_limit_error", "quota_exceeded",
+     {"retry-after": "5"}),
     (errors.Unavailable("m"), 503, "server_error", "unavailable", {}),
     (errors.StorageRefused("m", retry_after_s=2.1), 503, "server_error", "unavailable", {"retry-after": "3"}),
     (errors.Overloaded("m", retry_after_s=7), 503, "server_error", "overloaded", {"retry-after": "7"}),
