@@ -59,7 +59,7 @@ from shared.schemas import WebhookEvent
 from shared.store import rfc3339
 from workers import webhook_http
 from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
-from workers.webhook_bodies import Frozen, batch_event, job_event
+from workers.webhook_bodies import WebhookPayload, batch_event, job_event
 
 DELIVERY = keys.WEBHOOK_DELIVERY
 #: The job record's field that holds its `start` delivery's message until it is sent.
@@ -136,7 +136,7 @@ class Delivery:
 class Prepared:
     """What one attempt sends, and what Deliveries.prepare() read for it in one round trip."""
 
-    frozen: Frozen
+    payload: WebhookPayload
     #: This attempt's number (1 for the first).
     attempt: int
     #: The owner's signing secrets as MGET read them (shared/key_secrets.py signing_keys).
@@ -152,7 +152,7 @@ class Ending:
 
 
 @dataclass(frozen=True, slots=True)
-class Sight:
+class DeliverySnapshot:
     """What an attempt reads of its delivery when it claims it (look_delivery in
     shared/lua/common.lua), for order_wait() and prepare()."""
 
@@ -161,7 +161,7 @@ class Sight:
     record: dict[str, str]
     #: The URL and body frozen for it (by an earlier attempt, or by the worker that finished the
     #: job); None before that.
-    frozen: Frozen | None
+    payload: WebhookPayload | None
     #: For a job's `completed`: whether the job record still holds its `start` message (never
     #: sent), and that delivery's outcome and next attempt.
     start_never_sent: bool = False
@@ -180,26 +180,26 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def claimed(reply: list[Any]) -> tuple[Claim, float, Sight | None]:
-    """The claim's outcome, the end of the lease that decided it, and the Sight, of a reply of
+def claimed(reply: list[Any]) -> tuple[Claim, float, DeliverySnapshot | None]:
+    """The claim's outcome, the end of the lease that decided it, and the snapshot, of a reply of
     common.lua's claim_and_look (webhook_claim.lua, or webhook_take.lua without its message)."""
     outcome, held_until, *looked = reply
-    return Claim(_text(outcome)), float(_text(held_until)), sight(looked[0]) if looked else None
+    return Claim(_text(outcome)), float(_text(held_until)), snapshot_of(looked[0]) if looked else None
 
 
-def sight(looked: list[Any]) -> Sight:
-    """A Sight of what look_delivery (shared/lua/common.lua) read."""
+def snapshot_of(looked: list[Any]) -> DeliverySnapshot:
+    """The snapshot of what look_delivery (shared/lua/common.lua) read."""
     (url, body, owner), flat_record, start_never_sent, start_state, counted = looked
     pairs = zip(flat_record[::2], flat_record[1::2], strict=True)
     record = {_text(name): _text(value) for name, value in pairs}
     known = url is not None and body is not None
-    frozen = Frozen(_text(url), _text(body).encode(), _text(owner or "")) if known else None
+    payload = WebhookPayload(_text(url), _text(body).encode(), _text(owner or "")) if known else None
     start_outcome, start_next_at = start_state or (None, None)
     prepared = None
-    if frozen is not None and counted:
+    if payload is not None and counted:
         attempt, stored_secrets = counted
-        prepared = Prepared(frozen, int(attempt), list(stored_secrets))
-    return Sight(record, frozen, bool(start_never_sent), start_outcome, start_next_at, prepared)
+        prepared = Prepared(payload, int(attempt), list(stored_secrets))
+    return DeliverySnapshot(record, payload, bool(start_never_sent), start_outcome, start_next_at, prepared)
 
 
 def publish(
@@ -241,10 +241,12 @@ class Deliveries:
         self._record = client.register_script(scripts.source("webhook_record"))
 
     # --- claims and records -------------------------------------------------------------------
-    def claim_and_look(self, delivery: Delivery, generation: int) -> tuple[Claim, float, Sight | None]:
+    def claim_and_look(
+        self, delivery: Delivery, generation: int
+    ) -> tuple[Claim, float, DeliverySnapshot | None]:
         """Claim `generation` of `delivery` (what the outcome means: Claim) and, when claimed,
         read what its attempt needs, in one script: the outcome, the end of the lease that
-        decided it, and the Sight (None unless claimed)."""
+        decided it, and the delivery's snapshot (None unless claimed)."""
         state_keys = [delivery.key, delivery.record_key]
         if delivery.follows_start:  # its reads include the job's `start` delivery
             state_keys.append(Delivery.of(delivery.job_id, WebhookEvent.START, "").key)
@@ -288,22 +290,22 @@ class Deliveries:
         return math.ceil(remaining_ms / 1000) if remaining_ms > 0 else self._settings.job_ttl_s
 
     # --- ordering -------------------------------------------------------------------------------
-    def order_wait(self, delivery: Delivery, sight: Sight) -> float | None:
+    def order_wait(self, delivery: Delivery, snapshot: DeliverySnapshot) -> float | None:
         """For `completed`: seconds to wait while the job's `start` delivery is pending, or None."""
         if not delivery.follows_start:
             return None
-        job_input = sight.record.get("input")
+        job_input = snapshot.record.get("input")
         wanted = WebhookEvent.START in (orjson.loads(job_input or "{}").get("webhook_events_filter") or [])
         # The start message is still in the job record: the job ended without running, so no
         # start will ever be sent.
         if (
             not wanted
-            or sight.start_never_sent
-            or sight.start_outcome in FINAL_OUTCOMES
+            or snapshot.start_never_sent
+            or snapshot.start_outcome in FINAL_OUTCOMES
             or self._waited_too_long(delivery)
         ):
             return None
-        return max(ORDER_RECHECK_S, float(sight.start_next_at or 0) - time.time() + ORDER_RECHECK_S)
+        return max(ORDER_RECHECK_S, float(snapshot.start_next_at or 0) - time.time() + ORDER_RECHECK_S)
 
     def _waited_too_long(self, delivery: Delivery) -> bool:
         """A start delivery runs its whole schedule in a bounded time; past that (its state was
@@ -315,15 +317,15 @@ class Deliveries:
         return time.time() - since > bound
 
     # --- one attempt ----------------------------------------------------------------------------
-    def prepare(self, delivery: Delivery, sight: Sight) -> Prepared | None:
+    def prepare(self, delivery: Delivery, snapshot: DeliverySnapshot) -> Prepared | None:
         """What this attempt sends: the claim counted it and read the keys when the body was
         frozen already (no round trip); else freeze the delivery's URL and body (its first
         attempt), count the attempt and read its owner's signing keys, in one round trip. None
         when there is nothing to send (the job record expired, or an `output` notice found the
         job already over: its `completed` delivery carries the final state)."""
-        if sight.counted is not None:  # the claim counts whenever it saw a frozen body
-            return sight.counted
-        wanted = self._to_freeze(delivery, sight)
+        if snapshot.counted is not None:  # the claim counts whenever it saw a frozen body
+            return snapshot.counted
+        wanted = self._build_payload(delivery, snapshot)
         if wanted is None:
             return None
         pipe = self._redis.pipeline(transaction=True)
@@ -335,27 +337,31 @@ class Deliveries:
         pipe.hincrby(delivery.key, "attempts", 1)
         pipe.mget(keys.webhook_key_secrets(wanted.owner))
         *_, (url, body, owner), attempts, stored = pipe.execute()
-        frozen = Frozen(str(url), str(body).encode(), str(owner or ""))
-        if frozen.owner != wanted.owner:  # frozen by an earlier copy for another owner: its keys sign
-            stored = self._redis.mget(keys.webhook_key_secrets(frozen.owner))
-        return Prepared(frozen, int(attempts), stored)
+        payload = WebhookPayload(str(url), str(body).encode(), str(owner or ""))
+        if payload.owner != wanted.owner:  # frozen by an earlier copy for another owner: its keys sign
+            stored = self._redis.mget(keys.webhook_key_secrets(payload.owner))
+        return Prepared(payload, int(attempts), stored)
 
-    def _to_freeze(self, delivery: Delivery, sight: Sight) -> Frozen | None:
+    def _build_payload(self, delivery: Delivery, snapshot: DeliverySnapshot) -> WebhookPayload | None:
         """The url, body and owner a first attempt freezes (kept for every retry); None when
         there is nothing to send."""
         if delivery.batch:
-            return batch_event(delivery.event, sight.record)
-        return job_event(delivery.event, sight.record)
+            return batch_event(delivery.event, snapshot.record)
+        return job_event(delivery.event, snapshot.record)
 
     def attempt(self, delivery: Delivery, prepared: Prepared) -> webhook_http.AttemptResult:
         """Send the frozen body once, signed (no Redis: prepare() read what it needs)."""
-        frozen = prepared.frozen
+        payload = prepared.payload
         secrets = key_secrets.signing_keys(
-            prepared.stored_secrets, frozen.owner, self._settings, self._secrets
+            prepared.stored_secrets, payload.owner, self._settings, self._secrets
         )
-        headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), frozen.body)
+        headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), payload.body)
         return webhook_http.post(
-            frozen.url, frozen.body, headers, self._settings.webhook_policy, self._settings.webhook_timeout_s
+            payload.url,
+            payload.body,
+            headers,
+            self._settings.webhook_policy,
+            self._settings.webhook_timeout_s,
         )
 
     def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:

@@ -13,7 +13,7 @@ message, goes back where it was and the take ends, so Celery's consumer receives
 it until due.
 
 The same script first records the end of the thread's previous attempt (an Ending) and, once the
-claim is made, reads what the attempt needs (a Sight), counting the attempt when its body is
+claim is made, reads what the attempt needs (a DeliverySnapshot), counting the attempt when its body is
 frozen: such a delivery (a `completed` whose body the job's worker built, any retry) costs this
 one round trip; a first attempt of any other body adds its preparation, which freezes it.
 """
@@ -36,8 +36,8 @@ from workers.deliveries import (
     Claim,
     Deliveries,
     Delivery,
+    DeliverySnapshot,
     Ending,
-    Sight,
     claimed,
 )
 
@@ -83,7 +83,7 @@ class Taken:
     #: The end of the lease that decided the claim (this thread's own when CLAIMED).
     held_until: float
     #: What the attempt needs to know; None unless CLAIMED.
-    sight: Sight | None = None
+    snapshot: DeliverySnapshot | None = None
 
 
 class DeliveryIntake:
@@ -138,8 +138,8 @@ def _taken(reply: list[Any]) -> Taken | None:
     if len(reply) < 3:
         return None
     outcome, held_until, message, *looked = reply
-    claim, lease_end, sight = claimed([outcome, held_until, *looked])
-    return Taken(DeliveryMessage.parse(_text(message)), claim, lease_end, sight)
+    claim, lease_end, snapshot = claimed([outcome, held_until, *looked])
+    return Taken(DeliveryMessage.parse(_text(message)), claim, lease_end, snapshot)
 
 
 def _text(value: bytes | str) -> str:

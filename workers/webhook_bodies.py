@@ -24,14 +24,16 @@ EVENT_TYPES = {"start": "job.start", "output": "job.output", "completed": "job.c
 
 
 @dataclass(frozen=True, slots=True)
-class Frozen:
+class WebhookPayload:
+    """What a delivery sends, fixed before its first attempt so every retry sends the same bytes."""
+
     url: str
     body: bytes
     #: The job's owner: whose secret signs it (shared/key_secrets.py).
     owner: str
 
 
-def job_event(event: str, record: dict[str, str]) -> Frozen | None:
+def job_event(event: str, record: dict[str, str]) -> WebhookPayload | None:
     """The url, body and owner of a job's `event`, the job as `record` holds it, built now; None
     when there is nothing to send (the record expired, or an `output` notice of a job already
     over: its `completed` delivery carries the final state)."""
@@ -40,10 +42,12 @@ def job_event(event: str, record: dict[str, str]) -> Frozen | None:
     if event == WebhookEvent.OUTPUT and JobStatus(record["status"]).is_terminal():
         return None
     job = public_job(record)
-    return Frozen(str(job["input"]["webhook"]), _body(EVENT_TYPES[event], job), record.get("owner", ""))
+    return WebhookPayload(
+        str(job["input"]["webhook"]), _body(EVENT_TYPES[event], job), record.get("owner", "")
+    )
 
 
-def completed_body(record: dict[str, str], fields: dict[str, str | bytes]) -> Frozen | None:
+def completed_body(record: dict[str, str], fields: dict[str, str | bytes]) -> WebhookPayload | None:
     """The `completed` delivery of a job ending with `fields`, built by the worker that ends it
     from the record it claimed (the finish script stores it beside the delivery's message), or None
     when the job has no `completed` webhook. The claimed record and `fields` are every field the
@@ -57,11 +61,11 @@ def completed_body(record: dict[str, str], fields: dict[str, str | bytes]) -> Fr
     return job_event(WebhookEvent.COMPLETED, ended)
 
 
-def batch_event(event: str, record: dict[str, str]) -> Frozen | None:
+def batch_event(event: str, record: dict[str, str]) -> WebhookPayload | None:
     """The url, body and owner of a batch's `event` (its data: the batch as GET /v1/batches/{id})."""
     if not record or not record.get("webhook_url"):
         return None
-    return Frozen(record["webhook_url"], _body(event, public_batch(record)), record["owner"])
+    return WebhookPayload(record["webhook_url"], _body(event, public_batch(record)), record["owner"])
 
 
 def _body(event_type: str, data: Any) -> bytes:

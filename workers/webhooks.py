@@ -25,7 +25,7 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers import context, webhook_http
-from workers.deliveries import Claim, Deliveries, Delivery, Ending, Sight, log_entry, publish
+from workers.deliveries import Claim, Deliveries, Delivery, DeliverySnapshot, Ending, log_entry, publish
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
 from workers.patience import StoreUnavailable, patiently
 from workers.verdicts import Outcome, Verdict
@@ -99,9 +99,9 @@ def _deliver_patiently(message: DeliveryMessage) -> None:
     try:
         deliveries = _deliveries()
         delivery, generation = message.delivery, message.generation
-        claim, held_until, sight = patiently(lambda: deliveries.claim_and_look(delivery, generation))
-        if _claimed(deliveries, message, claim, held_until) and sight is not None:
-            ending = _attempt(deliveries, message, sight)
+        claim, held_until, snapshot = patiently(lambda: deliveries.claim_and_look(delivery, generation))
+        if _claimed(deliveries, message, claim, held_until) and snapshot is not None:
+            ending = _attempt(deliveries, message, snapshot)
             patiently(lambda: deliveries.end(ending))
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
@@ -136,8 +136,8 @@ def _deliver_taken(taken: Taken) -> Ending | None:
     """A message the take claimed (or found not to act on) goes on as a delivered one does; the
     end of its attempt, when it made one."""
     deliveries, message = _deliveries(), taken.message
-    if _claimed(deliveries, message, taken.claim, taken.held_until) and taken.sight is not None:
-        return _attempt(deliveries, message, taken.sight)
+    if _claimed(deliveries, message, taken.claim, taken.held_until) and taken.snapshot is not None:
+        return _attempt(deliveries, message, taken.snapshot)
     return None
 
 
@@ -169,16 +169,16 @@ def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, hel
     return False
 
 
-def _attempt(deliveries: Deliveries, message: DeliveryMessage, sight: Sight) -> Ending:
+def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: DeliverySnapshot) -> Ending:
     """One attempt of a claimed generation, or its wait (a hop not yet due, `completed` behind its
     `start`); then the end of the generation, for the caller to record."""
     delivery, generation, due_at = message.delivery, message.generation, message.due_at
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
-        return _retry(deliveries, message, due_at - time.time(), sight.uncounted())
-    wait = patiently(lambda: deliveries.order_wait(delivery, sight))
+        return _retry(deliveries, message, due_at - time.time(), snapshot.uncounted())
+    wait = patiently(lambda: deliveries.order_wait(delivery, snapshot))
     if wait is not None:
-        return _retry(deliveries, message, wait, sight.uncounted())
-    prepared = patiently(lambda: deliveries.prepare(delivery, sight))
+        return _retry(deliveries, message, wait, snapshot.uncounted())
+    prepared = patiently(lambda: deliveries.prepare(delivery, snapshot))
     if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
         return deliveries.ending(delivery, generation, {"outcome": Outcome.SKIPPED}, None)

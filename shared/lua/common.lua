@@ -288,7 +288,7 @@ local function claim_delivery(delivery, record, generation, now, lease_until, tt
   return 'stale', '0'
 end
 
--- What an attempt of a claimed delivery reads (workers/deliveries.py `sight` says what each part
+-- What an attempt of a claimed delivery reads (workers/deliveries.py `snapshot_of` says what each part
 -- means): the url, body and owner frozen for it (by an earlier attempt, or by the worker that
 -- finished the job), the job's (or batch's) record, and for a job's `completed` (`start_delivery`
 -- is that job's `start` delivery state; '' for any other delivery) whether the record still holds

@@ -13,8 +13,8 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, Prepared, Sight
-from workers.webhook_bodies import Frozen
+from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
+from workers.webhook_bodies import WebhookPayload
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
@@ -36,8 +36,8 @@ def test_a_copy_under_a_live_lease_waits_for_it_instead_of_being_dropped(
     """The broker handed the message out again (its first holder may have died mid-attempt):
     'busy' until the holder's lease ends, then the copy takes the attempt over."""
     _, lease, _ = deliveries.claim_and_look(DELIVERY, 0)
-    outcome, held_until, sight = deliveries.claim_and_look(DELIVERY, 0)
-    assert (outcome, held_until, sight) == ("busy", lease, None) and lease > time.time()
+    outcome, held_until, snapshot = deliveries.claim_and_look(DELIVERY, 0)
+    assert (outcome, held_until, snapshot) == ("busy", lease, None) and lease > time.time()
     redis_client.hset(DELIVERY.key, "lease", repr(time.time() - 1))  # the holder never came back
     assert deliveries.claim_and_look(DELIVERY, 0)[0] == "claimed"
 
@@ -89,21 +89,21 @@ def _commands(client: redis.Redis) -> dict[str, int]:
 def test_prepare_freezes_counts_and_reads_the_freezing_owners_keys(
     deliveries: Deliveries, redis_client: redis.Redis, before: dict[str, str], owner: str, attempt: int
 ) -> None:
-    """State before (the delivery's hash), prepare() with a sight that saw nothing frozen, state
+    """State before (the delivery's hash), prepare() with a snapshot that saw no payload frozen, state
     after: the body frozen first is kept, the attempt counted, and the keys read are those of the
     owner the frozen body belongs to."""
     for name, value in before.items():
         redis_client.hset(BATCH.key, name, value)
     for name in ("alice", "bob"):
         redis_client.set(keys.webhook_key_secrets(name)[0], f"secret-of-{name}")
-    prepared = deliveries.prepare(BATCH, Sight(BATCH_RECORD, None))
-    assert prepared is not None and (prepared.frozen.owner, prepared.attempt) == (owner, attempt)
+    prepared = deliveries.prepare(BATCH, DeliverySnapshot(BATCH_RECORD, None))
+    assert prepared is not None and (prepared.payload.owner, prepared.attempt) == (owner, attempt)
     assert prepared.stored_secrets[0] == f"secret-of-{owner}"
     assert redis_client.hget(BATCH.key, "attempts") == str(attempt)
     if before:
-        assert prepared.frozen.body == b'{"frozen":1}' and prepared.frozen.url == "http://elsewhere/"
+        assert prepared.payload.body == b'{"frozen":1}' and prepared.payload.url == "http://elsewhere/"
     else:
-        assert orjson.loads(prepared.frozen.body)["data"]["id"] == "batch-1"
+        assert orjson.loads(prepared.payload.body)["data"]["id"] == "batch-1"
 
 
 def test_a_first_attempt_is_prepared_in_one_round_trip(
@@ -112,12 +112,12 @@ def test_a_first_attempt_is_prepared_in_one_round_trip(
     """One MULTI/EXEC freezes the body, counts the attempt and reads the keys; a second prepare
     (a copy that took the attempt over) keeps the body frozen first and counts the next attempt."""
     before = _commands(redis_client)
-    first = deliveries.prepare(BATCH, Sight(BATCH_RECORD, None))
+    first = deliveries.prepare(BATCH, DeliverySnapshot(BATCH_RECORD, None))
     after = _commands(redis_client)
     assert first is not None and after["exec"] - before.get("exec", 0) == 1
     assert after["mget"] - before.get("mget", 0) == 1
-    retry = deliveries.prepare(BATCH, Sight(BATCH_RECORD, first.frozen))
-    assert retry is not None and (retry.frozen, retry.attempt) == (first.frozen, 2)
+    retry = deliveries.prepare(BATCH, DeliverySnapshot(BATCH_RECORD, first.payload))
+    assert retry is not None and (retry.payload, retry.attempt) == (first.payload, 2)
 
 
 def test_an_attempt_the_claim_counted_is_prepared_with_no_round_trip(
@@ -127,23 +127,25 @@ def test_an_attempt_the_claim_counted_is_prepared_with_no_round_trip(
     counted the attempt and read the keys, and prepare() sends no command at all."""
     redis_client.hset(DELIVERY.key, mapping={"url": "http://x/", "body": '{"a":1}', "owner": "alice"})
     redis_client.set(keys.webhook_key_secrets("alice")[0], "secret-of-alice")
-    _, _, sight = deliveries.claim_and_look(DELIVERY, 0)
-    assert sight is not None
+    _, _, snapshot = deliveries.claim_and_look(DELIVERY, 0)
+    assert snapshot is not None
     before = _commands(redis_client)
-    prepared = deliveries.prepare(DELIVERY, sight)
+    prepared = deliveries.prepare(DELIVERY, snapshot)
     spent = {
         name: n - before.get(name, 0)
         for name, n in _commands(redis_client).items()
         if n != before.get(name, 0)
     }
     assert spent == {"info": 1}  # the `before` reading alone
-    assert prepared == Prepared(Frozen("http://x/", b'{"a":1}', "alice"), 1, ["secret-of-alice", None])
+    assert prepared == Prepared(
+        WebhookPayload("http://x/", b'{"a":1}', "alice"), 1, ["secret-of-alice", None]
+    )
 
 
 def test_nothing_is_prepared_for_a_record_that_expired(
     deliveries: Deliveries, redis_client: redis.Redis
 ) -> None:
-    assert deliveries.prepare(BATCH, Sight({}, None)) is None
+    assert deliveries.prepare(BATCH, DeliverySnapshot({}, None)) is None
     assert redis_client.exists(BATCH.key) == 0
 
 
@@ -161,7 +163,7 @@ def test_nothing_is_prepared_for_a_record_that_expired(
         ({"outcome": "delivered", "generation": "0", "lease": "0"}, 1, "over"),
     ],
 )
-def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
+def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_snapshot(
     deliveries: Deliveries, redis_client: redis.Redis, before: dict[str, str], generation: int, claim: str
 ) -> None:
     """State before, claim_and_look(), state after: the claim's outcome and the delivery's
@@ -183,19 +185,19 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_sight(
     redis_client.set(keys.webhook_key_secrets("alice")[1], "previous-of-alice")
     start = Delivery.of("job-1", "start", "")
     redis_client.hset(start.key, mapping={"outcome": "pending", "next_at": "12.5"})
-    outcome, _, sight = deliveries.claim_and_look(DELIVERY, generation)
+    outcome, _, snapshot = deliveries.claim_and_look(DELIVERY, generation)
     assert outcome == claim
     expected_generation = str(generation) if claim == "claimed" else before.get("generation")
     assert redis_client.hget(DELIVERY.key, "generation") == expected_generation
     if claim != "claimed":
-        assert sight is None and redis_client.hget(DELIVERY.key, "attempts") == "2"
+        assert snapshot is None and redis_client.hget(DELIVERY.key, "attempts") == "2"
         return
-    frozen = Frozen("http://x/", b"{}", "alice")
-    counted = Prepared(frozen, 3, [None, "previous-of-alice"])
+    payload = WebhookPayload("http://x/", b"{}", "alice")
+    counted = Prepared(payload, 3, [None, "previous-of-alice"])
     # Of the record, all an attempt of a frozen body reads is its input.
-    assert sight == Sight({"input": "{}"}, frozen, True, "pending", "12.5", counted)
+    assert snapshot == DeliverySnapshot({"input": "{}"}, payload, True, "pending", "12.5", counted)
     assert redis_client.hget(DELIVERY.key, "attempts") == "3"
-    assert sight.uncounted() == {"attempts": "2"}  # what a wait's ending sets back
+    assert snapshot.uncounted() == {"attempts": "2"}  # what a wait's ending sets back
 
 
 @pytest.mark.parametrize(
@@ -215,11 +217,11 @@ def test_a_first_attempt_sees_no_frozen_body_and_only_a_completed_sees_its_start
         redis_client.hset(keys.job(job_id), mapping={"status": "succeeded", START_MESSAGE_FIELD: "m"})
     redis_client.hset(keys.batch("batch-1"), "status", "completed")
     redis_client.hset(Delivery.of("job-1", "start", "").key, mapping={"outcome": "failed", "next_at": "12.5"})
-    outcome, _, sight = deliveries.claim_and_look(delivery, 0)
-    assert outcome == "claimed" and sight is not None
-    assert sight.frozen is None and sight.record == redis_client.hgetall(delivery.record_key)
-    assert (sight.start_never_sent, sight.start_outcome, sight.start_next_at) == start_state
-    assert sight.counted is None and sight.uncounted() == {}  # prepare() freezes and counts
+    outcome, _, snapshot = deliveries.claim_and_look(delivery, 0)
+    assert outcome == "claimed" and snapshot is not None
+    assert snapshot.payload is None and snapshot.record == redis_client.hgetall(delivery.record_key)
+    assert (snapshot.start_never_sent, snapshot.start_outcome, snapshot.start_next_at) == start_state
+    assert snapshot.counted is None and snapshot.uncounted() == {}  # prepare() freezes and counts
     assert redis_client.hget(delivery.key, "attempts") is None
 
 

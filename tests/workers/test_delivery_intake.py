@@ -24,7 +24,7 @@ from tests.workers.test_webhook_orphans import recheck_at
 from tests.workers.test_webhooks import hook_settings
 from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Ending
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage
-from workers.webhook_bodies import Frozen
+from workers.webhook_bodies import WebhookPayload
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 
@@ -111,16 +111,16 @@ def test_a_taken_delivery_comes_with_what_a_delivered_ones_claim_reads(
     redis_client.hset(delivery.key, mapping={"url": "http://x/", "body": "{}", "owner": "alice"})
     publish(deliveries, delivery)
     taken = intake().next()
-    assert taken is not None and taken.claim is Claim.CLAIMED and taken.sight is not None
-    assert taken.sight.frozen == Frozen("http://x/", b"{}", "alice")
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.snapshot is not None
+    assert taken.snapshot.payload == WebhookPayload("http://x/", b"{}", "alice")
     # Of the record, a frozen body's attempt reads only the input (the webhook filter).
     record_input = redis_client.hget(delivery.record_key, "input")
-    assert taken.sight.record == ({"input": record_input} if record_input else {})
-    assert taken.sight.counted is not None and taken.sight.counted.attempt == 1  # counted by the take
+    assert taken.snapshot.record == ({"input": record_input} if record_input else {})
+    assert taken.snapshot.counted is not None and taken.snapshot.counted.attempt == 1  # counted by the take
     looked = deliveries.claim_and_look(delivery, 1)[2]  # the next generation's claim
     assert looked is not None and looked.counted is not None and looked.counted.attempt == 2
-    assert replace(taken.sight, counted=None) == replace(looked, counted=None)
-    assert taken.sight.start_never_sent is (delivery == COMPLETED)
+    assert replace(taken.snapshot, counted=None) == replace(looked, counted=None)
+    assert taken.snapshot.start_never_sent is (delivery == COMPLETED)
 
 
 def test_a_first_attempt_reads_the_whole_record_to_build_its_body(
@@ -130,8 +130,8 @@ def test_a_first_attempt_reads_the_whole_record_to_build_its_body(
     redis_client.hset(keys.job("job-22"), mapping={"input": "{}", "created_at": "1.5"})
     publish(deliveries, start)
     taken = intake().next()
-    assert taken is not None and taken.sight is not None and taken.sight.frozen is None
-    assert taken.sight.record == redis_client.hgetall(keys.job("job-22"))
+    assert taken is not None and taken.snapshot is not None and taken.snapshot.payload is None
+    assert taken.snapshot.record == redis_client.hgetall(keys.job("job-22"))
 
 
 def without_argsrepr(message: bytes | str) -> bytes:
@@ -203,7 +203,7 @@ def test_a_copy_that_may_not_act_is_taken_off_the_list_unclaimed(
     redis_client.hset(COMPLETED.key, items=state)
     taken = intake().next()
     assert taken is not None and taken.claim is claim and redis_client.llen(WEBHOOK_LIST) == 0
-    assert taken.sight is None  # nothing read for a copy that does not act
+    assert taken.snapshot is None  # nothing read for a copy that does not act
     assert redis_client.hget(COMPLETED.key, "outcome") == state[1]  # unchanged
 
 

@@ -35,9 +35,9 @@ def test_a_completed_body_is_the_ended_job_as_the_api_shows_it() -> None:
         "output": b'{"text":"x"}',
         "completed_at": "12.5",
     }
-    frozen = completed_body(claimed, fields)
-    assert frozen is not None and (frozen.url, frozen.owner) == (HOOK, "key-a")
-    body = orjson.loads(frozen.body)
+    payload = completed_body(claimed, fields)
+    assert payload is not None and (payload.url, payload.owner) == (HOOK, "key-a")
+    body = orjson.loads(payload.body)
     ended = {**claimed, "status": "succeeded", "output": '{"text":"x"}', "completed_at": "12.5"}
     assert body["type"] == "job.completed" and body["timestamp"].endswith("Z")
     assert body["data"] == orjson.loads(orjson.dumps(public_job(ended)))
@@ -58,5 +58,5 @@ def test_a_batch_event_needs_the_batchs_webhook() -> None:
     record = {"id": "b1", "endpoint": "/v1/chat/completions", "input_file_id": "f1", "owner": "key-a",
               "completion_window": "24h", "status": "completed", "created_at": "1"}  # fmt: skip
     assert batch_event("batch.completed", record) is None
-    frozen = batch_event("batch.completed", {**record, "webhook_url": HOOK})
-    assert frozen is not None and orjson.loads(frozen.body)["data"]["id"] == "b1"
+    payload = batch_event("batch.completed", {**record, "webhook_url": HOOK})
+    assert payload is not None and orjson.loads(payload.body)["data"]["id"] == "b1"
