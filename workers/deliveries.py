@@ -144,8 +144,9 @@ class Prepared:
 
 
 @dataclass(frozen=True, slots=True)
-class Ending:
-    """The end of a generation (Deliveries.ending) as webhook_record.lua takes it."""
+class AttemptRecord:
+    """How a generation ends (Deliveries.attempt_record), as webhook_record.lua takes it: its outcome
+    recorded, its attempt logged, its claim released."""
 
     keys: list[str]
     args: list[str | int | bytes]
@@ -172,7 +173,7 @@ class DeliverySnapshot:
     counted: Prepared | None = None
 
     def uncounted(self) -> dict[str, str]:
-        """The fields that set the claim's count back, for an ending that made no attempt (a wait)."""
+        """The fields that set the claim's count back, for a generation that made no attempt (a wait)."""
         return {"attempts": str(self.counted.attempt - 1)} if self.counted else {}
 
 
@@ -263,20 +264,20 @@ class Deliveries:
         lease = now + self._settings.webhook_timeout_s + LEASE_MARGIN_S
         return [repr(now), repr(lease), self._settings.job_ttl_s]
 
-    def ending(
+    def attempt_record(
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
-    ) -> Ending:
-        """The end of this generation, to make with end() or with a thread's next take
+    ) -> AttemptRecord:
+        """The end of this generation, to record with record_attempt() or with a thread's next take
         (workers/delivery_intake.py): release the claim, set fields, append the attempt to the log
         (shared/lua/common.lua record_delivery)."""
         flat = [item for pair in fields.items() for item in pair]
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""
         state_keys = [delivery.key, delivery.log_key, keys.WEBHOOK_PENDING, delivery.record_key]
-        return Ending(state_keys, [generation, self._settings.job_ttl_s, log_entry, drop_body, *flat])
+        return AttemptRecord(state_keys, [generation, self._settings.job_ttl_s, log_entry, drop_body, *flat])
 
-    def end(self, ending: Ending) -> None:
-        self._record(keys=ending.keys, args=ending.args)
+    def record_attempt(self, attempt_record: AttemptRecord) -> None:
+        self._record(keys=attempt_record.keys, args=attempt_record.args)
 
     def publish(
         self, delivery: Delivery, task_id: str, generation: int, countdown: float, kwargs: dict[str, float]

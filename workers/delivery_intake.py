@@ -12,7 +12,7 @@ a death. Only due first-hand messages are taken; one with an eta (a retry, a hop
 message, goes back where it was and the take ends, so Celery's consumer receives it next and keeps
 it until due.
 
-The same script first records the end of the thread's previous attempt (an Ending) and, once the
+The same script first records the end of the thread's previous attempt (an AttemptRecord) and, once the
 claim is made, reads what the attempt needs (a DeliverySnapshot), counting the attempt when its body is
 frozen: such a delivery (a `completed` whose body the job's worker built, any retry) costs this
 one round trip; a first attempt of any other body adds its preparation, which freezes it.
@@ -33,11 +33,11 @@ from shared.schemas import WebhookEvent
 from workers.deliveries import (
     START_MESSAGE_FIELD,
     WEBHOOK_LIST,
+    AttemptRecord,
     Claim,
     Deliveries,
     Delivery,
     DeliverySnapshot,
-    Ending,
     claimed,
 )
 
@@ -96,17 +96,17 @@ class DeliveryIntake:
         self._closing = closing
         self._take = client.register_script(scripts.source("webhook_take"))
 
-    def next(self, ending: Ending | None = None) -> Taken | None:
+    def next(self, attempt_record: AttemptRecord | None = None) -> Taken | None:
         """The next due delivery message, its generation claimed when it could be: one waiting
         now, else the first to come within wait_s; None when none came, the worker is closing,
         or the next message is not one to take (it stays first in line, for Celery's consumer).
-        `ending`, the end of the delivery this thread just made, is made first, in the same
+        `attempt_record`, the end of the delivery this thread just made, is made first, in the same
         round trip: once next() returns, it is recorded."""
         if self._closing.is_set():
-            if ending is not None:
-                self._deliveries.end(ending)
+            if attempt_record is not None:
+                self._deliveries.record_attempt(attempt_record)
             return None
-        reply = self._take_one("", ending)
+        reply = self._take_one("", attempt_record)
         if reply or self._wait_s <= 0:
             return _taken(reply)
         popped = self._redis.brpop([WEBHOOK_LIST], timeout=self._wait_s)
@@ -118,14 +118,14 @@ class DeliveryIntake:
             return None
         return _taken(self._take_one(message))
 
-    def _take_one(self, popped: str, ending: Ending | None = None) -> list[Any]:
+    def _take_one(self, popped: str, attempt_record: AttemptRecord | None = None) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "", after
-        `ending` is made (see shared/lua/webhook_take.lua)."""
+        `attempt_record` is recorded (see shared/lua/webhook_take.lua)."""
         names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
         args = [*self._deliveries.lease_args(), *names, popped]
-        if ending is None:
+        if attempt_record is None:
             return list(self._take(args=args))
-        return list(self._take(keys=ending.keys, args=[*args, *ending.args]))
+        return list(self._take(keys=attempt_record.keys, args=[*args, *attempt_record.args]))
 
 
 #: The events the take script tells apart: `output` (a delivery per notice), `completed` (reads

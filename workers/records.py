@@ -1,6 +1,6 @@
 """A job's record in the engine's terms and back: its stored input becomes a GenerationRequest,
-a GenerationResult becomes the record fields that end the job (with its last output deltas, an
-Ending)."""
+a GenerationResult becomes the record fields that end the job (with its last output deltas, a
+JobOutcome)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from workers.engine.types import OutputUpdate
 from workers.publish import Delta, token_entry
 
 
-class Ending(NamedTuple):
+class JobOutcome(NamedTuple):
     """How a job a worker ran ends: the record fields that say so, and what of its output is not
     in its stream yet (written ahead of the finish, in its round trip: WorkerJobs.finish)."""
 

@@ -43,7 +43,7 @@ from workers.intake import Intake
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
-from workers.records import Ending, generation_request, success_fields
+from workers.records import JobOutcome, generation_request, success_fields
 from workers.redis_threads import ThreadConnections
 from workers.webhooks import OutputWebhooks
 
@@ -293,12 +293,14 @@ class WorkerRuntime:
         elif ended is not None:
             self._finish(job_id, record, ended, then)
 
-    def _finish(self, job_id: str, record: dict[str, str], ending: Ending, then: NextTake | None) -> None:
+    def _finish(
+        self, job_id: str, record: dict[str, str], outcome: JobOutcome, then: NextTake | None
+    ) -> None:
         """End the job, its last output deltas written ahead of it in the same round trip; a
         success is also written to the response cache: in the same script when the cache shares
         the job store's Redis, right before it otherwise, so that a client who sees the job succeed
         and sends it again finds the answer cached."""
-        fields, deltas = ending
+        fields, deltas = outcome
         key = self._cache_key(record) if fields.get("status") == JobStatus.SUCCEEDED else None
         if key and self.cache_redis is not None:
             entry = CacheEntry(as_text(fields["output"]), as_text(fields.get("model_label", "")))
@@ -328,7 +330,7 @@ class WorkerRuntime:
             self.engine.model_id, self.engine.fingerprint, job_input, record.get("cache_scope", "")
         )
 
-    def _generate(self, job_id: str, record: dict[str, str]) -> Ending | None:
+    def _generate(self, job_id: str, record: dict[str, str]) -> JobOutcome | None:
         """The record fields that end the job and its output not yet published, or None when it
         ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
@@ -349,7 +351,7 @@ class WorkerRuntime:
                 return None
             error = {"type": exc.type, "message": exc.message}
             metrics.JOBS.labels("failed").inc()
-            return Ending(label | {"status": JobStatus.FAILED.value, "error": orjson.dumps(error)}, [])
+            return JobOutcome(label | {"status": JobStatus.FAILED.value, "error": orjson.dumps(error)}, [])
         except FatalEngineError as exc:  # on_fatal hands every job back and exits; never a failure
             self.on_engine_fatal(exc)
         deltas = self.output.pending(job_id)
@@ -361,7 +363,7 @@ class WorkerRuntime:
         if self.settings.log_prompts:
             succeeded["output"] = result.text
         log.info("job_succeeded", extra=fields(**succeeded))
-        return Ending(label | success_fields(result), deltas)
+        return JobOutcome(label | success_fields(result), deltas)
 
     def _observe(self, result: GenerationResult) -> None:
         model = self.model_id or ""

@@ -25,7 +25,15 @@ from shared.ids import new_id
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers import context, webhook_http
-from workers.deliveries import Claim, Deliveries, Delivery, DeliverySnapshot, Ending, log_entry, publish
+from workers.deliveries import (
+    AttemptRecord,
+    Claim,
+    Deliveries,
+    Delivery,
+    DeliverySnapshot,
+    log_entry,
+    publish,
+)
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
 from workers.patience import StoreUnavailable, patiently
 from workers.verdicts import Outcome, Verdict
@@ -101,8 +109,8 @@ def _deliver_patiently(message: DeliveryMessage) -> None:
         delivery, generation = message.delivery, message.generation
         claim, held_until, snapshot = patiently(lambda: deliveries.claim_and_look(delivery, generation))
         if _claimed(deliveries, message, claim, held_until) and snapshot is not None:
-            ending = _attempt(deliveries, message, snapshot)
-            patiently(lambda: deliveries.end(ending))
+            attempt_record = _attempt(deliveries, message, snapshot)
+            patiently(lambda: deliveries.record_attempt(attempt_record))
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
@@ -118,21 +126,21 @@ def _take_queued() -> None:
     if intake is None:
         return
     until = time.monotonic() + context.runtime().settings.visibility_timeout_s / 2
-    ending: Ending | None = None
+    attempt_record: AttemptRecord | None = None
     try:
         while time.monotonic() < until:
-            taken = intake.next(ending)
-            ending = None  # recorded
+            taken = intake.next(attempt_record)
+            attempt_record = None  # recorded
             if taken is None:
                 return
-            ending = _deliver_taken(taken)
+            attempt_record = _deliver_taken(taken)
     except (StoreUnavailable, redis.exceptions.RedisError) as exc:
         log.warning("webhook_take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
     finally:
-        _end_patiently(ending)
+        _end_patiently(attempt_record)
 
 
-def _deliver_taken(taken: Taken) -> Ending | None:
+def _deliver_taken(taken: Taken) -> AttemptRecord | None:
     """A message the take claimed (or found not to act on) goes on as a delivered one does; the
     end of its attempt, when it made one."""
     deliveries, message = _deliveries(), taken.message
@@ -141,15 +149,15 @@ def _deliver_taken(taken: Taken) -> Ending | None:
     return None
 
 
-def _end_patiently(ending: Ending | None) -> None:
+def _end_patiently(attempt_record: AttemptRecord | None) -> None:
     """Record an attempt that no take carried (the thread stopped taking). Recording it twice,
     when a take that failed had made it, only repeats its log entry; never recording it would
     repeat the attempt, once the reaper pushes the delivery again."""
-    if ending is None:
+    if attempt_record is None:
         return
     deliveries = _deliveries()
     try:
-        patiently(lambda: deliveries.end(ending))
+        patiently(lambda: deliveries.record_attempt(attempt_record))
     except StoreUnavailable as exc:
         log.warning("webhook_end_unrecorded", extra=fields(error=str(exc)))
 
@@ -169,7 +177,7 @@ def _claimed(deliveries: Deliveries, message: DeliveryMessage, claim: Claim, hel
     return False
 
 
-def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: DeliverySnapshot) -> Ending:
+def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: DeliverySnapshot) -> AttemptRecord:
     """One attempt of a claimed generation, or its wait (a hop not yet due, `completed` behind its
     `start`); then the end of the generation, for the caller to record."""
     delivery, generation, due_at = message.delivery, message.generation, message.due_at
@@ -181,7 +189,7 @@ def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: Deliver
     prepared = patiently(lambda: deliveries.prepare(delivery, snapshot))
     if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
-        return deliveries.ending(delivery, generation, {"outcome": Outcome.SKIPPED}, None)
+        return deliveries.attempt_record(delivery, generation, {"outcome": Outcome.SKIPPED}, None)
     attempt, result = prepared.attempt, deliveries.attempt(delivery, prepared)
     outcome = deliveries.conclude(delivery, attempt, result)
     _log(delivery, attempt, result, outcome)
@@ -190,7 +198,7 @@ def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: Deliver
     state: dict[str, str] = {"outcome": Outcome.PENDING if outcome.retry_in is not None else outcome.outcome}
     entry = log_entry(delivery, attempt, result, outcome)
     if outcome.retry_in is None:
-        return deliveries.ending(delivery, generation, state, entry)
+        return deliveries.attempt_record(delivery, generation, state, entry)
     state["next_at"] = repr(time.time() + outcome.retry_in)
     return _retry(deliveries, message, outcome.retry_in, state, entry)
 
@@ -208,7 +216,7 @@ def _retry(
     countdown: float,
     fields: dict[str, str],
     entry: dict[str, Any] | None = None,
-) -> Ending:
+) -> AttemptRecord:
     # Publish the next generation before this one's end is recorded: a crash in between repeats
     # this attempt (its claim's lease runs out) instead of losing the delivery. A wait longer than
     # a hop carries its due time; a shorter one drops any it had. This message is then acknowledged.
@@ -216,7 +224,7 @@ def _retry(
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
     delivery, task_id, generation = message.delivery, message.task_id, message.generation
     patiently(lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop))
-    return deliveries.ending(delivery, generation, fields, entry)
+    return deliveries.attempt_record(delivery, generation, fields, entry)
 
 
 def _delivery_task(name: str, run: Callable[..., None]) -> Task:

@@ -44,7 +44,7 @@ def test_a_copy_under_a_live_lease_waits_for_it_instead_of_being_dropped(
 
 def test_a_delivery_with_its_outcome_takes_no_copy(deliveries: Deliveries) -> None:
     deliveries.claim_and_look(DELIVERY, 0)
-    deliveries.end(deliveries.ending(DELIVERY, 0, {"outcome": "delivered"}, None))
+    deliveries.record_attempt(deliveries.attempt_record(DELIVERY, 0, {"outcome": "delivered"}, None))
     assert deliveries.claim_and_look(DELIVERY, 0)[0] == "over"
     assert deliveries.claim_and_look(DELIVERY, 1)[0] == "over"
 
@@ -61,7 +61,9 @@ def test_a_deliverys_state_and_log_live_as_long_as_its_job(
         redis_client.expire(DELIVERY.record_key, record_ttl_s)
     expected = record_ttl_s or hook_settings(redis_server.url, tmp_path / "genq").job_ttl_s
     deliveries.claim_and_look(DELIVERY, 0)
-    deliveries.end(deliveries.ending(DELIVERY, 0, {"outcome": "delivered"}, {"attempt": 1}))
+    deliveries.record_attempt(
+        deliveries.attempt_record(DELIVERY, 0, {"outcome": "delivered"}, {"attempt": 1})
+    )
     for key in (DELIVERY.key, DELIVERY.log_key):
         assert expected - 2 <= redis_client.ttl(key) <= expected
 
@@ -197,7 +199,7 @@ def test_claim_and_look_claims_as_the_claim_script_does_and_reads_the_snapshot(
     # Of the record, all an attempt of a frozen body reads is its input.
     assert snapshot == DeliverySnapshot({"input": "{}"}, payload, True, "pending", "12.5", counted)
     assert redis_client.hget(DELIVERY.key, "attempts") == "3"
-    assert snapshot.uncounted() == {"attempts": "2"}  # what a wait's ending sets back
+    assert snapshot.uncounted() == {"attempts": "2"}  # what a wait's record sets back
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from shared.messages import task_message
 from shared.reaper import Reaper
 from tests.workers.test_webhook_orphans import recheck_at
 from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, Claim, Deliveries, Delivery, Ending
+from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, AttemptRecord, Claim, Deliveries, Delivery
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage
 from workers.webhook_bodies import WebhookPayload
 
@@ -273,13 +273,13 @@ def test_a_delivery_taken_by_a_thread_that_died_is_pushed_again_once_its_lease_r
 # --- the end of the thread's last delivery, made in the next take's round trip ----------------
 
 
-def _claim_and_end(deliveries: Deliveries, intake: DeliveryIntake, outcome: str) -> Ending:
+def _claim_and_end(deliveries: Deliveries, intake: DeliveryIntake, outcome: str) -> AttemptRecord:
     """COMPLETED taken (generation 0, with a frozen body) and the end of an attempt at it."""
     publish(deliveries, COMPLETED)
     taken = intake.next()
     assert taken is not None and taken.claim is Claim.CLAIMED
     fields = {"outcome": outcome, **({"next_at": "99.5"} if outcome == "pending" else {})}
-    return deliveries.ending(COMPLETED, 0, fields, {"attempt": 1, "outcome": outcome})
+    return deliveries.attempt_record(COMPLETED, 0, fields, {"attempt": 1, "outcome": outcome})
 
 
 def _state(client: redis.Redis) -> tuple[dict[str, str], list[str], bool]:
@@ -291,25 +291,25 @@ def _state(client: redis.Redis) -> tuple[dict[str, str], list[str], bool]:
 
 
 @pytest.mark.parametrize("outcome", ["delivered", "pending", "failed"])
-def test_an_ending_made_by_the_take_leaves_what_recording_it_alone_leaves(
+def test_an_attempt_record_made_by_the_take_leaves_what_recording_it_alone_leaves(
     redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake], outcome: str
 ) -> None:
-    """State after a take carrying the ending equals state after webhook_record.lua alone (the
+    """State after a take carrying the attempt record equals state after webhook_record.lua alone (the
     claim released, fields set, the body dropped and the index left on a final outcome, the log
     entry appended), and the next delivery is taken in the same call."""
     redis_client.hset(COMPLETED.key, mapping={"url": "http://x/", "body": "{}", "owner": ""})
-    ending = _claim_and_end(deliveries, intake(), outcome)
-    deliveries.end(ending)
+    attempt_record = _claim_and_end(deliveries, intake(), outcome)
+    deliveries.record_attempt(attempt_record)
     alone = _state(redis_client)
     redis_client.flushdb()
     for record in (keys.job("job-1"), keys.job("job-22")):
         redis_client.hset(record, "status", "succeeded")
         redis_client.expire(record, 3600)
     redis_client.hset(COMPLETED.key, mapping={"url": "http://x/", "body": "{}", "owner": ""})
-    ending = _claim_and_end(deliveries, intake(), outcome)
+    attempt_record = _claim_and_end(deliveries, intake(), outcome)
     following = Delivery.of("job-22", "completed", "task-2")
     publish(deliveries, following, task_id="task-2")
-    taken = intake().next(ending)
+    taken = intake().next(attempt_record)
     assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == following
     with_take = _state(redis_client)
     assert with_take[0].pop("lease") == alone[0].pop("lease") == "0"
@@ -317,11 +317,11 @@ def test_an_ending_made_by_the_take_leaves_what_recording_it_alone_leaves(
     assert ("body" in alone[0], alone[2]) == ((False, False) if outcome != "pending" else (True, True))
 
 
-def test_the_ending_costs_no_round_trip_of_its_own(
+def test_the_attempt_record_costs_no_round_trip_of_its_own(
     redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
 ) -> None:
     taker = intake()
-    ending = _claim_and_end(deliveries, taker, "delivered")
+    attempt_record = _claim_and_end(deliveries, taker, "delivered")
     publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
     sent = ("evalsha", "eval", "script|load", "script|exists")
 
@@ -330,23 +330,23 @@ def test_the_ending_costs_no_round_trip_of_its_own(
         return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in sent}
 
     before = calls()
-    assert taker.next(ending) is not None
+    assert taker.next(attempt_record) is not None
     spent = {name: count - before[name] for name, count in calls().items()}
     assert spent == {"evalsha": 1, "eval": 0, "script|load": 0, "script|exists": 0}  # by its SHA
     assert redis_client.hget(COMPLETED.key, "outcome") == "delivered"
 
 
 @pytest.mark.parametrize("situation", ["empty list", "closing"])
-def test_the_ending_is_made_when_nothing_is_taken(
+def test_the_attempt_record_is_made_when_nothing_is_taken(
     redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake], situation: str
 ) -> None:
     closing = threading.Event()
     taker = intake(wait_s=0.2, closing=closing)
-    ending = _claim_and_end(deliveries, taker, "delivered")
+    attempt_record = _claim_and_end(deliveries, taker, "delivered")
     if situation == "closing":
         closing.set()
         publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
-    assert taker.next(ending) is None
+    assert taker.next(attempt_record) is None
     assert redis_client.hget(COMPLETED.key, "outcome") == "delivered"
     assert redis_client.llen(keys.webhook_log("job-1")) == 1
     assert redis_client.llen(WEBHOOK_LIST) == (1 if situation == "closing" else 0)

@@ -136,7 +136,7 @@ def test_a_delivery_with_its_outcome_leaves_the_index(
 ) -> None:
     deliveries.publish(DELIVERY, "task-1", 0, 0.0, {})
     deliveries.claim_and_look(DELIVERY, 0)
-    deliveries.end(deliveries.ending(DELIVERY, 0, {"outcome": "delivered"}, None))
+    deliveries.record_attempt(deliveries.attempt_record(DELIVERY, 0, {"outcome": "delivered"}, None))
     assert redis_client.zscore(keys.WEBHOOK_PENDING, DELIVERY.key) is None
     assert not redis_client.hexists(DELIVERY.key, "message")
 

@@ -426,7 +426,7 @@ async def test_completed_waits_until_start_was_delivered_or_given_up(
         await until(lambda: slow_start.of_type("job.completed") and gone_start.of_type("job.completed"))
         slow_done = (await api.get(f"/v1/jobs/{slow_job}")).json()["completed_at"]
         # The waits used none of completed's attempts (its body was frozen when the job ended, so
-        # each claim counted one: the wait's ending set it back).
+        # each claim counted one: the wait's attempt record set it back).
         entries = await log_until(api, slow_job, lambda e: any(x["event"] == "completed" for x in e))
     # The job was over long before its start got through; completed still came after it.
     assert slow_done is not None

@@ -46,7 +46,7 @@ def record_attempt(
     verdict = Verdict(Outcome.DELIVERED, None) if status_code < 300 else Verdict(Outcome.RETRYING, 5.0)
     entry = log_entry(delivery, 1, AttemptResult(status_code, None, False, 12.5), verdict)
     deliveries = Deliveries(client, settings)
-    deliveries.end(deliveries.ending(delivery, 0, {"outcome": verdict.outcome}, entry))
+    deliveries.record_attempt(deliveries.attempt_record(delivery, 0, {"outcome": verdict.outcome}, entry))
 
 
 async def test_the_owner_sees_each_attempt_oldest_first(
