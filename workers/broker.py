@@ -1,4 +1,4 @@
-"""kombu's Redis transport, patient with a store that refuses writes, and with a restart.
+"""kombu's Redis transport, retrying while the store refuses writes or restarts.
 
 When a worker takes a message, kombu moves it from the queue list into its unacknowledged hash in
 two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noeviction`), or
@@ -61,7 +61,7 @@ def while_refused(call: Callable[[], T], event: str) -> T:
             time.sleep(RETRY_S)
 
 
-class PatientQoS(kombu_redis.QoS):
+class RetryingQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         append = super().append
         while_refused(lambda: append(message, delivery_tag), "broker_record_refused")  # type: ignore[no-untyped-call]
@@ -114,7 +114,7 @@ class PatientQoS(kombu_redis.QoS):
 
 
 class Channel(kombu_redis.Channel):
-    QoS = PatientQoS
+    QoS = RetryingQoS
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         """One client per pool, reused: kombu builds a new redis.Redis for every acknowledgement

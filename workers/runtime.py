@@ -41,10 +41,10 @@ from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult
 from workers.heartbeat import Heartbeat
 from workers.intake import Intake
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
-from workers.patience import StoreUnavailable, patiently
 from workers.publish import OutputPublisher
 from workers.records import JobOutcome, generation_request, success_fields
 from workers.redis_threads import ThreadConnections
+from workers.store_retry import StoreUnavailable, retry_store_call
 from workers.webhooks import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
@@ -377,7 +377,7 @@ class WorkerRuntime:
         """A job-store call, retried while Redis is unreachable or refuses writes (a restart, a
         full or read-only server must not lose jobs nor stop this worker)."""
         try:
-            return patiently(call)
+            return retry_store_call(call)
         except StoreUnavailable as exc:
             raise HandBack(str(exc)) from exc
 

@@ -35,7 +35,7 @@ from workers.deliveries import (
     publish,
 )
 from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
-from workers.patience import StoreUnavailable, patiently
+from workers.store_retry import StoreUnavailable, retry_store_call
 from workers.verdicts import Outcome, Verdict
 
 log = logging.getLogger("genq.webhooks")
@@ -85,14 +85,14 @@ def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -
     """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
     a message that arrives before `due_at` is a hop of a long wait (workers/deliveries.py). Then
     the deliveries this thread takes from the queue itself (_take_queued)."""
-    _deliver_patiently(_delivered(task, Delivery.of(job_id, event, task.request.id)))
+    _deliver_message(_delivered(task, Delivery.of(job_id, event, task.request.id)))
     _take_queued()
 
 
 def _deliver_batch(task: Task, batch_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver a batch's end (batch.completed, .failed, .expired, .cancelled): the same claims,
     retries, hops and signatures as a job's events."""
-    _deliver_patiently(_delivered(task, Delivery.of_batch(batch_id, event)))
+    _deliver_message(_delivered(task, Delivery.of_batch(batch_id, event)))
     _take_queued()
 
 
@@ -101,16 +101,18 @@ def _delivered(task: Task, delivery: Delivery) -> DeliveryMessage:
     return DeliveryMessage(delivery, request.id, int(request.retries), dict(request.kwargs or {}))
 
 
-def _deliver_patiently(message: DeliveryMessage) -> None:
-    """Every store call waits out a Redis restart or a full Redis (workers/patience.py); past
+def _deliver_message(message: DeliveryMessage) -> None:
+    """Every store call waits out a Redis restart or a full Redis (workers/store_retry.py); past
     that, the message goes back on the queue rather than being acknowledged unused."""
     try:
         deliveries = _deliveries()
         delivery, generation = message.delivery, message.generation
-        claim, held_until, snapshot = patiently(lambda: deliveries.claim_and_look(delivery, generation))
+        claim, held_until, snapshot = retry_store_call(
+            lambda: deliveries.claim_and_look(delivery, generation)
+        )
         if _claimed(deliveries, message, claim, held_until) and snapshot is not None:
             attempt_record = _attempt(deliveries, message, snapshot)
-            patiently(lambda: deliveries.record_attempt(attempt_record))
+            retry_store_call(lambda: deliveries.record_attempt(attempt_record))
     except StoreUnavailable as exc:
         raise Reject(str(exc), requeue=True) from exc
 
@@ -137,7 +139,7 @@ def _take_queued() -> None:
     except (StoreUnavailable, redis.exceptions.RedisError) as exc:
         log.warning("webhook_take_stopped", extra=fields(error=str(exc) or type(exc).__name__))
     finally:
-        _end_patiently(attempt_record)
+        _record_last_attempt(attempt_record)
 
 
 def _deliver_taken(taken: Taken) -> AttemptRecord | None:
@@ -149,7 +151,7 @@ def _deliver_taken(taken: Taken) -> AttemptRecord | None:
     return None
 
 
-def _end_patiently(attempt_record: AttemptRecord | None) -> None:
+def _record_last_attempt(attempt_record: AttemptRecord | None) -> None:
     """Record an attempt that no take carried (the thread stopped taking). Recording it twice,
     when a take that failed had made it, only repeats its log entry; never recording it would
     repeat the attempt, once the reaper pushes the delivery again."""
@@ -157,7 +159,7 @@ def _end_patiently(attempt_record: AttemptRecord | None) -> None:
         return
     deliveries = _deliveries()
     try:
-        patiently(lambda: deliveries.record_attempt(attempt_record))
+        retry_store_call(lambda: deliveries.record_attempt(attempt_record))
     except StoreUnavailable as exc:
         log.warning("webhook_end_unrecorded", extra=fields(error=str(exc)))
 
@@ -183,10 +185,10 @@ def _attempt(deliveries: Deliveries, message: DeliveryMessage, snapshot: Deliver
     delivery, generation, due_at = message.delivery, message.generation, message.due_at
     if due_at is not None and due_at - time.time() > HOP_SLACK_S:
         return _retry(deliveries, message, due_at - time.time(), snapshot.uncounted())
-    wait = patiently(lambda: deliveries.order_wait(delivery, snapshot))
+    wait = retry_store_call(lambda: deliveries.order_wait(delivery, snapshot))
     if wait is not None:
         return _retry(deliveries, message, wait, snapshot.uncounted())
-    prepared = patiently(lambda: deliveries.prepare(delivery, snapshot))
+    prepared = retry_store_call(lambda: deliveries.prepare(delivery, snapshot))
     if prepared is None:
         log.info("webhook_skipped", extra=fields(job_id=delivery.job_id, webhook_event=delivery.event))
         return deliveries.attempt_record(delivery, generation, {"outcome": Outcome.SKIPPED}, None)
@@ -207,7 +209,9 @@ def _look_again_later(deliveries: Deliveries, message: DeliveryMessage, held_unt
     """Publish this message again, same generation, for when the lease that holds it ends."""
     countdown = max(0.0, held_until - time.time()) + 1
     delivery, task_id, generation = message.delivery, message.task_id, message.generation
-    patiently(lambda: deliveries.publish(delivery, task_id, generation, countdown, dict(message.kwargs)))
+    retry_store_call(
+        lambda: deliveries.publish(delivery, task_id, generation, countdown, dict(message.kwargs))
+    )
 
 
 def _retry(
@@ -223,7 +227,9 @@ def _retry(
     hop_s = deliveries.max_hop_s
     hop = {"due_at": time.time() + countdown} if countdown > hop_s else {}
     delivery, task_id, generation = message.delivery, message.task_id, message.generation
-    patiently(lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop))
+    retry_store_call(
+        lambda: deliveries.publish(delivery, task_id, generation + 1, min(countdown, hop_s), hop)
+    )
     return deliveries.attempt_record(delivery, generation, fields, entry)
 
 

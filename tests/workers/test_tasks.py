@@ -60,7 +60,7 @@ async def test_the_task_runs_its_job_through_the_installed_runtime(
 
 
 class _HandsBack:
-    """A runtime whose store stayed unreachable past its patience."""
+    """A runtime whose store stayed unreachable past its store-call retries."""
 
     def run(self, job_id: str) -> None:
         raise HandBack(f"Redis unreachable: ConnectionError ({job_id})")

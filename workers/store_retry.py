@@ -33,7 +33,9 @@ class StoreUnavailable(Exception):
     """Redis did not take the call for STORE_RETRY_S: the message must go back to the queue."""
 
 
-def patiently(call: Callable[[], T], retry_s: float = STORE_RETRY_S) -> T:
+def retry_store_call(call: Callable[[], T], retry_s: float = STORE_RETRY_S) -> T:
+    """`call`'s result, retried while Redis is unreachable or refuses writes; StoreUnavailable
+    past `retry_s`. Any other Redis error is raised at once."""
     give_up = time.monotonic() + retry_s
     while True:
         try:

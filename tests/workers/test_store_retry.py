@@ -1,6 +1,6 @@
-"""workers/patience.py: a job-store call from a task thread waits out a Redis that is down or
+"""workers/store_retry.py: a job-store call from a task thread waits out a Redis that is down or
 refuses writes (real servers: one stopped and started again, one at maxmemory), gives up after
-its patience with StoreUnavailable (the task then puts its message back), and lets any other
+its retries with StoreUnavailable (the task then puts its message back), and lets any other
 Redis error through at once."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import redis.exceptions
 from prometheus_client import REGISTRY
 
 from cli.redis_server import EmbeddedRedis
-from workers import patience
-from workers.patience import StoreUnavailable, patiently
+from workers import store_retry
+from workers.store_retry import StoreUnavailable, retry_store_call
 
 
 def _refused_total() -> float:
@@ -29,7 +29,7 @@ def test_a_call_waits_for_redis_to_come_back(tmp_path: Path) -> None:
     restart = threading.Timer(1.0, server.start)
     restart.start()
     try:
-        assert patiently(lambda: client.set("k", "v"), retry_s=30) is True
+        assert retry_store_call(lambda: client.set("k", "v"), retry_s=30) is True
         assert client.get("k") == "v"
     finally:
         restart.join()
@@ -46,7 +46,7 @@ def test_a_call_waits_while_writes_are_refused(
     lift = threading.Timer(1.0, lambda: admin.config_set("maxmemory", "0"))
     lift.start()
     try:
-        assert patiently(lambda: redis_client.set("k", "v"), retry_s=30) is True
+        assert retry_store_call(lambda: redis_client.set("k", "v"), retry_s=30) is True
     finally:
         lift.join()
         admin.config_set("maxmemory", "0")
@@ -54,13 +54,13 @@ def test_a_call_waits_while_writes_are_refused(
     assert redis_client.get("k") == "v" and _refused_total() > before
 
 
-def test_past_its_patience_the_call_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(patience, "RETRY_PAUSE_S", 0.05)
+def test_past_its_retry_time_the_call_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_retry, "RETRY_PAUSE_S", 0.05)
     server = EmbeddedRedis(tmp_path, appendonly=False)  # never started
     client = redis.Redis.from_url(server.url, socket_connect_timeout=0.2)
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="Redis unreachable: ConnectionError"):
-        patiently(client.ping, retry_s=0.5)
+        retry_store_call(client.ping, retry_s=0.5)
     assert 0.5 <= time.monotonic() - started < 5
 
 
@@ -68,5 +68,5 @@ def test_other_errors_are_raised_at_once(redis_client: redis.Redis) -> None:
     redis_client.set("text", "not a list")
     started = time.monotonic()
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
-        patiently(lambda: redis_client.lpush("text", "x"), retry_s=30)
+        retry_store_call(lambda: redis_client.lpush("text", "x"), retry_s=30)
     assert time.monotonic() - started < 1
