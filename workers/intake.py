@@ -20,7 +20,7 @@ import redis
 
 from shared import keys
 from shared.logging import fields
-from workers.jobs import ClaimOutcome, NextTake, Taken, WorkerJobs
+from workers.jobs import ClaimedJob, ClaimOutcome, NextTake, WorkerJobs
 
 log = logging.getLogger("genq.worker")
 
@@ -48,7 +48,7 @@ class Intake:
         next_job() to use."""
         return NextTake(self._worker_id, self._lists)
 
-    def next_job(self, sent: NextTake | None = None) -> Taken | None:
+    def next_job(self, sent: NextTake | None = None) -> ClaimedJob | None:
         """The next queued job, claimed for this worker: one waiting now, else the first to come
         within wait_s; None when none came, the worker is closing, or a message is not a job's
         (it stays where it was, for Celery's delivery). `sent`: the take that went with the
@@ -70,7 +70,7 @@ class Intake:
                 return claimed
         return None
 
-    def _claim(self, queue_list: str, message: str) -> tuple[Taken | None, bool]:
+    def _claim(self, queue_list: str, message: str) -> tuple[ClaimedJob | None, bool]:
         """Claim the job of a message this thread popped: (the job, whether to go on). A message
         this thread must not run goes back to the end BRPOP pops, next in line again."""
         job_id = _generation_job(message)

@@ -29,7 +29,7 @@ log = logging.getLogger("genq.worker")
 TAKE_LOOKS = 16
 
 #: A job claimed without a delivery: its id and its record as the claim left it.
-Taken = tuple[str, dict[str, str]]
+ClaimedJob = tuple[str, dict[str, str]]
 
 
 class ClaimOutcome(enum.StrEnum):
@@ -62,14 +62,15 @@ class NextTake:
     queue_lists: list[str]
     #: Whether its reply came; then `taken` is what it took (None: no job was waiting).
     done: bool = False
-    taken: Taken | None = None
+    taken: ClaimedJob | None = None
 
-    def landed(self, reply: object) -> None:
+    def set_reply(self, reply: object) -> None:
+        """Keep the take's reply from the finish's pipeline (an error counts as not sent)."""
         if not isinstance(reply, Exception):
             self.done, self.taken = True, _taken(cast(list[bytes | str], reply))
 
 
-def _taken(flat: list[bytes | str]) -> Taken | None:
+def _taken(flat: list[bytes | str]) -> ClaimedJob | None:
     """A take script's reply: (job id, the record its claim left), or None when it took nothing."""
     if not flat:
         return None
@@ -105,7 +106,7 @@ class WorkerJobs:
         )  # fmt: skip
         return Claim(ClaimOutcome(as_text(outcome)), as_text(status), flat_record(flat))
 
-    def take(self, worker_id: str, queue_lists: list[str]) -> Taken | None:
+    def take(self, worker_id: str, queue_lists: list[str]) -> ClaimedJob | None:
         """Take the next queued job off the broker's lists (highest priority first) and claim it, in
         one step: (job id, its record as the claim left it), or None when no message waits."""
         return _taken(self._take(keys=queue_lists, args=self._take_args(worker_id)))
@@ -160,7 +161,7 @@ class WorkerJobs:
             self._take_after(pipe, then)
         replies = pipe.execute(raise_on_error=False)
         if then is not None:
-            then.landed(replies.pop())
+            then.set_reply(replies.pop())
         *ahead, done = replies
         if failed := [reply for reply in ahead if isinstance(reply, Exception)]:
             log.warning("finish_ahead_failed", extra=log_fields(job_id=job_id, error=str(failed[0])))

@@ -126,9 +126,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(str(os.getpid()))
     app = create_celery_app(settings)
-    app.conf.broker_transport = (
-        "workers.broker:Transport"  # retries recording a taken message while Redis refuses writes
-    )
+    app.conf.broker_transport = "workers.broker:Transport"  # retries writes a full Redis refuses
     hostname = f"genq-{runtime.worker_id}"
     runtime.stop_consuming = consumer_stopper(app, default_nodename(hostname), queues)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
