@@ -1,37 +1,22 @@
 """Automatic pipelining for redis-py's asyncio client: the commands that concurrent requests issue
 in the same event-loop turn go to Redis together, in one write on one long-lived connection, and
-each reply goes back to its caller as it arrives.
+each reply goes back to its caller as it arrives (what ioredis's `enableAutoPipelining` does).
 
-Why: redis-py spends ~100-200 us of CPU per command sent alone (pool checkout, connect check,
-timeout contexts and health wrappers around each write and each read), as much as uvicorn's
-whole request. The API has dozens of requests in flight, each waiting on one command, so this is
-the largest saving on the hot paths (bench/README.md, "Where a request's time goes"). It is what
-ioredis's `enableAutoPipelining` and Lettuce do; redis-py has no such option.
+Why: redis-py spends as much CPU on each command sent alone (pool checkout, connect check,
+timeout contexts around each write and read) as uvicorn does on a whole request, and the API has
+dozens of requests in flight, each waiting on one command.
 
-How: one connection per AutoPipeline, opened by redis-py itself (`connection_pool.make_connection`
-and `connect()`: the same address, TLS, AUTH, SELECT and timeouts as the pool's connections),
-then read by an asyncio Protocol of ours: a batch is one `transport.write`, and replies are
-parsed by hiredis (the parser redis-py uses) straight from `data_received`, in order, into the
-callers' futures. No task, lock or timeout object per command or per batch. redis-py's own error
-classes (its `parse_error`: NoScriptError, ...) and response callbacks (HGETALL -> dict, ...)
-apply, so callers see exactly what `client.execute_command` would give them.
+How: one connection per AutoPipeline, opened by redis-py itself and then read by an asyncio
+Protocol of ours; replies are parsed by hiredis into the callers' futures in order, with redis-py's
+own error classes and response callbacks, so callers see what `client.execute_command` would
+give them. Each command keeps its own reply or error (this is not a transaction); a lost
+connection or a `socket_timeout` fails the commands waiting on it, and the next command opens a
+new one. Never send blocking commands (BLPOP, XREAD BLOCK, SUBSCRIBE) here: they would hold up
+everyone's replies.
 
 Fenced: the take-over (api/edge/resp.py) uses three private names of redis-py. Should an upgrade
-break it, `open_commands` finds out at start-up (one PING), closes what it opened, logs
-`autopipeline_off` and serves through redis-py's own pool (`DirectCommands`), as
-GENQ_API_AUTOPIPELINE=0 does; a take-over that fails later fails its commands with
-`TakeOverFailed`, a redis-py ConnectionError, which the API answers with 503 like any Redis fault.
-
-Latency: a command waits only for the end of the current loop turn, never for a timer. Each
-command keeps its own reply or error (this is not a transaction). The connection is lost ->
-every command waiting on it fails with redis-py's ConnectionError; no reply within the client's
-`socket_timeout` -> they fail with its TimeoutError and the connection is dropped. The next
-command opens a new one. A command that cannot be packed (an argument redis-py would refuse, a
-str with a lone surrogate) fails alone, before anything is sent; a reply that cannot be decoded
-(bytes that are not UTF-8 on a decoding client) fails its own command, and the connection, still
-in step, stays. Never send blocking commands (BLPOP, XREAD BLOCK, SUBSCRIBE) here: they
-would hold up everyone's replies on the shared connection.
-"""
+break it, `open_commands` finds out at start-up, logs `autopipeline_off` and serves through
+redis-py's own pool (`DirectCommands`), as GENQ_API_AUTOPIPELINE=0 does."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """FastAPI dependencies as Annotated aliases: what a route may ask for besides its caller (a
 route asks for that as a CallerDep: api/edge/pipeline.py).
 
-All are `async def`: FastAPI runs a plain `def` dependency in a worker thread, and those thread
-hops cost more than everything else on the hot paths (measured with py-spy under wrk)."""
+All are `async def`: FastAPI runs a plain `def` dependency in a worker thread, and that thread hop
+costs more than the dependency's work."""
 
 from __future__ import annotations
 

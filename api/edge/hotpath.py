@@ -1,27 +1,18 @@
 """Raw-ASGI dispatch of the requests a busy API serves most: `POST /v1/jobs`, `GET /v1/jobs/{id}`
-and `GET /v1/jobs/{id}/stream`, ahead of FastAPI's middleware stack and router.
+(with or without `?wait=N`) and `GET /v1/jobs/{id}/stream`, ahead of FastAPI's middleware stack
+and router.
 
-Why: FastAPI and Starlette spend more CPU on these requests than the work itself. Measured under
-wrk in the real server (bench/README.md, "Where a request's time goes"): uvicorn with a bare ASGI
-app costs ~105 us a request; the same server answering our trivial /healthz through FastAPI costs
-~360 us; an enqueue through FastAPI's dependency solving and body validation cost ~1,050 us of
-which the real work (validation, one pipelined Redis round trip, the reply) is ~350 us. The
-gateway targets (issue 2) cannot be met through that machinery on two cores.
+Why: for these small requests FastAPI's routing, dependency solving and validation cost more CPU
+than the work itself.
 
-What it does: a request of exactly the common shape is answered here through the same code the
-FastAPI routes run: `serve()` (api/edge/pipeline.py: the caller, the rate limit its route declares, the
-error mapping) around `accept_job` or `read_job`, inside the same `HttpMetrics` (request id,
-metrics, rate-limit headers); and so is a long-poll (`GET /v1/jobs/{id}?wait=N`, N plain digits:
-how clients wait for a job), and a job's event stream (its route's `open_stream`, sent by its
-EventStream, api/routes/stream.py: FastAPI's routing and dependency solving were ~16% of the API's
-CPU with 256 streams open). Anything else goes on, untouched, to FastAPI: another path or method,
-any other query string, a chunked or over-long body, a body that is not plain JSON or does not
-validate, an over-long header. So every error response that depends on parsing, every other
-edge of the HTTP contract, and /openapi.json stay FastAPI's; tests/api/edge/test_hotpath.py checks
-that both ways answer alike. `check()` (create_app calls it) refuses to start an app whose hot
-routes depend on, or whose stack holds middleware, that this path does not run.
-`GENQ_API_HOT_PATHS=0` turns it off.
-"""
+What it does: a request of exactly the common shape is answered through the same code the
+FastAPI routes run (`serve()` in api/edge/pipeline.py around `accept_job`, `read_job` or the
+stream route's `open_stream`, inside the same `HttpMetrics`). Anything else (another path, query
+or method, a chunked, over-long or non-JSON body, one that does not validate) goes on untouched
+to FastAPI, so every parse-dependent error and /openapi.json stay FastAPI's;
+tests/api/edge/test_hotpath.py checks both ways answer alike. `check()` refuses to start an app
+whose hot routes depend on anything, or whose stack holds middleware, this path does not run.
+`GENQ_API_HOT_PATHS=0` turns it off."""
 
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
 """uvicorn's httptools protocol, with each response written to the socket in one `send()`.
 
-Why: uvicorn writes a response's status line and headers when the app sends
-`http.response.start`, then the body in a second write. On loopback and in-cluster TCP each
-write is a syscall that runs the whole TCP stack and wakes the client, and under load these two
-were most of the ~30% of an API process's time spent in `write` (py-spy under the gateway
-benchmark, bench/README.md). The ASGI app cannot merge them; the server can: writes issued in
-one event-loop turn (a response's start and body always are) go out together at the end of
-that turn. Streaming responses keep their timing: each chunk is written in the turn it is sent.
+Why: uvicorn writes a response's status line and headers, then its body, in two writes; each is
+a syscall that runs the TCP stack and wakes the client. Writes issued in one event-loop turn (a
+response's start and body always are) go out together at the end of that turn; a streaming
+response's chunks keep their timing.
 
 `genq api` runs uvicorn with `http="api.edge.server:OneWriteHttpProtocol"`; everything else in the
-protocol (parsing, keep-alive, flow control, timeouts) is uvicorn's own, plus one timeout uvicorn
-lacks: a connection that has not finished sending a request's headers within `header_timeout_s`
-of starting it (or of connecting) is closed. uvicorn only times out idle keep-alive connections,
-so a client that connects and trickles header bytes (slowloris) held a connection forever.
+protocol is uvicorn's own, plus one timeout uvicorn lacks: a connection that has not finished
+sending a request's headers within `header_timeout_s` is closed (slowloris).
 
-And one ASGI extension, CLIENT_GONE: each request's scope carries its connection's future that
-is done once the client has gone, so an event stream ends when its client leaves by a callback
-(api/routes/stream.py EventStream) rather than by a task waiting on `receive` for that.
-"""
+And one ASGI extension, CLIENT_GONE: each request's scope carries a future that is done once the
+client has gone, so an event stream ends by a callback (api/routes/stream.py EventStream) rather
+than by a task waiting on `receive`."""
 
 from __future__ import annotations
 

@@ -2,20 +2,16 @@
 callback straight from `data_received`, with no task, timeout object or reply dict per message.
 
 Why: the API's two listeners (api/jobs/wakes.py) get a message for every job that ends and for
-every batch of a stream's entries, and redis-py's `PubSub.get_message` loop spent 13 us of CPU per
-message when 16 came in one read, 54 when two did and 92 for one alone (its timeout context, retry
-wrapper and readiness check around every read, then a dict per message; this Protocol: 2.5, 18
-and 34 us, `python -m bench.pubsub`): ~5% of the API's CPU in a run of streams, where a job is two
-messages.
+every batch of a stream's entries, and redis-py's `PubSub.get_message` loop wraps every read in a
+timeout context, a retry and a readiness check, then builds a dict per message: a visible share
+of the API's CPU when streams are busy (`python -m bench.pubsub` compares the two).
 
-How: redis-py opens the connection (`connection_pool.make_connection` and `connect()`: the
-pool's address, TLS, AUTH and SELECT), then it is taken over as AutoPipeline's connection is
-(`take_over` in api/edge/resp.py, behind the same fence: a redis-py that no longer lets
-it raises TakeOverFailed, and the listener falls back on redis-py's PubSub). Replies are read as
-bytes: a message that is no UTF-8 is the callback's to judge, not a parse error that drops the
-subscription. Anything Redis answers with an error (an ACL that forbids SUBSCRIBE) and a lost
-connection end the subscription, as they end redis-py's.
-"""
+How: redis-py opens the connection (the pool's address, TLS, AUTH and SELECT), then it is taken
+over as AutoPipeline's connection is (`take_over` in api/edge/resp.py, behind the same fence: a
+redis-py that no longer allows it raises TakeOverFailed, and the listener falls back on redis-py's
+PubSub). Replies are read as bytes, so a message that is no UTF-8 is the callback's to judge. An
+error reply (an ACL that forbids SUBSCRIBE) or a lost connection ends the subscription, as it
+ends redis-py's."""
 
 from __future__ import annotations
 
