@@ -47,12 +47,9 @@ from shared.logging import configure_logging, fields
 from shared.reaper import Reaper
 
 #: The cyclic GC's youngest-generation threshold while the API serves (CPython's default: 700).
-#: Each request in flight holds some tens of container objects, so with hundreds in flight the
-#: count of young objects crossed 700 every few dozen jobs, and every such pass (and every tenth,
-#: a pass of the next generation) walked the state of all of them: a cost per job that grew with
-#: concurrency (256 long-polls: ~0.03 ms of GC per job, ~7% of the API's CPU; 64: ~0.012). At
-#: 10,000 the same runs made ~3 passes in 8,000 jobs (bench/README.md). Cycles are still collected,
-#: in rare passes of a few ms.
+#: Each request in flight holds some tens of container objects, so at the default a pass that
+#: walks all of them ran every few dozen jobs, a cost per job that grew with concurrency; cycles
+#: are still collected, in rare short passes. Chosen from bench/machinery.py runs.
 GC_YOUNG_THRESHOLD = 10_000
 
 
@@ -215,8 +212,8 @@ def lifespan_of(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextM
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = await open_services(app, settings)
         # Everything built so far (~80k objects: modules, FastAPI's routes, pydantic schemas) lives
-        # as long as the process. Freezing it keeps the cyclic GC from traversing it: a full
-        # collection took ~75 ms here otherwise, a pause every request in flight would pay (p99).
+        # as long as the process. Freezing it keeps the cyclic GC from traversing it: otherwise a
+        # full collection is a long pause every request in flight pays.
         gc.freeze()
         thresholds = gc.get_threshold()
         gc.set_threshold(GC_YOUNG_THRESHOLD, *thresholds[1:])

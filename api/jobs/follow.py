@@ -1,19 +1,13 @@
 """Follows one job's output as a closed set of typed events, whatever wire format carries them
 (the /v1/jobs/{id}/stream SSE endpoint, OpenAI-style streaming).
 
-The worker XADDs deltas to the job's Redis Stream and flushes the last one BEFORE the record turns
-terminal. So: read the record and what the stream holds (a late join), then sleep until the
-process's stream hub (api/jobs/stream_hub.py: one pub/sub subscription for all followers) says new
-entries came, or the events hub says the job ended: new entries are read with one short XRANGE;
-the job's end (or RECHECK_S without news) is read from the record and, in the same round trip, the
-stream after it (JobQueue.get_with_entries: the XRANGE runs after the HGETALL, so once the record
-is terminal it holds every entry left), first when both woke it (a job's last deltas and its end
-come in one round trip of its worker). A short job's stream costs two round trips, `Done` after
-the second. No follower ever holds a Redis connection while it waits. A job
-that ended with text its stream lacks gets that text as one last `Output` with id FINAL_ID: the
-text generated after the engine's last (throttled) update of a job is in its record only, and so is
-all of a cached job's, or what a worker could not publish.
-"""
+The worker appends deltas to the job's Redis Stream and flushes the last one before the record
+turns terminal. So a follower reads the record and the stream (a late join), then sleeps until
+the stream hub (api/jobs/stream_hub.py) says new entries came, or the events hub says the job
+ended, or RECHECK_S passes; it then reads the new entries, or the record and the rest of the
+stream in one round trip (JobQueue.get_with_entries). No follower holds a Redis connection while
+it waits. Text the record holds and the stream lacks (generated after the engine's last throttled
+update, or a cached job's) comes as one last `Output` with id FINAL_ID."""
 
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """Wakes the followers of jobs whose output moved: one pub/sub subscription per API process.
 
-Workers PUBLISH a job's id on JOB_OUTPUT_CHANNEL in the same pipeline as each XADD to its output
-stream (workers/publish.py). While anyone in this process follows a stream, and LINGER_S after the
-last one left, one task here holds that subscription and sets the events of the followers of the
-job each message names; a follower then reads its entries after its own cursor with one short
-XRANGE. A wake costs the job's own followers only, and an idle stream costs an asyncio.Event and
-nothing in Redis. (The hub used to issue one XREAD BLOCK naming every followed stream, again after
-each entry: O(streams followed) per entry, ~11% of the API's CPU with 256 streams open.)
+Workers PUBLISH a job's id on JOB_OUTPUT_CHANNEL with each XADD to its output stream
+(workers/publish.py). While anyone in this process follows a stream, and LINGER_S after the last
+one left, one task here holds that subscription and wakes the followers of the job each message
+names; each then reads its entries after its own cursor. A wake costs the job's own followers
+only, and an idle stream costs nothing in Redis.
 
 Pub/sub delivers only while subscribed: right after (re)subscribing the hub wakes every follower,
-so one that read its stream before the subscription took effect reads again, and follow.py re-reads
-on its own every RECHECK_S, which bounds the delay of anything else lost. What it shares with
-the job-events listener is in api/jobs/wakes.py.
-"""
+and follow.py re-reads on its own every RECHECK_S, which bounds the delay of anything lost. What
+it shares with the job-events listener is in api/jobs/wakes.py."""
 
 from __future__ import annotations
 

@@ -76,11 +76,10 @@ async def _frames(events: AsyncIterator[StreamEvent], slot: Slot) -> AsyncIterat
 
 class EventStream(StreamingResponse):
     """Starlette's StreamingResponse, ended when its client leaves by a callback on the
-    connection's CLIENT_GONE future (api/edge/server.py) where the server offers one. Starlette's
-    own way, an anyio task group with a task waiting on `receive` for the disconnect, cost the API
-    ~0.07 ms of CPU per stream (bench/machinery.py's `sse` clients at C = 16: 0.50-0.53 ms per job
-    with it, 0.43-0.48 with this; bench/results/machinery_sse_client_gone_ab.json). Elsewhere
-    (other servers, in-process test clients) it is Starlette's."""
+    connection's CLIENT_GONE future (api/edge/server.py) where the server offers one, rather than
+    Starlette's task waiting on `receive` per stream, which costs CPU on every stream
+    (bench/results/machinery_sse_client_gone_ab.json). Elsewhere (other servers, in-process test
+    clients) it is Starlette's."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone: asyncio.Future[None] | None = scope.get("extensions", {}).get(CLIENT_GONE, {}).get("future")
