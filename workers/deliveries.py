@@ -1,44 +1,22 @@
-"""Webhook delivery state: claims, records, retries published, bodies frozen, attempts made.
+"""Webhook delivery state: claims, attempt records, retries published, payloads built once.
 
-A delivery is one event of one job (`start`, `completed`, or one `output` notice). Its state
-lives in Redis (DELIVERY below): the body, frozen before the first attempt so every retry sends
-the same bytes under the same webhook-id; the attempt count; the outcome; and a claim. A job's
-`completed` body is built by the worker that finishes the job and stored by its finish script
-(workers/webhook_bodies.py); any other body is frozen by its first attempt (prepare). Once a
-body is frozen, the claim that reads it also counts the attempt and reads the signing keys
-(look_delivery in shared/lua/common.lua), so the attempt sends with no round trip before it.
+A delivery is one event of one job (`start`, `completed`, one `output` notice) or of a batch. Its
+state lives in Redis (DELIVERY below): its payload, built before the first attempt so every retry
+sends the same bytes under the same webhook-id (a job's `completed` by the worker that finishes
+the job, workers/webhook_bodies.py; any other by its first attempt, prepare()); the attempt
+count; the outcome; and a claim.
 
-Durability. A failed attempt is retried by publishing the next generation's message (what
-Celery's `self.retry(countdown=...)` would publish: shared/messages.py) and then acknowledging
-this one; the new message is published before this attempt is recorded, so a crash in between
-repeats an attempt rather than losing the delivery. On the Redis broker a worker holds eta'd
-messages in memory, unacknowledged, until they are due, and the broker hands back any message
-held longer than visibility_timeout_s. So a wait never outlives half of it: a longer retry delay
-is made of hops (a message that carries the attempt's due time in `due_at`, and only
-re-publishes itself when it arrives early), so no message is ever held long enough to be handed
-out twice, and the unacked hash holds each delivery's message for at most half the visibility
-timeout.
+Retries: a failed attempt publishes the next generation's message (as Celery's `self.retry`
+would) before its own end is recorded, so a crash in between repeats an attempt rather than
+losing the delivery. A retry delay longer than half the visibility timeout is made of hops (a
+message that carries its due time in `due_at`), so the broker never hands a waiting message out
+twice. The reaper re-pushes a message the broker lost (shared/lua/reap_delivery.lua).
 
-Every message published for a delivery is also written into its state and the delivery indexed
-in WEBHOOK_PENDING until it has its outcome: the reaper pushes a copy of a message the broker
-lost (kombu pops a message before it records it as unacknowledged, so a worker killed in
-between loses it; a Redis restart can drop a message in flight) — shared/lua/reap_delivery.lua.
-
-The claim makes that harmless: each message carries its generation (Celery's retry count), and
-a message may act only for a generation newer than the delivery's, or take over its own
-generation when the worker that claimed it stopped before ending it (its lease, one attempt
-timeout plus a margin, ran out). Every other copy is dropped. So each attempt runs once, and an
-attempt cut off by a crash is run again by the redelivered message.
-
-Ordering: `completed` waits (re-queued, not counted as an attempt) while the job's `start`
-delivery is still pending, until start was delivered or given up.
-
-
-The claim and record scripts: shared/lua/webhook_claim.lua, webhook_record.lua (their logic:
-claim_delivery, look_delivery and record_delivery in common.lua); a task thread whose delivery
-ended takes the next message itself, recording the last in the same script:
-workers/delivery_intake.py.
-"""
+Claims: each message carries its generation, and may act only for a generation newer than the
+delivery's, or take its own over once its holder's lease (an attempt timeout plus a margin) ran
+out; every other copy is dropped, so each attempt runs once. `completed` waits while the job's
+`start` delivery is pending. The scripts: shared/lua/webhook_claim.lua and webhook_record.lua
+(common.lua), and workers/delivery_intake.py for a task thread that takes its next delivery itself."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
-"""The next webhook delivery of a task thread whose delivery ended, without a broker delivery of
+"""Delivery messages taken by a task thread whose delivery ended, without a broker delivery of
 its own (what workers/intake.py does for jobs).
 
-A waiting delivery message is taken at once: shared/lua/webhook_take.lua pops it and claims the
-delivery's generation in one script, so no message is out of the list without a claim whose lease
-the reaper counts as held (and once that lease runs out with the attempt unrecorded, the reaper
-pushes the message again). With none waiting, the thread waits on the list itself (BRPOP, up to
-worker_take_wait_s) and hands what it gets to the same script: a worker that died between the two
-leaves the delivery pending with its message nowhere, which the reaper pushes again
-(ORPHAN_CHECK_S, then ORPHAN_RECHECK_S), as when kombu's own BRPOP and unacked record are split by
-a death. Only due first-hand messages are taken; one with an eta (a retry, a hop), or any other
-message, goes back where it was and the take ends, so Celery's consumer receives it next and keeps
-it until due.
+shared/lua/webhook_take.lua pops a waiting message and claims its delivery's generation in one
+script, so no message is out of the list without a lease the reaper watches. With none waiting,
+the thread waits on the list itself (BRPOP, up to worker_take_wait_s) and hands what it gets to
+the same script; a worker that dies in between leaves the delivery pending, and the reaper pushes
+its message again. Only due first-hand messages are taken: one with an eta (a retry, a hop) goes
+back, and the take ends, for Celery's consumer.
 
-The same script first records the end of the thread's previous attempt (an AttemptRecord) and, once the
-claim is made, reads what the attempt needs (a DeliverySnapshot), counting the attempt when its body is
-frozen: such a delivery (a `completed` whose body the job's worker built, any retry) costs this
-one round trip; a first attempt of any other body adds its preparation, which freezes it.
-"""
+The same script first records the thread's previous attempt (an AttemptRecord) and, once the
+claim is made, reads what the attempt needs (a DeliverySnapshot), counting the attempt when its
+payload is built already: such a delivery costs this one round trip."""
 
 from __future__ import annotations
 

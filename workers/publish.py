@@ -1,20 +1,13 @@
 """Publishes a running job's new output to its Redis Stream without slowing the engine loop.
 
-The engine calls `offer()` from its loop thread (already throttled to a few calls per second
-per job) with the job's OutputUpdate; that only records the latest one per completion. A
-background thread turns it into a delta and XADDs it: `{delta, tokens}`, plus `index` for a
-completion other than the first (OpenAI's n) and `logprobs` (JSON: the entries of the tokens new
-since the last entry, in the job output's format) when the job asked for them; the same pipeline
-names the job on JOB_OUTPUT_CHANNEL, which wakes the API's followers of the stream; a delta Redis
-did not take (it was down) goes out again as part of the next one. When a job's
-result is in, `pending()` waits for the background thread's publish of that job, if one is under
-way, and hands what is still unpublished to the task thread as deltas, which the step that ends
-the job writes (`write()`) in the same pipeline as its finish script and before it
-(WorkerJobs.finish), so a stream reader that sees the job terminal can drain the stream and miss
-no update the engine offered, and the last delta costs no round trip of its own. (The text a job
-generated after its last update is in its record only: the API's follower sends it,
-api/jobs/follow.py.)
-"""
+The engine calls `offer()` from its loop thread with the job's latest OutputUpdate, which is only
+recorded; a background thread turns it into a delta and XADDs it (`{delta, tokens}`, plus `index`
+for a completion other than the first and `logprobs` when asked for), naming the job on
+JOB_OUTPUT_CHANNEL in the same pipeline to wake the API's followers. A delta Redis did not take
+goes out again with the next one. When a job's result is in, `pending()` hands what is still
+unpublished to the task thread, which writes it ahead of the finish script in the same round
+trip (WorkerJobs.finish): a reader that sees the job terminal can drain its stream and miss
+nothing the engine offered."""
 
 from __future__ import annotations
 

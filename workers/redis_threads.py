@@ -1,22 +1,15 @@
 """A Redis client whose commands each run on their calling thread's own connection.
 
-A worker's task threads, its engine loop, its publisher and its reaper share one `redis.Redis`.
-redis-py checks a connection out of the pool for every command and back after it: its lock, a
-`poll()` for stray bytes on the socket, and its bookkeeping cost ~20 us of CPU per command (58-61
-against 37-38 us for a script call on a held connection, measured in a loop on this project's
-2-core VM), paid by each job's single commands (its claim or take, lease renewals, waits on the
-queue) and each webhook attempt's take, in processes whose CPU per job is ~0.5-1.3 ms. Here each
-thread keeps one connection of the pool for its single commands (a `single_connection_client`
-over the same pool, made at the thread's first command), so none is checked out per command.
+A worker's task threads, engine loop, publisher and reaper share one `redis.Redis`, and redis-py
+checks a connection out of the pool for every command and back after it (a lock, a `poll()` for
+stray bytes, bookkeeping): a cost paid by every single command of every job. Here each thread
+keeps one connection of the pool for its single commands (a `single_connection_client` over the
+same pool, made at the thread's first command).
 
-What stays as it was: pipelines and pub/sub check connections out of the pool as before (a
-pipeline gives its connection back when it is done, which a held one must never be); a failed
-command is retried by the connection's own Retry, which closes it and connects again, exactly as
-on a pooled connection; closing the client disconnects every connection of the pool, held ones
-too. A thread that ends gives its connection back to the pool (its client is dropped with the
-thread's locals). Blocking commands (BRPOP with a timeout) hold only their own thread's
-connection, as they held a pooled one.
-"""
+What stays as it was: pipelines and pub/sub check connections out of the pool; a failed command
+is retried by the connection's own Retry; closing the client disconnects every connection, held
+ones too; a thread that ends gives its connection back (its client goes with the thread's
+locals); a blocking command holds only its own thread's connection."""
 
 from __future__ import annotations
 

@@ -1,35 +1,22 @@
 """Keep-alive connections for webhook attempts, each reused only for what it was checked for.
 
-An attempt connects to an address the SSRF guard checked for it (workers/webhook_http.py), so
-the origin it connects to is that address, not the URL's host name. A pool keyed by that origin
-alone (httpx's, httpcore's) would let two host names on one address share a connection, and an
-https connection verified for one name carry requests for the other. So this is a small pool of
-our own, keyed by a Route: (scheme, the URL's host name, port, the checked address), and the TLS
-settings it was opened with. A connection is taken only by an attempt whose own SSRF check (run
-for every attempt) allowed its address, for the same host name, so its certificate was verified
-against that name when it was opened, exactly as a new one's would be.
+An attempt connects to the address the SSRF guard checked for it (workers/webhook_http.py), not
+to the URL's host name. A pool keyed by that address alone (httpx's, httpcore's) would let two
+host names on one address share a connection, and an https connection verified for one name
+carry requests for the other. So this small pool is keyed by a Route (scheme, host name, port,
+checked address) and the TLS settings it was opened with: a reused connection was verified
+against the same name, exactly as a new one would be.
 
-A connection is the standard library's `http.client.HTTPConnection`, whose `connect` goes to the
-checked address and, for https, wraps the socket verified against the URL's host name (sent as
-SNI); its answers are read by http.client's own `HTTPResponse.begin` (_Answer). It was chosen over
-httpcore for cost: one attempt's exchange measured 99-126 us of CPU against httpcore's 181-212 (h11
-validates every header and runs an event state machine per request, and sends head and body apart),
-the largest part of a webhook worker's CPU per delivery once its Redis round trips were cut to one
-(docs/performance.md, "Attempts over http.client"). The request itself is the caller's bytes, sent
-in one write (Connection.exchange): its head is built from what workers/webhook_http.py checked once
-per URL, where http.client's `request()` checks and encodes every header again on every attempt.
+A connection is the standard library's `http.client.HTTPConnection` (connecting to the checked
+address, verifying TLS against the host name), chosen over httpcore because it costs a webhook
+worker less CPU per attempt (docs/performance.md, "Attempts over http.client"). The request is
+the caller's bytes, sent in one write (Connection.exchange).
 
-Threads: a taken connection is out of the pool until its thread gives it back, so two threads
-never share one. Only a connection whose answer was read to its end, and which the receiver did
-not ask to close, comes back (a capped, timed-out or failed one is closed). Idle connections are
-bounded in number (MAX_IDLE, the oldest closed first) and in age (IDLE_S): older ones are closed,
-never reused.
-
-A receiver may close an idle connection whenever it likes. One found closed when taken is dropped
-(an idle socket that is readable has been closed, or holds bytes no request asked for). One the
-receiver closes while the request goes out fails before its answer's status line; `answered` lets
-the attempt see that and make it once more on a new connection (workers/webhook_http.py).
-"""
+A taken connection is out of the pool until its thread gives it back, so threads never share
+one; only a connection whose answer was read to its end, and not asked to close, comes back.
+Idle connections are bounded in number (MAX_IDLE) and age (IDLE_S). One the receiver closed is
+dropped when taken, or, closed while the request goes out, lets the attempt retry once on a new
+connection (`answered`)."""
 
 from __future__ import annotations
 
@@ -130,12 +117,11 @@ HEAD_LINES = 100
 
 def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
     """An answer's header lines, read as http.client.parse_headers reads them (the same limits,
-    the same HTTPMessage) but stored without email's FeedParser, which parse_headers runs on them:
-    an answer's head and status then cost 18-25 us of CPU instead of 37-46 (docs/performance.md,
-    "One webhook worker alone"). A value is the text after
-    the colon, leading blanks dropped (email's compat32 policy); a folded line continues the last
-    value. A line that is no `name: value` (email ends the head there and counts the rest as body)
-    marks the answer `Connection: close`, so its connection is never reused on a guess at framing."""
+    the same HTTPMessage) but stored without email's FeedParser, which is most of the cost of reading
+    a head. A value is the text after the colon, leading blanks dropped (email's compat32 policy); a
+    folded line continues the last value. A line that is no `name: value` (email ends the head there
+    and counts the rest as body) marks the answer `Connection: close`, so its connection is never
+    reused on a guess at framing."""
     message = http.client.HTTPMessage()
     pairs: list[list[str]] = []
     for _ in range(HEAD_LINES):  # the blank line that ends the head counts, as in http.client
@@ -224,10 +210,10 @@ class Connection:
     def exchange(self, request: bytes, answer_within_s: float) -> http.client.HTTPResponse:
         """Send `request` (its head and body, whole, in one write; connecting first when it is not
         open) and read its answer's head, the answer (status line, headers and body) read within
-        `answer_within_s` of the request going out, or its reads raise TimeoutError. http.client's
-        `request()` would check and encode each header on every attempt (~35 us of CPU): the
-        caller builds the head from what it checked once per URL (workers/webhook_http.py), and
-        http.client's own code reads the answer (_Answer)."""
+        `answer_within_s` of the request going out, or its reads raise TimeoutError. The caller builds the
+        head from what it checked once per URL (workers/webhook_http.py), where http.client's `request()`
+        would check and encode each header again on every attempt; http.client's own code reads the
+        answer (_Answer)."""
         if self.http.sock is None:
             self.http.connect()
         sock = self.http.sock

@@ -1,19 +1,12 @@
 """One webhook HTTP attempt: checked by the SSRF guard, pinned to the checked address, bounded.
 
 The target is resolved afresh for every attempt and every address is checked (shared/ssrf.py);
-the request then connects to a checked address, never to a second resolution of the name, so a
-DNS answer that changes between the check and the connection (rebinding) cannot redirect it. The
-connection goes to that address while the Host header and, for https, the TLS SNI name stay the
-original name, and the certificate is verified against that name. Redirects are never followed,
-no proxy is used (one would connect elsewhere), at most RESPONSE_CAP_BYTES of the answer's body
-are read, every network wait (connect, send) is cut at the attempt timeout, and the whole answer
-(status line, headers, body) is read within that time again from when the request went out,
-however slowly it drips. A connection is kept alive for the next attempt only to the same scheme,
-host name, port and checked address, and one the receiver closed in between costs no failed
-attempt (workers/webhook_connections.py, which says why it is neither httpx's pool nor httpcore);
-no connection verified for one host name ever serves another. The TLS settings and trust roots
-every connection shares are built once (_tls_context).
-"""
+the request connects to a checked address, never to a second resolution of the name, so DNS
+rebinding cannot redirect it, while the Host header, the TLS SNI name and certificate check keep
+the original name. Redirects are never followed, no proxy is used, at most RESPONSE_CAP_BYTES of
+the body are read, and every wait (connect, send, the whole answer however slowly it drips) is
+cut at the attempt timeout. Connections are reused only for the same scheme, host name, port and
+checked address (workers/webhook_connections.py)."""
 
 from __future__ import annotations
 
@@ -58,8 +51,8 @@ class AttemptResult:
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """What httpx builds for a client by default (certifi's roots, certificates and host names
-    verified), built once: a new client built it each time, loading the CA bundle (~18 ms, which
-    held one webhook worker near 50 deliveries/s). An SSLContext may serve threads at once."""
+    verified), built once rather than per client: loading the CA bundle is slow enough to bound a
+    webhook worker's delivery rate. An SSLContext may serve threads at once."""
     return httpx.create_ssl_context(trust_env=False)
 
 

@@ -165,9 +165,8 @@ def _export_readiness(queues: list[str]) -> None:
 
 @signals.worker_ready.connect
 def _on_ready(**_: Any) -> None:
-    # The model, torch, transformers and Celery are loaded for good (~410k objects with the default
-    # model). Freezing them keeps the cyclic GC from traversing them: a full collection took
-    # ~330 ms on this 2-core VM otherwise, a pause in the middle of every batch it hit.
+    # The model, torch, transformers and Celery are loaded for good. Freezing them keeps the cyclic
+    # GC from traversing them: otherwise a full collection is a long pause in the middle of a batch.
     gc.freeze()
     context.runtime().mark_ready()
 
