@@ -3,9 +3,8 @@
 build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the
 continuous-batching text engine (workers/engine/continuous.py) for every other model id, its forward
 passes run by one of two backends (EngineConfig.backend, resolved by `choose_backend`): llama.cpp's
-kernels (llamacpp_executor.py) for a GGUF model on CPU (no dequantized fp32 copy of the weights;
-1.4-3.1x torch's tokens/s at one to four running jobs, about level at 16-32, slower in prefill, as
-measured on 2026-12-02: docs/performance.md's "Engine backends"), or transformers
+kernels (llamacpp_executor.py) for a GGUF model on CPU (no dequantized fp32 copy of the weights,
+and faster decoding at low concurrency: docs/performance.md's "Engine backends"), or transformers
 (model_executor.py) for safetensors/AWQ checkpoints, GPUs, and any model when llama-cpp-python is
 not installed. All run the same loop (core.py: each step scheduler.py plans, an executor runs the
 forward passes, output.py applies the tokens) and differ only in the executor (executor.py's

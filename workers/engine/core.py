@@ -84,9 +84,9 @@ class EngineCore:
 
     def start(self) -> None:
         """Prepare the executor and start the loop, all on the loop thread, which start() waits for:
-        with GNU OpenMP, a thread's parallel regions run 1.5-2x slower while another thread's OpenMP
-        team exists (measured here: 90 vs 130-180 ms per 16-row decode step), so every torch call
-        stays on one thread. Raises FatalEngineError when the executor cannot prepare."""
+        with GNU OpenMP, a thread's parallel regions run markedly slower while another thread's
+        OpenMP team exists, so every torch call stays on one thread. Raises FatalEngineError when
+        the executor cannot prepare."""
         if not self._ready.is_set() and not self._thread.is_alive():
             self._thread.start()
         self._ready.wait()

@@ -1,13 +1,11 @@
 """A faster CPU path for the small matrix products of decode steps.
 
 A decode step multiplies a handful of rows (one per running sequence) by each weight matrix.
-`F.linear(x, W)` hands MKL the product x @ W^T, and for few rows MKL picks a slow kernel on this
-hardware: measured on a 2-core AVX2 EPYC, SmolLM2's lm_head (49152 x 576) takes 20 ms for 4 rows and
-26 ms for 16, against 6 ms and 18 ms for the same product computed as (W @ x^T)^T; the per-layer
-projections gain 10-40%. So plain fp32 `nn.Linear` layers on CPU compute small batches that way and
-keep F.linear for prefill-sized inputs (where the usual kernel is good). Quantized layers (AWQ) and
-other devices are left alone. Results equal F.linear's up to float rounding.
-"""
+`F.linear(x, W)` hands MKL the product x @ W^T, and for few rows MKL picks a slow kernel on AVX2
+CPUs, where the same product computed as (W @ x^T)^T is several times faster. So plain fp32
+`nn.Linear` layers on CPU compute small batches that way and keep F.linear for prefill-sized
+inputs. Quantized layers (AWQ) and other devices are left alone. Results equal F.linear's up to
+float rounding."""
 
 from __future__ import annotations
 

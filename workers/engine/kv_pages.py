@@ -1,28 +1,19 @@
 """The pages of each row's KV stream past the cells it holds, handed back to the kernel.
 
-llama.cpp keeps one KV stream per row (kv_unified=False) in one buffer: for each layer a K tensor
-and then a V tensor of [cells per row x rows], each row's stream one contiguous slice of it
-(llama_kv_cache's constructor: ggml_new_tensor_3d per layer, ggml_view_2d at s * nb[2] per
-stream). Within a stream the cells a sequence holds are cells 0 .. n-1, cell i holding position i:
-genq fills a row from position 0 on and only ever drops a suffix (llama_memory_seq_rm(row, p, -1))
-or the whole row, llama.cpp's find_slot fills a stream from its head, which seq_rm moves back to
-the first cell it frees, and a copy into an empty row (llama_state_seq_set_data, in
-KvStreams.copy) is placed by find_slot too, in position order (tests/workers/engine/test_kv_pages.py
-checks all of it on the pinned llama.cpp).
+llama.cpp keeps one KV stream per row (kv_unified=False) in one buffer: per layer a K and a V
+tensor of [cells per row x rows], each row's stream one contiguous slice. genq fills a row from
+position 0 and only ever drops a suffix or the whole row, so the cells a sequence holds are cells
+0 .. n-1 (tests/workers/engine/test_kv_pages.py checks this on the pinned llama.cpp).
 
-So a stream's pages past its last cell hold nothing anyone reads (attention masks every empty
-cell, as it does the zeros llama.cpp's constructor writes), yet once written they hold memory: a
-row's pages stay after its cells are dropped, and llama_memory_seq_cp across streams (which the
-executor used for a prefix copied into a new row and a row moved to keep the running ones one run)
-wrote every cell of the destination, 25 MB for the default model. A worker's memory used to
-ratchet that way until every stream was resident (635-638 MiB after six waves of 16 ordinary jobs,
-bench/worker_memory.py). KvPages hands such pages back (madvise MADV_DONTNEED: they read as zeros
-again, the kernel's shared zero page, until a cell in them is written).
+A stream's pages past its last cell hold nothing anyone reads, yet once written they hold memory:
+a row's pages stay after its cells are dropped, and a copy across streams writes every cell of
+the destination, so a worker's memory ratcheted up until every stream was resident
+(bench/worker_memory.py). KvPages hands such pages back (madvise MADV_DONTNEED: they read as zeros
+again until written).
 
-The layout is computed from the model's shapes and checked, after the warm-up, against llama.cpp's
-own serialization of every row's cells (llama_state_seq_get_data): nothing is ever handed back
-unless every row's cells, K and V of every layer, lie where the layout says (`locate`).
-"""
+The layout is computed from the model's shapes and checked after the warm-up against llama.cpp's
+own serialization of every row's cells: nothing is handed back unless every row's cells lie where
+the layout says (`locate`)."""
 
 from __future__ import annotations
 

@@ -1,43 +1,26 @@
 """LlamaCppExecutor: the Executor (executor.py) of a GGUF model run by llama.cpp's kernels.
 
-Through llama-cpp-python's low-level binding (its C API one to one), not its `Llama` class: the
-engine's own loop (core.py) schedules, and llama.cpp only runs forward passes. Each running
-sequence holds a seq_id (its row) in one llama_context; a decode step is ONE llama_decode over a
-batch of one token per row, logits on for each. Prefill runs one prompt alone (chunks of
-BATCH_TOKENS), logits at its last token only, or at every position when prompt_logprobs asks.
-Releasing a sequence frees its seq_id and keeps its cells: a later prompt that starts with the same
-tokens (the chat template's system prompt, a conversation's earlier turns) takes that seq_id, drops
-the cells past the shared prefix (llama_memory_seq_rm) and prefills only the rest
-(EngineConfig.llamacpp_prefix_cache; llama-server's per-slot prompt cache does the same). When
-the prefix lies in a seq_id away from the running ones, or in one whose later cells the prompt
-would overwrite, an empty seq_id beside the run gets a copy of its cells instead (KvStreams.copy,
-llamacpp_rows.py); a prompt that shares nothing takes a seq_id holding no cells. The cells free
-seq_ids keep are bounded (EngineConfig.llamacpp_cache_tokens), those released longest ago dropped first.
+Through llama-cpp-python's low-level binding, not its `Llama` class: the engine's own loop
+(core.py) schedules, and llama.cpp only runs forward passes. Each running sequence holds a seq_id
+(its row) in one llama_context; a decode step is one llama_decode over one token per row; prefill
+runs one prompt alone, in chunks of BATCH_TOKENS.
 
-The running rows are kept one run of consecutive seq_ids, listed in that order (llamacpp_rows.py):
-with one KV stream per seq_id, llama.cpp splits a batch into one forward pass per run of
-consecutive seq_ids in batch order (llama_batch_allocr::split_equal, sequential); 16 rows out of
-order measured 143 against 281-323 tokens/s in order (2 threads). When the rows are not one run
-(a row ended inside it, or a new sequence took cells away from it), the fewest sequences move into
-the gaps (KvStreams.copy: ~1 ms for 300 cells on 2 cores); a moved sequence's cells keep their
-positions and contents, so it computes exactly as before.
+Prefix cache: a released sequence keeps its cells, and a later prompt that starts with the same
+tokens takes that seq_id and prefills only the rest (EngineConfig.llamacpp_prefix_cache, as
+llama-server's per-slot prompt cache), or gets a copy of its cells beside the run (KvStreams.copy,
+llamacpp_rows.py). The cells free seq_ids keep are bounded (llamacpp_cache_tokens).
 
-Batched output equals solo output token for token: the KV cache keeps one stream per seq_id
-(kv_unified=False), so a sequence's attention reads only its own cells, laid out as in a solo run,
-and its one query row goes through the same attention kernel whatever shares the step (a unified
-cache would interleave the sequences' cells and hand a step's queries to the tiled kernel, which
-can change the float sums); the weights use the plain kernels (no repacked buffers, see
-llamacpp_model.load_llamacpp_model). The price: each stream is sized up front, 8-bit K and V,
-`EngineConfig.llamacpp_sequence_tokens` cells per row, `max_batch_size` rows, of which only the
-cells held stay resident: zero pages go back as llama.cpp's memset passes them (pages.py), and a
-stream's pages past its row's cells whenever cells are dropped (kv_pages.py).
+The running rows are kept one run of consecutive seq_ids (llamacpp_rows.py): llama.cpp splits a
+batch into one forward pass per run of consecutive seq_ids, so rows out of order decode much more
+slowly. When a gap opens, the fewest sequences move into it, keeping positions and contents.
 
-Logits come back as float32 in llama.cpp's buffer and are viewed as a numpy array without a copy;
-token choice is choice.py's, the same as the transformers executor's (penalties, grammar masks,
-sampling, logprobs), in numpy: a worker on this executor never imports torch. Tokenization, the
-chat template and detokenization stay with the Hugging Face tokenizer built from the same GGUF file
-(llamacpp_model.py loads both).
-"""
+Batched output equals solo output token for token: one KV stream per seq_id (kv_unified=False)
+and plain weight kernels keep each sequence's attention and float sums as in a solo run. The
+price is streams sized up front; only cells held stay resident (pages.py, kv_pages.py).
+
+Logits are viewed in llama.cpp's buffer without a copy; token choice is choice.py's, in numpy, so
+a worker on this executor never imports torch. Tokenization and the chat template stay with the
+Hugging Face tokenizer built from the same GGUF file (llamacpp_model.py)."""
 
 from __future__ import annotations
 
