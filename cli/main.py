@@ -153,15 +153,20 @@ def bench(ctx: typer.Context, name: str) -> None:
 
 @app.command("settings")
 def settings_table(
-    readme: Annotated[Path | None, typer.Option(help="Rewrite this README's settings table instead.")] = None,
+    doc: Annotated[
+        Path | None,
+        typer.Option(
+            "--doc", "--readme", help="Rewrite this page's settings table (docs/settings.md) instead."
+        ),
+    ] = None,
 ) -> None:
-    """Print every GENQ_* setting as a Markdown table (the README's)."""
-    from cli.settings_doc import markdown_table, update_readme
+    """Print every GENQ_* setting as a Markdown table (the one in docs/settings.md)."""
+    from cli.settings_doc import markdown_table, update_doc
 
-    if readme is None:
+    if doc is None:
         typer.echo(markdown_table())
     else:
-        readme.write_text(update_readme(readme.read_text()))
+        doc.write_text(update_doc(doc.read_text()))
 
 
 def _mount_optional() -> None:

@@ -5,7 +5,7 @@ README's table is current: tests/test_readme.py.)"""
 
 from __future__ import annotations
 
-from cli.settings_doc import END_MARK, START_MARK, field_docs, markdown_table, update_readme
+from cli.settings_doc import END_MARK, START_MARK, field_docs, markdown_table, update_doc
 from shared.config import Settings
 
 
@@ -27,9 +27,9 @@ def test_one_row_per_setting_with_its_default() -> None:
     assert all(row.count(" | ") == 2 for row in rows[2:])
 
 
-def test_update_readme_replaces_only_the_table_and_is_stable() -> None:
+def test_update_doc_replaces_only_the_table_and_is_stable() -> None:
     readme = f"# genq\n\nintro\n{START_MARK}\n| stale | table |\n{END_MARK}\n\n## After\ntext\n"
-    updated = update_readme(readme)
+    updated = update_doc(readme)
     assert updated.startswith("# genq\n\nintro\n" + START_MARK + "\n| Variable |")
     assert updated.endswith(END_MARK + "\n\n## After\ntext\n") and "stale" not in updated
-    assert update_readme(updated) == updated
+    assert update_doc(updated) == updated
