@@ -144,8 +144,8 @@ def blocked_reason(address: IPAddress) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _blocked_reason_of(text: str) -> str | None:
     """blocked_reason of an address as resolved (its text), remembered: an address's classes never
-    change, and judging one costs 10-26 us (every class scans its table of networks), paid for each
-    address of each webhook submit and delivery attempt, which resolve the same few addresses."""
+    change, and judging one scans every class's table of networks, a cost paid for each address of
+    each webhook submit and delivery attempt, which resolve the same few addresses."""
     return blocked_reason(ipaddress.ip_address(text))
 
 
