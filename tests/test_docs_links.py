@@ -19,7 +19,7 @@ CODE = re.compile(r"`[^`\n]*`")
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())  # a link: its text
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
