@@ -4,7 +4,9 @@ the Lua scripts shared/lua/batch_*.lua, so every move is checked and made in one
 A batch's hash holds its OpenAI fields and the feeder's durable progress: the byte offset and
 line number it has read its input file to, whether it reached the end, the number of the next
 result part, and (`ending`) whether the batch is being wound up early (expired). Its lines in
-flight are a bounded hash (the window); finished lines go to storage in parts, committed here.
+flight are a bounded hash (the window), and what they cost in rows (`window_rows`: a line of n
+samples costs n, see entry_rows) is kept beside them by the same scripts; finished lines go to
+storage in parts, committed here.
 """
 
 from __future__ import annotations
@@ -226,9 +228,17 @@ class BatchStore:
     async def mark_expiring(self, batch_id: str) -> None:
         await self._redis.hsetnx(keys.batch(batch_id), "ending", BatchStatus.EXPIRED.value)
 
-    async def validated(self, batch_id: str, total: int, duplicates: int) -> bool:
-        """Validation passed: `total` requests, `duplicates` of them repeating a custom_id."""
-        done = await self._validated(keys=[keys.batch(batch_id)], args=[repr(time.time()), total, duplicates])
+    async def validated(
+        self, record: dict[str, str], total: int, duplicates: int, kept_bytes: int = 0
+    ) -> bool:
+        """Validation passed: `total` requests, `duplicates` of them repeating a custom_id, and
+        `kept_bytes` written to storage beside the batch for the feeder (charged to its owner's
+        file quota until the batch ends)."""
+        batch_id = record["id"]
+        done = await self._validated(
+            keys=[keys.batch(batch_id), keys.owner_file_bytes(record["owner"])],
+            args=[repr(time.time()), total, duplicates, kept_bytes],
+        )
         return bool(done)
 
     async def window(self, batch_id: str) -> dict[int, dict[str, Any]]:
@@ -236,29 +246,43 @@ class BatchStore:
         return {int(line): orjson.loads(entry) for line, entry in raw.items()}
 
     async def window_size(self, batch_ids: list[str]) -> dict[str, int]:
+        """Each batch's lines in its window (whatever they cost)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for batch_id in batch_ids:
                 pipe.hlen(keys.batch_window(batch_id))
             sizes = await pipe.execute()
         return dict(zip(batch_ids, (int(size) for size in sizes), strict=True))
 
+    async def window_rows(self, batch_ids: list[str]) -> dict[str, int]:
+        """Each batch's rows in its window (entry_rows of each line): what its lines in flight
+        cost the fleet, as batch_feed.lua and batch_commit.lua keep it in the batch's record."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for batch_id in batch_ids:
+                pipe.hget(keys.batch(batch_id), "window_rows")
+            rows = await pipe.execute()
+        return dict(zip(batch_ids, (int(row or 0) for row in rows), strict=True))
+
     async def feed(
         self, batch_id: str, from_offset: str, to_offset: int, to_line: int, at_end: bool,
         entries: dict[int, dict[str, Any]],
     ) -> bool:  # fmt: skip
         flat = [item for line, entry in entries.items() for item in (str(line), orjson.dumps(entry).decode())]
+        rows = sum(entry_rows(entry) for entry in entries.values())
         done = await self._feed(
             keys=[keys.batch(batch_id), keys.batch_window(batch_id)],
-            args=[from_offset, to_offset, to_line, "1" if at_end else "0", orjson.dumps(flat)],
+            args=[from_offset, to_offset, to_line, "1" if at_end else "0", orjson.dumps(flat), rows],
         )
         return bool(done)
 
     async def commit(
-        self, batch_id: str, part_seq: str, part: str, completed: int, failed: int, lines: list[int]
-    ) -> bool:
+        self, batch_id: str, part_seq: str, part: str, completed: int, failed: int,
+        lines: dict[int, dict[str, Any]],
+    ) -> bool:  # fmt: skip
+        """Commit a written part holding the results of `lines` (their window entries)."""
+        rows = sum(entry_rows(entry) for entry in lines.values())
         done = await self._commit(
             keys=[keys.batch(batch_id), keys.batch_window(batch_id), keys.batch_parts(batch_id)],
-            args=[part_seq, part, completed, failed, *lines],
+            args=[part_seq, part, completed, failed, rows, *lines],
         )
         return bool(done)
 
@@ -309,6 +333,13 @@ class BatchStore:
             if jobs:
                 pipe.zrem(keys.owner_jobs(owner), *jobs.values())
             await pipe.execute()
+
+
+def entry_rows(entry: dict[str, Any]) -> int:
+    """What a line in a batch's window costs where capacity is counted: its job's rows (n or
+    best_of samples run as that many sequences), or one for a line refused or reported as not run
+    (it holds its place in the window until its error is collected)."""
+    return int(entry.get("rows") or 1)
 
 
 def line_idempotency_key(batch_id: str, line: int) -> str:

@@ -35,7 +35,7 @@ import redis.exceptions
 
 from api.batches.capacity import batch_capacity, fair_shares
 from api.batches.files import Files
-from api.batches.input_file import input_gone, validate_input
+from api.batches.input_file import lost_from_storage, validate_input
 from api.batches.results import Results
 from api.batches.window import Window
 from api.jobs.fleet import fleet_slots
@@ -99,7 +99,14 @@ class BatchFeeder:
         shares = await self._shares(records)
         busy = False
         for record in records:
-            busy |= await self._step(record, shares.get(record["id"], 0))
+            try:
+                busy |= await self._step(record, shares.get(record["id"], 0))
+            except redis.exceptions.RedisError:
+                raise  # Redis is every batch's: the period is over
+            except Exception as exc:  # one batch's trouble (its storage, a bug) stalls no other batch
+                log.warning(
+                    "batch_step_failed", extra=fields(batch_id=record["id"], error=type(exc).__name__)
+                )
         return busy
 
     async def _hold_lock(self) -> bool:
@@ -113,7 +120,8 @@ class BatchFeeder:
 
     async def _shares(self, records: list[dict[str, str]]) -> dict[str, int]:
         feeding = [r for r in records if r["status"] == BatchStatus.IN_PROGRESS and not r.get("ending")]
-        sizes = await self._store.window_size([r["id"] for r in records])
+        # In rows, not lines: a line of n samples runs n sequences on a worker (entry_rows).
+        sizes = await self._store.window_rows([r["id"] for r in records])
         free = await self._capacity() - sum(sizes.values())
         demands: dict[str, dict[str, int]] = {}
         for record in feeding:
@@ -132,10 +140,9 @@ class BatchFeeder:
     async def _step(self, record: dict[str, str], share: int) -> bool:
         try:
             return await self._advance(record, share)
-        except FileNotFoundError:  # its input file's content vanished from storage mid-batch
-            return await self._results.finish(
-                record, input_gone(record, "was removed from storage during the batch")
-            )
+        except FileNotFoundError as lost:  # its input's content, or its own files, went from storage
+            # It fails with what can still be read: every period would otherwise fail the same way.
+            return await self._results.finish(record, lost_from_storage(record, lost), partial=True)
 
     async def _advance(self, record: dict[str, str], share: int) -> bool:
         status = BatchStatus(record["status"])
@@ -169,6 +176,7 @@ class BatchFeeder:
             settings.batch_max_lines,
             settings.batch_line_max_bytes,
             schemas=self._schemas,
+            schemas_max=settings.batch_schemas_max,
         )
         return True if ending is None else await self._results.finish(record, ending)
 

@@ -34,6 +34,16 @@ def input_gone(record: dict[str, str], how: str) -> Ending:
     return Ending(BatchStatus.FAILED, errors=[input_problem("file_not_found", message, None)])
 
 
+def lost_from_storage(record: dict[str, str], lost: FileNotFoundError) -> Ending:
+    """The batch fails: content it needs went from storage mid-batch (`lost` names it): its input
+    file, or its own files (results written so far, what validation kept)."""
+    if record["input_file_id"] in str(lost):
+        return input_gone(record, "was removed from storage during the batch")
+    message = "the batch's own files were lost from storage (results written so far, or what validation kept)"
+    return Ending(BatchStatus.FAILED, errors=[{"code": "storage_lost", "message": message, "param": None,
+                                               "line": None}])  # fmt: skip
+
+
 def duplicates_name(batch_id: str) -> str:
     """The storage name of a batch's repeated-custom_id line numbers (a JSON array)."""
     return f"{batch_id}/duplicates"
@@ -52,17 +62,25 @@ async def validate_input(
     line_max_bytes: int,
     *,
     schemas: SchemaChecker,
+    schemas_max: int,
 ) -> Ending | None:
     """Check a validating batch's input file and record its request count and refused lines;
     how the batch ends instead when its window has passed or the file is gone or wrong as a whole.
-    Each distinct response-format schema is compiled here, once (off the event loop)."""
+    Each distinct response-format schema is compiled here, once (off the event loop), up to
+    `schemas_max` of them. The files kept beside the batch for the feeder count against its
+    owner's file quota until the batch ends (batch_validated.lua, batch_finish.lua)."""
     batch_id = record["id"]
     if time.time() > float(record["expires_at"]):
         return Ending(BatchStatus.EXPIRED)
     try:
         await files.get(record["input_file_id"], record["owner"])
-        checked = await anyio.to_thread.run_sync(
-            _validate_file, files.storage, record, max_lines, line_max_bytes, BatchSchemas(schemas)
+        checked, kept_bytes = await anyio.to_thread.run_sync(
+            _validate_file,
+            files.storage,
+            record,
+            max_lines,
+            line_max_bytes,
+            BatchSchemas(schemas, schemas_max),
         )
     except (NotFound, FileNotFoundError):
         return input_gone(record, "is gone")
@@ -70,8 +88,8 @@ async def validate_input(
         return Ending(BatchStatus.FAILED, errors=[checked.problem])
     if checked.duplicates:
         name, content = duplicates_name(batch_id), orjson.dumps(checked.duplicates)
-        await anyio.to_thread.run_sync(files.storage.put, name, [content])
-    await store.validated(batch_id, checked.total, len(checked.duplicates))
+        kept_bytes += await anyio.to_thread.run_sync(files.storage.put, name, [content])
+    await store.validated(record, checked.total, len(checked.duplicates), kept_bytes)
     log.info("batch_validated", extra=fields(batch_id=batch_id, total=checked.total, refused=checked.refused))
     return None
 
@@ -82,16 +100,18 @@ def _validate_file(
     max_lines: int,
     line_max_bytes: int,
     schemas: BatchSchemas,
-) -> Validation:
+) -> tuple[Validation, int]:
+    """The file's validation, and the bytes written beside the batch for the feeder."""
     chunks = storage.read(record["input_file_id"])
     try:
         lines = split_lines(chunks, line_max_bytes)
         checked = validate(lines, record["endpoint"], record["id"], max_lines, schemas.check)
     finally:
         _close(chunks)
-    if checked.problem is None:  # the feeder refuses those schemas' lines by hash (line_schemas.py)
-        write_refused(storage, record["id"], schemas.refused)
-    return checked
+    if checked.problem is not None:
+        return checked, 0
+    # The feeder refuses those schemas' lines by hash (line_schemas.py).
+    return checked, write_refused(storage, record["id"], schemas.kept())
 
 
 @dataclass(slots=True)

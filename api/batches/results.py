@@ -59,7 +59,7 @@ class Results:
         storage = self._files.storage
         await anyio.to_thread.run_sync(storage.put, part + ".out", [out])
         await anyio.to_thread.run_sync(storage.put, part + ".err", [err])
-        lines = [number for number, _, _ in results]
+        lines = {number: window[number] for number, _, _ in results}
         completed = sum(1 for _, _, ok in results if ok)
         if not await self._store.commit(
             batch_id, record["part_seq"], part, completed, len(lines) - completed, lines
@@ -72,21 +72,25 @@ class Results:
         await self._store.forget_lines(record["owner"], batch_id, jobs, self._line_ttl_s)
         return True
 
-    async def finish(self, record: dict[str, str], ending: Ending) -> bool:
-        """Join the committed parts into the output and error files and end the batch."""
+    async def finish(self, record: dict[str, str], ending: Ending, *, partial: bool = False) -> bool:
+        """Join the committed parts into the output and error files and end the batch. `partial`
+        (a batch failing because storage lost what it needs): parts gone from storage are left
+        out, not an error."""
         batch_id = record["id"]
         if ending.status is BatchStatus.COMPLETED:
             await self._store.finalizing(batch_id)
         parts = await self._store.parts(batch_id)
-        output = await self._join(record, parts, "output", ".out")
-        error = await self._join(record, parts, "error", ".err")
+        output = await self._join(record, parts, "output", ".out", partial)
+        error = await self._join(record, parts, "error", ".err", partial)
         ending = Ending(ending.status, ending.errors, output, error, _webhook_message(record, ending.status))
+        # Gone before the end releases their bytes from the owner's quota: nothing reads them now,
+        # and a crash between the two leaves them charged until the next period ends the batch.
+        await anyio.to_thread.run_sync(self._files.storage.delete, duplicates_name(batch_id))
+        await anyio.to_thread.run_sync(self._files.storage.delete, refused_name(batch_id))
         if not await self._store.finish(record, ending):
             return False
         metrics.BATCHES.labels(ending.status.value).inc()
         await anyio.to_thread.run_sync(_delete_parts, self._files.storage, parts)
-        await anyio.to_thread.run_sync(self._files.storage.delete, duplicates_name(batch_id))
-        await anyio.to_thread.run_sync(self._files.storage.delete, refused_name(batch_id))
         log.info("batch_ended", extra=fields(batch_id=batch_id, status=ending.status.value))
         return True
 
@@ -119,11 +123,12 @@ class Results:
             return None
 
     async def _join(
-        self, record: dict[str, str], parts: list[str], which: str, suffix: str
+        self, record: dict[str, str], parts: list[str], which: str, suffix: str, partial: bool
     ) -> NewFile | None:
         storage = self._files.storage
         file_id = result_file_id(record["id"], which)
-        size = await anyio.to_thread.run_sync(storage.put, file_id, _joined(storage, parts, suffix))
+        joined = _joined(storage, parts, suffix, partial)
+        size = await anyio.to_thread.run_sync(storage.put, file_id, joined)
         if size == 0:
             await anyio.to_thread.run_sync(storage.delete, file_id)
             return None
@@ -158,9 +163,15 @@ def _webhook_message(record: dict[str, str], status: BatchStatus) -> bytes:
     return task_message(keys.BATCH_WEBHOOK_TASK, new_id(), [record["id"], event], keys.WEBHOOK_QUEUE, 0)
 
 
-def _joined(storage: FileStorage, parts: list[str], suffix: str) -> Iterator[bytes]:
+def _joined(storage: FileStorage, parts: list[str], suffix: str, partial: bool) -> Iterator[bytes]:
     for part in parts:
-        yield from storage.read(part + suffix)
+        try:
+            chunks = storage.read(part + suffix)
+        except FileNotFoundError:
+            if not partial:
+                raise
+            continue
+        yield from chunks
 
 
 def _delete_part(storage: FileStorage, part: str) -> None:

@@ -18,7 +18,7 @@ import redis.exceptions
 
 from api.batches.files import Files
 from api.batches.input_file import Taken, read_duplicates, take_at_cursor
-from api.batches.line_schemas import read_refused, refused_again
+from api.batches.line_schemas import KeptSchemas, read_refused, refused_again
 from api.batches.lines import NOT_RUN, LineError, LineRequest, duplicate, parse_line
 from api.batches.splitter import Line
 from api.jobs.queue import Accepted, JobQueue
@@ -46,20 +46,27 @@ class Window:
         #: GENQ_BATCH_LINE_MAX_BYTES: a longer line is refused unread.
         self._line_max_bytes = line_max_bytes
         self._duplicates: dict[str, frozenset[int]] = {}
-        self._schemas: dict[str, dict[str, str]] = {}
+        self._schemas: dict[str, KeptSchemas] = {}
 
     async def top_up(self, record: dict[str, str], share: int) -> bool:
-        """Submit up to `share` more lines as jobs and record them in the window."""
+        """Submit more lines as jobs, as many as `share` rows pay for (a line costs its job's
+        rows: n or best_of), and record them in the window. A line that costs more than any share
+        goes alone into an empty window, so every batch moves."""
         taken = await take_at_cursor(self._files.storage, record, share, self._line_max_bytes)
         duplicates, schemas = await self._repeats(record), await self._refused_schemas(record)
+        parsed = [
+            (number, self._parse(record, number, raw, number in duplicates, schemas), offset)
+            for number, raw, offset in taken.lines
+        ]
+        paid = _paid_for(
+            [line for _, line, _ in parsed], share, empty=not int(record.get("window_rows") or 0)
+        )
         outcomes = await asyncio.gather(
-            *(
-                self._submit(record, number, raw, number in duplicates, schemas)
-                for number, raw, _ in taken.lines
-            )
+            *(self._submit(record, number, line) for number, line, _ in parsed[:paid])
         )
         entries: dict[int, dict[str, Any]] = {}
-        for (number, _, line_offset), entry in zip(taken.lines, outcomes, strict=True):
+        for index, (number, _, line_offset) in enumerate(parsed):
+            entry = outcomes[index] if index < paid else None
             if entry is None:  # not now: this line and those after it wait for the next period
                 return await self._record(record, Taken([], line_offset, number - 1, False), entries)
             entries[number] = entry
@@ -93,7 +100,7 @@ class Window:
 
     @staticmethod
     def _parse(
-        record: dict[str, str], number: int, raw: Line, repeated: bool, schemas: dict[str, str]
+        record: dict[str, str], number: int, raw: Line, repeated: bool, schemas: KeptSchemas
     ) -> LineRequest | LineError:
         """The line's job, or its refusal: as validation found it (a repeated custom_id and a
         schema that cannot be enforced are the refusals the line alone does not show cheaply, so
@@ -105,8 +112,8 @@ class Window:
             return refused_again(parsed, number, schemas) or parsed
         return parsed
 
-    async def _refused_schemas(self, record: dict[str, str]) -> dict[str, str]:
-        """The verdicts validation kept on the batch's schemas it refused (read from storage once)."""
+    async def _refused_schemas(self, record: dict[str, str]) -> KeptSchemas:
+        """What validation kept of the batch's schemas (read from storage once)."""
         batch_id = record["id"]
         if batch_id not in self._schemas:
             if len(self._schemas) >= DUPLICATES_CACHED:
@@ -137,11 +144,10 @@ class Window:
         )
 
     async def _submit(
-        self, record: dict[str, str], number: int, raw: Line, repeated: bool, schemas: dict[str, str]
+        self, record: dict[str, str], number: int, parsed: LineRequest | LineError
     ) -> dict[str, Any] | None:
-        """The line's window entry: its job, or its error; None when it must wait (the queue is
-        full, the key is at a bound, Redis refused)."""
-        parsed = self._parse(record, number, raw, repeated, schemas)
+        """The line's window entry: its job (with the rows it costs), or its error; None when it
+        must wait (the queue is full, the key is at a bound, Redis refused)."""
         if isinstance(parsed, LineError):
             return parsed.entry()
         try:
@@ -152,4 +158,18 @@ class Window:
             return LineError(parsed.custom_id, "invalid_request", f"line {number}: {exc.message}").entry()
         except RETRY_LATER:
             return None
-        return {"job": accepted.job["id"], "custom_id": parsed.custom_id, "echo": parsed.echo}
+        job = {"job": accepted.job["id"], "custom_id": parsed.custom_id, "echo": parsed.echo}
+        return job | {"rows": parsed.create.rows}
+
+
+def _paid_for(lines: list[LineRequest | LineError], share: int, *, empty: bool) -> int:
+    """How many of `lines`, in order, `share` rows pay for: a job costs its rows, a refused line
+    one (entry_rows). The first line of an empty window is always paid for, whatever it costs:
+    a line of n=16 under a share of 4 would otherwise never run."""
+    spent = 0
+    for index, line in enumerate(lines):
+        cost = line.create.rows if isinstance(line, LineRequest) else 1
+        if spent + cost > share and not (index == 0 and empty):
+            return index
+        spent += cost
+    return len(lines)

@@ -3,7 +3,9 @@
 -- file fields as a JSON array ('' for none), error file fields likewise, files' index score,
 -- files' expires_at (0: none), the batch webhook's delivery message ('' for none).
 -- The batch's files become the owner's, its webhook is enqueued, it leaves the feeder's set and
--- frees its owner's slot in one step: the batch.<status> event is sent once, never lost.
+-- frees its owner's slot in one step: the batch.<status> event is sent once, never lost. The
+-- bytes validation kept beside it (kept_bytes: the caller deleted those files) stop counting
+-- against the owner's file quota.
 -- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
 local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
 local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
@@ -33,6 +35,11 @@ if ARGV[8] ~= '' then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', delivery, ttl) end
   redis.call('ZADD', K.webhook_pending, tonumber(ARGV[2]) + ORPHAN_CHECK_S, delivery)
+end
+local kept = tonumber(redis.call('HGET', KEYS[1], 'kept_bytes') or '0')
+if kept > 0 then
+  local held = owner_file_bytes_key(redis.call('HGET', KEYS[1], 'owner'))
+  if redis.call('DECRBY', held, kept) <= 0 then redis.call('DEL', held) end
 end
 redis.call('ZREM', KEYS[2], rec[2])
 redis.call('ZREM', KEYS[4], rec[2])

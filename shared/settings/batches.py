@@ -57,24 +57,32 @@ class BatchSettings(BaseModel):
     """Most batches one API key may have not yet ended (validating, in progress, finalizing,
     cancelling); one more is refused with 429 until one of them ends."""
 
+    batch_schemas_max: int = Field(64, ge=1)
+    """Most distinct response-format JSON schemas one batch's lines may carry. Each is compiled
+    once when the batch is validated; the lines of any schema past this many are refused as
+    `too_many_schemas` without compiling, so one batch holds the compile pool for a bounded time
+    and keeps a bounded record of its schemas."""
+
     batch_window: int = Field(64, ge=1)
-    """Most lines of one batch queued or running as jobs at a time; the feeder tops the window up
-    as they finish, so a 50,000-line batch costs Redis a bounded amount."""
+    """Most rows of one batch queued or running as jobs at a time (a line costs its n or best_of:
+    the sequences it runs; a refused line one); the feeder tops the window up as they finish, so a
+    50,000-line batch costs Redis a bounded amount. A line costing more goes alone."""
 
     batch_max_inflight: int = Field(256, ge=1)
-    """Most lines of all batches queued or running at a time (also bounded by the fleet's slots
-    less batch_interactive_reserve). The feeder shares this capacity between the API keys with
-    active batches (by batch_key_weights), then round-robin between each key's batches."""
+    """Most rows (a line costs its n or best_of) of all batches queued or running at a time (also
+    bounded by the fleet's slots less batch_interactive_reserve). The feeder shares this capacity
+    between the API keys with active batches (by batch_key_weights), then round-robin between
+    each key's batches."""
 
     batch_interactive_reserve: float = Field(0.25, ge=0, lt=1)
     """Share of the live model workers' job slots (their concurrency, published with their
     heartbeats) that batch lines leave free, so an interactive job starts at once instead of
-    waiting for a line to finish. 0 lets batches fill every slot; a fleet's batch capacity is
-    at least one line."""
+    waiting for a line to finish. A line of n samples takes n slots. 0 lets batches fill every
+    slot; a fleet's batch capacity is at least one line."""
 
     batch_key_weights: dict[str, PositiveInt] = {}
     """Fair-share weights of API keys' batches as JSON {"<owner id>": weight}; a key not named
-    weighs 1. Each round of the fair share gives a key as many lines as its weight."""
+    weighs 1. Each round of the fair share gives a key as many rows as its weight."""
 
     batch_feeder_interval_s: float = Field(0.5, gt=0, le=60)
     """How often the batch feeder runs (in every API process; a Redis lock lets one feed per

@@ -58,8 +58,9 @@ def test_cancel(
 )
 def test_validated_once(redis_client: redis.Redis, before: BatchStatus, after: BatchStatus) -> None:
     make_batch(redis_client, before)
-    batch_keys = [keys.batch(BATCH)]
-    assert run(redis_client, "batch_validated", batch_keys, ["1100.0", 7, 2]) == 1
+    batch_keys = [keys.batch(BATCH), keys.owner_file_bytes(OWNER)]
+    redis_client.set(keys.owner_file_bytes(OWNER), 1000)
+    assert run(redis_client, "batch_validated", batch_keys, ["1100.0", 7, 2, 40]) == 1
     record = redis_client.hgetall(keys.batch(BATCH))
     assert (record["status"], record["total"], record["validated"], record["duplicates"]) == (
         after,
@@ -68,9 +69,12 @@ def test_validated_once(redis_client: redis.Redis, before: BatchStatus, after: B
         "2",
     )
     assert redis_client.keys(keys.batch(BATCH) + ":*") == []  # no refused line is copied into Redis
-    # A second feeder's validation of the same batch writes nothing.
-    assert run(redis_client, "batch_validated", batch_keys, ["1200.0", 9, 0]) == 0
+    assert redis_client.hget(keys.batch(BATCH), "kept_bytes") == "40"
+    assert redis_client.get(keys.owner_file_bytes(OWNER)) == "1040"  # its kept files count
+    # A second feeder's validation of the same batch writes nothing, and charges nothing again.
+    assert run(redis_client, "batch_validated", batch_keys, ["1200.0", 9, 0, 40]) == 0
     assert redis_client.hget(keys.batch(BATCH), "total") == "7"
+    assert redis_client.get(keys.owner_file_bytes(OWNER)) == "1040"
 
 
 def create_keys(batch_id: str) -> list[str]:
@@ -119,10 +123,10 @@ def test_create_counts_the_owners_active_batches(
 
 
 def feed_args(
-    from_offset: str, to_offset: int, to_line: int, at_end: bool, entries: dict[int, str]
+    from_offset: str, to_offset: int, to_line: int, at_end: bool, entries: dict[int, str], rows: int = 0
 ) -> list[Any]:
     flat = [item for line, entry in entries.items() for item in (str(line), entry)]
-    return [from_offset, to_offset, to_line, "1" if at_end else "0", orjson.dumps(flat)]
+    return [from_offset, to_offset, to_line, "1" if at_end else "0", orjson.dumps(flat), rows or len(entries)]
 
 
 def test_feed_moves_the_cursor_only_from_where_it_was(redis_client: redis.Redis) -> None:
@@ -136,19 +140,34 @@ def test_feed_moves_the_cursor_only_from_where_it_was(redis_client: redis.Redis)
     assert redis_client.hgetall(keys.batch_window(BATCH)) == {"1": "a", "2": "b"}
     assert run(redis_client, "batch_feed", batch_keys, feed_args("120", 180, 3, True, {3: "c"})) == 1
     assert redis_client.hget(keys.batch(BATCH), "input_done") == "1"
+    assert redis_client.hget(keys.batch(BATCH), "window_rows") == "3"
+
+
+def test_feed_and_commit_keep_the_windows_rows(redis_client: redis.Redis) -> None:
+    """A line of n=8 costs 8 rows in the window until its result is committed."""
+    make_batch(redis_client, BatchStatus.IN_PROGRESS)
+    feed_keys = [keys.batch(BATCH), keys.batch_window(BATCH)]
+    assert run(redis_client, "batch_feed", feed_keys, feed_args("0", 90, 2, False, {1: "a", 2: "b"}, 16)) == 1
+    assert redis_client.hget(keys.batch(BATCH), "window_rows") == "16"
+    commit_keys = [*feed_keys, keys.batch_parts(BATCH)]
+    assert run(redis_client, "batch_commit", commit_keys, ["0", "part-0", 1, 0, 8, 1]) == 1
+    assert redis_client.hget(keys.batch(BATCH), "window_rows") == "8"
+    # Rows the record never counted (a window filled before they were) leave it at zero.
+    assert run(redis_client, "batch_commit", commit_keys, ["1", "part-1", 1, 0, 9, 2]) == 1
+    assert redis_client.hget(keys.batch(BATCH), "window_rows") == "0"
 
 
 def test_commit_takes_each_part_number_once(redis_client: redis.Redis) -> None:
     make_batch(redis_client, BatchStatus.IN_PROGRESS)
     redis_client.hset(keys.batch_window(BATCH), mapping={"1": "a", "2": "b", "3": "c"})
     batch_keys = [keys.batch(BATCH), keys.batch_window(BATCH), keys.batch_parts(BATCH)]
-    assert run(redis_client, "batch_commit", batch_keys, ["0", "part-0", 1, 1, 1, 3]) == 1
+    assert run(redis_client, "batch_commit", batch_keys, ["0", "part-0", 1, 1, 2, 1, 3]) == 1
     record = redis_client.hgetall(keys.batch(BATCH))
     assert (record["completed"], record["failed"], record["part_seq"]) == ("1", "1", "1")
     assert redis_client.hgetall(keys.batch_window(BATCH)) == {"2": "b"}
     assert redis_client.lrange(keys.batch_parts(BATCH), 0, -1) == ["part-0"]
     # A writer that expected part 0 too (another feeder, or this one retried): nothing written.
-    assert run(redis_client, "batch_commit", batch_keys, ["0", "part-0b", 1, 0, 2]) == 0
+    assert run(redis_client, "batch_commit", batch_keys, ["0", "part-0b", 1, 0, 1, 2]) == 0
     assert redis_client.hgetall(keys.batch_window(BATCH)) == {"2": "b"}
     assert redis_client.lrange(keys.batch_parts(BATCH), 0, -1) == ["part-0"]
 
@@ -167,7 +186,8 @@ def finish_keys() -> list[str]:
 
 
 def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> None:
-    make_batch(redis_client, BatchStatus.FINALIZING)
+    make_batch(redis_client, BatchStatus.FINALIZING, kept_bytes="40")
+    redis_client.set(keys.owner_file_bytes(OWNER), 1040)  # its input file's 1000 and its kept 40
     redis_client.zadd(keys.owner_active_batches(OWNER), {BATCH: 5000.0, "batch_other": 5000.0})
     redis_client.rpush(keys.batch_parts(BATCH), "part-0")
     output = NewFile(result_file_id(BATCH, "output"), OWNER, 10, 1900, "out.jsonl", FilePurpose.BATCH_OUTPUT)
@@ -185,12 +205,15 @@ def test_finish_ends_a_batch_once_with_its_files(redis_client: redis.Redis) -> N
     assert redis_client.zrange(keys.owner_files(OWNER), 0, -1) == [output.file_id]
     assert redis_client.zcard(keys.BATCHES_ACTIVE) == 0 and not redis_client.exists(keys.batch_parts(BATCH))
     assert redis_client.zrange(keys.owner_active_batches(OWNER), 0, -1) == ["batch_other"]  # its slot is free
+    # The kept files' 40 bytes are released; the output file's 10 are charged.
+    assert redis_client.get(keys.owner_file_bytes(OWNER)) == "1010"
     # Ended: a second finish (a feeder retried after a crash) changes nothing.
     assert (
         run(redis_client, "batch_finish", finish_keys(), finish_args(BatchStatus.CANCELLED, None, "m2")) == 0
     )
     assert redis_client.hget(keys.batch(BATCH), "status") == "completed"
     assert redis_client.llen(keys.queue_key(keys.WEBHOOK_QUEUE, 0)) == 1  # its webhook is sent once
+    assert redis_client.get(keys.owner_file_bytes(OWNER)) == "1010"  # released once
 
 
 @pytest.mark.parametrize(

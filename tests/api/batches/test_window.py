@@ -20,6 +20,7 @@ from api.app import job_api
 from api.batches.files import Files
 from api.batches.filestore import LocalStorage
 from api.batches.input_file import validate_input
+from api.batches.results import Results
 from api.batches.window import Window
 from api.edge.autopipeline import DirectCommands
 from api.edge.ratelimit import RateLimiter
@@ -27,7 +28,7 @@ from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, NewBatch, new_batch_id
+from shared.batches import BatchStatus, BatchStore, Ending, NewBatch, new_batch_id
 from shared.config import Settings
 from shared.files import FileRecords
 from shared.schemas import JobStatus
@@ -56,7 +57,9 @@ async def queue(settings: Settings, client: aioredis.Redis) -> AsyncIterator[Job
     await cache.close()
 
 
-async def new_batch(store: BatchStore, files: Files, lines: list[bytes]) -> dict[str, str]:
+async def new_batch(
+    store: BatchStore, files: Files, lines: list[bytes], schemas: SchemaChecker = SCHEMAS
+) -> dict[str, str]:
     """A batch of `lines` (blank ones skipped), validated as the feeder does: a line of b"{" is
     refused (not JSON), and so is one over LINE_MAX."""
     upload = await files.upload(OWNER, io.BytesIO(b"".join(lines)), "in.jsonl", "batch")
@@ -65,7 +68,9 @@ async def new_batch(store: BatchStore, files: Files, lines: list[bytes]) -> dict
     record = await store.create(new, active_max=100)
     assert record is not None
     assert (
-        await validate_input(record, files, store, max_lines=100, line_max_bytes=LINE_MAX, schemas=SCHEMAS)
+        await validate_input(
+            record, files, store, max_lines=100, line_max_bytes=LINE_MAX, schemas=schemas, schemas_max=64
+        )
         is None
     )
     return await store.record(new.batch_id)
@@ -156,3 +161,59 @@ async def test_refusals_are_found_again_from_the_line_and_repeats_from_storage(
     ]  # fmt: skip
     assert entries[2]["custom_id"] is None and len(entries[3]["error"]["message"]) <= 300
     assert (entries[4]["custom_id"], entries[5]["custom_id"]) == ("a", "c")
+
+
+@pytest.mark.anyio
+async def test_a_share_is_spent_in_rows_not_lines(
+    settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
+) -> None:
+    """Lines of n=8 run 8 sequences each: a share of 16 rows admits two of them, not sixteen, and
+    the window's rows count what they cost until their results are committed."""
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    lines = [chat_line(f"w{i}", "hi", n=8, temperature=1) for i in range(4)]
+    record = await new_batch(store, files, lines)
+    assert await window.top_up(record, share=16)
+    entries = await store.window(record["id"])
+    assert set(entries) == {1, 2} and {entries[1]["rows"], entries[2]["rows"]} == {8}
+    assert await store.window_rows([record["id"]]) == {record["id"]: 16}
+    record = await store.record(record["id"])
+    assert record["cursor_line"] == "2"
+    # A share that pays for less than the next line feeds nothing while the window holds lines.
+    assert not await window.top_up(record, share=7)
+    assert set(await store.window(record["id"])) == {1, 2}
+
+
+@pytest.mark.anyio
+async def test_a_line_dearer_than_any_share_goes_alone_into_an_empty_window(
+    settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
+) -> None:
+    window, store, files = window_of(settings, client, queue, tmp_path)
+    record = await new_batch(store, files, [chat_line(f"w{i}", "hi", n=16, temperature=1) for i in range(2)])
+    assert await window.top_up(record, share=4)
+    assert set(await store.window(record["id"])) == {1}
+    assert await store.window_rows([record["id"]]) == {record["id"]: 16}
+
+
+@pytest.mark.anyio
+async def test_the_files_kept_beside_a_batch_count_against_its_owners_quota_until_it_ends(
+    settings: Settings, client: aioredis.Redis, queue: JobQueue, tmp_path: Path
+) -> None:
+    """Validation keeps a repeated custom_id's line numbers and a refused schema's verdict in the
+    file storage for the feeder: their bytes are the owner's, like its files, until the batch ends
+    and they are deleted."""
+    _, store, files = window_of(settings, client, queue, tmp_path)
+    bad = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "strin"}}}
+    lines = [chat_line("a", "hi"), chat_line("a", "again"), chat_line("b", "hi", response_format=bad)]
+    checker = SchemaChecker(CompileBudget(timeout_s=30, memory_bytes=512 << 20))
+    try:
+        record = await new_batch(store, files, lines, checker)
+    finally:
+        checker.close()
+    kept = [tmp_path / record["id"] / name for name in ("duplicates", "schemas")]
+    kept_bytes = sum(path.stat().st_size for path in kept)
+    assert kept_bytes > 0 and record["kept_bytes"] == str(kept_bytes)
+    input_bytes = len(b"".join(lines))
+    assert await files.records.held_bytes(OWNER) == input_bytes + kept_bytes
+    assert await Results(store, files, queue, 60).finish(record, Ending(BatchStatus.CANCELLED))
+    assert not any(path.exists() for path in kept)
+    assert await files.records.held_bytes(OWNER) == input_bytes  # released once they are gone
