@@ -4,10 +4,13 @@ the event loop within a time and a memory budget, and once per distinct schema.
 A few KB of allOf x anyOf take llguidance (shared/structured.py) most of a second of CPU and a
 hundred MB to compile, and a thread cannot be stopped. So a schema is compiled in a small pool of
 compile processes (`python -m api.jobs.schema_compile`), each under an address-space limit
-(RLIMIT_AS) it sets itself; one that overruns its time budget, or dies of its memory budget, is
-killed and replaced, and the schema refused. llguidance's own bounds (grammar size, lexer) apply
-inside. Verdicts are kept in an LRU keyed by the SHA-256 of the schema's canonical JSON, so a
-repeated schema costs a hash. The engine compiles its matchers itself (workers/engine/structured.py).
+(RLIMIT_AS) and a lower CPU priority (nice) it sets itself, so the event loop, the workers and
+Redis win the CPU over a compile; one that overruns its time budget, or dies of its memory budget,
+is killed and replaced, and the schema refused. llguidance's own bounds (grammar size, lexer) apply
+inside. A key may have only so many compiles in flight (queued or running) at once: past that it
+is refused (429 naming response_format), so one tenant cannot occupy the compile pool. Verdicts
+are kept in an LRU keyed by the SHA-256 of the schema's canonical JSON, so a repeated schema costs
+a hash, whoever sends it. The engine compiles its matchers itself (workers/engine/structured.py).
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from shared.errors import InvalidRequest
+from shared.errors import ConcurrencyLimited, InvalidRequest
 
 if TYPE_CHECKING:
     from shared.config import Settings
@@ -40,12 +43,15 @@ READY = b'"ready"'
 
 @dataclass(frozen=True, slots=True)
 class CompileBudget:
-    """What one schema's compile may take, how many compile at once, how many verdicts are kept."""
+    """What one schema's compile may take, how many compile at once and at what CPU priority,
+    how many one key may have in flight (0: any), how many verdicts are kept."""
 
     timeout_s: float
     memory_bytes: int
     workers: int = 1
     cache_entries: int = 4096
+    nice: int = 10
+    per_key: int = 1
 
     @classmethod
     def of(cls, settings: Settings) -> CompileBudget:
@@ -54,6 +60,8 @@ class CompileBudget:
             settings.schema_compile_memory_mb << 20,
             settings.schema_compile_workers,
             settings.schema_cache_entries,
+            settings.schema_compile_nice,
+            settings.schema_compiles_per_key,
         )
 
 
@@ -98,6 +106,11 @@ class CompileProcess:
         error: str | None = json.loads(line)
         return (None if error is None else f"the JSON schema cannot be enforced: {error}"), True
 
+    @property
+    def pid(self) -> int | None:
+        """The process's id while it runs."""
+        return None if self._process is None else self._process.pid
+
     def stop(self) -> None:
         """Kill the process (a compile cannot be interrupted any other way)."""
         process, self._process, self._buffer = self._process, None, b""
@@ -116,7 +129,14 @@ class CompileProcess:
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._process is None:
-            command = [sys.executable, "-m", "api.jobs.schema_compile", str(self._budget.memory_bytes)]
+            budget = self._budget
+            command = [
+                sys.executable,
+                "-m",
+                "api.jobs.schema_compile",
+                str(budget.memory_bytes),
+                str(budget.nice),
+            ]
             self._process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0
             )
@@ -157,6 +177,8 @@ class SchemaChecker:
         #: budget: what tests and operators count.
         self.compiles = 0
         self.overruns = 0
+        #: Compiles each key has in flight from check() (queued or running); the event loop's only.
+        self._in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()
         self._processes = tuple(CompileProcess(budget) for _ in range(budget.workers))
@@ -164,18 +186,40 @@ class SchemaChecker:
         self._free = threading.Semaphore(budget.workers)
         self._threads = ThreadPoolExecutor(budget.workers, thread_name_prefix="genq-schema-compile")
 
-    async def check(self, response_format: ResponseFormat | None) -> None:
-        """Raise InvalidRequest naming response_format unless its schema compiles within budget."""
+    async def check(self, response_format: ResponseFormat | None, owner: str) -> None:
+        """Raise InvalidRequest naming response_format unless its schema compiles within budget;
+        ConcurrencyLimited (429) when it must be compiled and `owner` has its most in flight."""
         schema = schema_to_compile(response_format)
         if schema is None:
             return
         digest = schema_digest(schema)
         found, verdict = self._cached(digest)
         if not found:
-            loop = asyncio.get_running_loop()
-            verdict = await loop.run_in_executor(self._threads, self._compiled, schema, digest)
+            verdict = await self._compiled_for(owner, schema, digest)
         if verdict is not None:
             raise InvalidRequest(f"response_format: {verdict}", param="response_format")
+
+    async def _compiled_for(self, owner: str, schema: dict[str, Any], digest: str) -> str | None:
+        """The verdict of a compile counted as `owner`'s until it ends, even when the request
+        waiting for it goes away first (a thread's compile cannot be stopped)."""
+        most = self.budget.per_key
+        if most and self._in_flight[owner] >= most:
+            raise ConcurrencyLimited(
+                f"response_format: this key already has {most} schema compile(s) in flight "
+                "(GENQ_SCHEMA_COMPILES_PER_KEY); retry once they end",
+                limit_name="response_format",
+                limit=most,
+            )
+        self._in_flight[owner] += 1
+        loop = asyncio.get_running_loop()
+        compiled = loop.run_in_executor(self._threads, self._compiled, schema, digest)
+        compiled.add_done_callback(lambda _: self._ended(owner))
+        return await asyncio.shield(compiled)
+
+    def _ended(self, owner: str) -> None:
+        self._in_flight[owner] -= 1
+        if self._in_flight[owner] <= 0:
+            del self._in_flight[owner]
 
     def verdict(self, response_format: ResponseFormat | None) -> str | None:
         """Why the response format's schema cannot be enforced, None when it can. Blocking: for a
@@ -186,6 +230,10 @@ class SchemaChecker:
         digest = schema_digest(schema)
         found, verdict = self._cached(digest)
         return verdict if found else self._compiled(schema, digest)
+
+    def pids(self) -> list[int]:
+        """The ids of the compile processes running now (started on first use)."""
+        return [pid for process in self._processes if (pid := process.pid) is not None]
 
     def close(self) -> None:
         """Stop the compile processes (the API process is shutting down)."""
@@ -226,10 +274,12 @@ class SchemaChecker:
                     self._verdicts.popitem(last=False)
 
 
-def serve(memory_bytes: int, source: IO[bytes], sink: IO[bytes]) -> None:
-    """A compile process: under its memory budget, answers each schema line with its verdict."""
+def serve(memory_bytes: int, nice: int, source: IO[bytes], sink: IO[bytes]) -> None:
+    """A compile process: under its memory budget and `nice` more niceness than the API process,
+    answers each schema line with its verdict."""
     import resource
 
+    os.nice(nice)
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from shared.structured import grammar_error
 
@@ -241,4 +291,4 @@ def serve(memory_bytes: int, source: IO[bytes], sink: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.stdin.buffer, sys.stdout.buffer)

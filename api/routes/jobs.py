@@ -74,7 +74,7 @@ async def accept_job(
     """What `POST /v1/jobs` does once its inputs are parsed and its caller is known: the route
     above and the raw-ASGI hot path (api/edge/hotpath.py) both end here. Its response format's
     schema is compiled only now, for an authenticated caller (api/jobs/schema_compile.py)."""
-    await schemas.check(body.response_format)
+    await schemas.check(body.response_format, owner)
     wait_s = _prefer_wait(prefer)
     if wait_s is not None and wait_s > settings.max_wait_s:
         raise InvalidRequest(f"Prefer: wait is at most {settings.max_wait_s:g} s", param="Prefer")

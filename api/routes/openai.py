@@ -111,14 +111,16 @@ async def _complete(
     if not body.stream:
         with queue.hold(owner, "long_polls"):
             first = await queue.submit_and_wait(
-                await _checked(body, schemas), owner, None, round_s(settings.max_wait_s), charged=True
+                await _checked(body, schemas, owner), owner, None, round_s(settings.max_wait_s), charged=True
             )
             job = await wait_for_job(queue, first.job, owner, request, settings.max_wait_s)
         return json_response(completion(kind, job, echoes(body)), headers=_job_header(job))
     slot = queue.hold(owner, "streams")
     try:
         job = (
-            await queue.submit(await _checked(body, schemas), owner, idempotency_key=None, charged=True)
+            await queue.submit(
+                await _checked(body, schemas, owner), owner, idempotency_key=None, charged=True
+            )
         ).job
     except BaseException:
         slot.release()
@@ -129,10 +131,12 @@ async def _complete(
     return held_stream(_stream(kind, job, queue, owner, shown, slot), slot, _job_header(job))
 
 
-async def _checked(body: ChatCompletionRequest | CompletionRequest, schemas: SchemaChecker) -> JobCreate:
+async def _checked(
+    body: ChatCompletionRequest | CompletionRequest, schemas: SchemaChecker, owner: str
+) -> JobCreate:
     """The job the request asks for, its response format's schema compiled (the caller is known)."""
     create = job_create(body)
-    await schemas.check(create.response_format)
+    await schemas.check(create.response_format, owner)
     return create
 
 

@@ -53,6 +53,18 @@ class ApiSettings(BaseModel):
     api_keep_alive_s: int = Field(5, ge=1)
     """An idle keep-alive connection is closed after this long."""
 
+    api_linger_max_bytes: int = Field(64 << 20, ge=0)
+    """Most bytes of a request body left unread by an early answer (no key, over the rate limit,
+    413) the API still reads, and drops, before it closes the connection: a client that reads its
+    answer only after sending its whole body (httpx, so the OpenAI SDK) gets the answer instead of
+    a connection reset. Dropped bytes cost no memory or disk, and no more CPU than receiving them;
+    a body longer than this is cut off by a reset. About what a 100 Mbit/s client sends in
+    api_linger_s."""
+
+    api_linger_s: float = Field(5.0, ge=0, le=60)
+    """Longest the API reads and drops an early-answered request's body (api_linger_max_bytes)
+    before it closes the connection: a client sending slowly holds its connection no longer."""
+
     metrics_token: SecretStr | None = None
     """Bearer token `GET /metrics` requires (Prometheus: `authorization: {credentials: ...}`).
     Required when `genq api` binds anything but loopback (it refuses to start without it); unset
@@ -104,6 +116,16 @@ class ApiSettings(BaseModel):
     schema_compile_workers: int = Field(1, ge=1, le=16)
     """Schema compile processes per API process: schemas compiled at once (others wait their turn,
     off the event loop)."""
+
+    schema_compile_nice: int = Field(10, ge=0, le=19)
+    """Niceness each schema compile process adds to the API process's at its start: a lower CPU
+    priority, so the event loop, the workers and Redis win the CPU over a tenant's costly
+    schemas. 0: the API's own priority."""
+
+    schema_compiles_per_key: int = Field(1, ge=0)
+    """Most schema compiles (not answered from the verdict cache) one API key may have queued or
+    running at once in one API process; past it 429 naming response_format, with Retry-After, so
+    one key cannot occupy the compile pool. 0: no bound."""
 
     schema_cache_entries: int = Field(4096, ge=0)
     """Verdicts on JSON schemas (compiles, or why not) kept per API process, by the SHA-256 of the

@@ -96,7 +96,7 @@ async def test_a_compile_over_its_time_budget_is_refused_while_the_api_serves(
     make_settings: Callable[..., Settings],
     redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
 ) -> None:
-    settings = make_settings(api_keys=KEY, schema_compile_timeout_s=0.25)
+    settings = make_settings(api_keys=KEY, schema_compile_timeout_s=0.25, schema_compiles_per_key=0)
     headers = {"Authorization": f"Bearer {KEY}"}
     with live_app(settings) as (base_url, checker):
         async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=headers) as client:
@@ -125,6 +125,37 @@ async def test_a_compile_over_its_time_budget_is_refused_while_the_api_serves(
         assert error["type"] == "invalid_request" and error["param"] == "response_format"
         assert "too complex to compile within 0.25 s" in error["message"]
     assert checker.compiles == 3 and checker.overruns == 3
+
+
+async def test_a_key_with_a_compile_in_flight_gets_429_naming_response_format(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
+) -> None:
+    other = KEY + "-other"
+    settings = make_settings(api_keys=f"{KEY},{other}", schema_compile_workers=2)
+    with live_app(settings) as (base_url, checker):
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+
+            def post(key: str, path: str, body: dict[str, Any]) -> Any:
+                return client.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+
+            first = asyncio.create_task(post(KEY, *submissions(costly_schema("in-flight"))[0]))
+            deadline = time.monotonic() + 30  # a bound on the wait, not a measurement
+            while checker.compiles == 0:  # the first compile has started
+                assert time.monotonic() < deadline, "no compile started"
+                await asyncio.sleep(0.01)
+            refusals = [await post(KEY, path, body) for path, body in submissions(costly_schema("second"))]
+            others = await post(other, *submissions(costly_schema("other"))[0])
+            assert (await first).status_code == 202
+    for response in refusals:
+        assert response.status_code == 429, response.text
+        assert response.headers["Retry-After"] == "1"
+        error = response.json()["error"]
+        assert error["param"] == "response_format" and "in flight" in error["message"]
+    assert refusals[0].json()["error"]["type"] == "rate_limited"  # genq's shape; OpenAI's below
+    assert refusals[1].json()["error"]["code"] == "rate_limit_exceeded"
+    assert others.status_code == 202, others.text
+    assert checker.compiles == 2
 
 
 async def test_a_repeated_schema_is_compiled_once(

@@ -3,13 +3,15 @@ within a time and a memory budget, kept by the schema's canonical hash."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from api.jobs.schema_compile import CompileBudget, SchemaChecker, schema_digest
-from shared.errors import InvalidRequest
+from shared.errors import ConcurrencyLimited, InvalidRequest
 from shared.structured import ResponseFormat
 
 pytestmark = pytest.mark.anyio
@@ -70,9 +72,9 @@ def test_the_cache_is_a_bounded_lru(checker: SchemaChecker) -> None:
 
 
 async def test_check_raises_naming_response_format(checker: SchemaChecker) -> None:
-    await checker.check(fmt(CITY))
+    await checker.check(fmt(CITY), "k")
     with pytest.raises(InvalidRequest) as refused:
-        await checker.check(fmt({"type": "strin"}))
+        await checker.check(fmt({"type": "strin"}), "k")
     assert refused.value.param == "response_format"
     assert refused.value.message == "response_format: the JSON schema cannot be enforced: Invalid type: strin"
 
@@ -96,5 +98,34 @@ def test_a_compile_over_its_time_budget_is_refused_and_its_process_replaced() ->
         )
         assert checker.verdict(fmt(costly_schema("time"))) is not None and checker.compiles == 1  # kept
         assert checker.verdict(fmt(CITY)) is None and checker.overruns == 1
+    finally:
+        checker.close()
+
+
+def test_compile_processes_run_at_the_niceness_the_budget_says() -> None:
+    checker = SchemaChecker(CompileBudget(timeout_s=30, memory_bytes=512 << 20, nice=7))
+    try:
+        assert checker.verdict(fmt(CITY)) is None
+        [pid] = checker.pids()
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + 7)
+    finally:
+        checker.close()
+
+
+async def test_a_key_with_a_compile_in_flight_is_refused_another_while_other_keys_compile() -> None:
+    checker = SchemaChecker(CompileBudget(timeout_s=30, memory_bytes=512 << 20, workers=2, per_key=1))
+    try:
+        await checker.check(fmt(CITY), "a")
+        first = asyncio.create_task(checker.check(fmt(costly_schema("first")), "a"))
+        await asyncio.sleep(0)  # the first compile is in flight
+        with pytest.raises(ConcurrencyLimited) as refused:
+            await checker.check(fmt(costly_schema("second")), "a")
+        assert refused.value.param == "response_format" and refused.value.headers["Retry-After"] == "1"
+        await checker.check(fmt(CITY), "a")  # a cached verdict needs no compile, so no slot
+        await checker.check(fmt(costly_schema("other")), "b")  # another key is not held up
+        await first
+        await checker.check(fmt(costly_schema("second")), "a")  # once it ended, the key compiles again
+        assert checker.compiles == 4
     finally:
         checker.close()
