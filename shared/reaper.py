@@ -62,6 +62,7 @@ class Reaper:
         self._orphan = client.register_script(scripts.source("reap_orphan"))
         self._delivery = client.register_script(scripts.source("reap_delivery"))
         self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
         #: Each queue list's delivery tags, and when they were read (see _in_list()).
         self._listed_tags: dict[str, tuple[float, frozenset[str]]] = {}
 
@@ -98,10 +99,15 @@ class Reaper:
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run_forever, name="genq-reaper", daemon=True)
         thread.start()
+        self._thread = thread
         return thread
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the periods and wait for one in progress to finish, so that whoever stops the
+        reaper can close the client it uses."""
         self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     def _due(self, index: str, now: float) -> list[str]:
         due = cast(list[str | bytes], self._redis.zrangebyscore(index, "-inf", now, start=0, num=BATCH))

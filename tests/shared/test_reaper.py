@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,6 +87,29 @@ def test_a_redis_error_skips_a_period_and_the_thread_goes_on(
     assert alive and not thread.is_alive()
     skipped = [r for r in caplog.records if r.getMessage() == "reaper_skipped"]
     assert skipped and json.loads(JsonFormatter().format(skipped[0]))["error"] == "ConnectionError"
+
+
+class _HeldReaper(Reaper):
+    """A reaper whose period holds until the test lets it go: a period caught in progress."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client, MAX_ATTEMPTS, TIMEOUT_S, 0.01)
+        self.in_period, self.release = threading.Event(), threading.Event()
+
+    def run_once(self, now: float | None = None) -> dict[str, int]:
+        self.in_period.set()
+        self.release.wait(10)
+        return super().run_once(now)
+
+
+def test_stop_returns_once_a_period_in_progress_has_ended(redis_client: redis.Redis) -> None:
+    """Whoever stops the reaper closes its client next: no period may still be using it."""
+    reaper = _HeldReaper(redis_client)
+    thread = reaper.start()
+    assert reaper.in_period.wait(10)
+    threading.Timer(0.2, reaper.release.set).start()
+    reaper.stop()
+    assert not thread.is_alive()
 
 
 def test_from_settings_uses_the_settings_interval(
