@@ -133,9 +133,7 @@ def bench_settings(redis_url: str, data_dir: Path, quick: bool) -> Settings:
 
 
 def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
-    for name, value in settings.model_dump(exclude_none=True).items():
-        env[f"GENQ_{name.upper()}"] = ",".join(value) if isinstance(value, list) else str(value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")} | settings.environment()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     with log_path.open("ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--concurrency=2"],

@@ -9,6 +9,7 @@ message naming both values.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cached_property
 
@@ -97,6 +98,22 @@ class Settings(
     @property
     def concurrency(self) -> int:
         return self.worker_concurrency or self.max_batch_size
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the `GENQ_*` variables that give a child process the same ones,
+        secrets included (for a child's environment only: never log it)."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_none=True).items():
+            if isinstance(value, list):
+                text = ",".join(value)
+            elif isinstance(value, dict):
+                text = json.dumps(value)
+            elif isinstance(value, SecretStr):
+                text = value.get_secret_value()
+            else:
+                text = str(value)
+            env[f"GENQ_{name.upper()}"] = text
+        return env
 
 
 #: What the shipped secret templates hold instead of a secret.

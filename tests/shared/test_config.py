@@ -47,3 +47,17 @@ def test_a_refused_secret_is_not_repeated_in_the_error(make_settings: Callable[.
     with pytest.raises(ValueError) as refused:
         make_settings(webhook_secret="whsec_not base64 at all!")
     assert "not base64 at all" not in str(refused.value)
+
+
+def test_the_environment_gives_a_child_the_same_settings_secrets_included(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench and the suite start workers and APIs with it: a secret must reach them whole."""
+    settings = Settings(
+        redis_url="redis://:s3cret@127.0.0.1:6390/2", api_keys=["k-one", "k-two"], max_batch_size=3
+    )
+    for name, value in settings.environment().items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child.redis_url.get_secret_value() == "redis://:s3cret@127.0.0.1:6390/2"
+    assert child.model_dump() == settings.model_dump()
