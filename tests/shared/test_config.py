@@ -59,5 +59,5 @@ def test_the_environment_gives_a_child_the_same_settings_secrets_included(
     for name, value in settings.environment().items():
         monkeypatch.setenv(name, value)
     child = Settings()
-    assert child.redis_url.get_secret_value() == "redis://:s3cret@127.0.0.1:6390/2"
+    assert child.require_redis_url() == "redis://:s3cret@127.0.0.1:6390/2"
     assert child.model_dump() == settings.model_dump()
