@@ -108,9 +108,16 @@ class RateLimited(GenqError):
     type = "rate_limited"
 
     def __init__(
-        self, message: str, *, limit: int, remaining: int, reset_s: float, retry_after_s: float
+        self,
+        message: str,
+        *,
+        limit: int,
+        remaining: int,
+        reset_s: float,
+        retry_after_s: float,
+        param: str | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, param=param)
         self.limit_headers = rate_limit_headers(limit, remaining, reset_s)
         self.retry_after_s = retry_after_s
 

@@ -7,8 +7,10 @@ compile processes (`python -m api.jobs.schema_compile`), each under an address-s
 (RLIMIT_AS) and a lower CPU priority (nice) it sets itself, so the event loop, the workers and
 Redis win the CPU over a compile; one that overruns its time budget, or dies of its memory budget,
 is killed and replaced, and the schema refused. llguidance's own bounds (grammar size, lexer) apply
-inside. A key may have only so many compiles in flight (queued or running) at once: past that it
-is refused (429 naming response_format), so one tenant cannot occupy the compile pool. Verdicts
+inside. A key may have only so many compiles in flight (queued or running) at once, and spend only
+so many CPU seconds compiling a minute (each compile process reports what its compile took): past
+either it is refused (429 naming response_format), so one tenant cannot occupy the compile pool
+nor a core with schemas made to miss the cache. Verdicts
 are kept in an LRU keyed by the SHA-256 of the schema's canonical JSON, so a repeated schema costs
 a hash, whoever sends it. The engine compiles its matchers itself (workers/engine/structured.py).
 """
@@ -29,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from shared.errors import ConcurrencyLimited, InvalidRequest
+from shared.errors import ConcurrencyLimited, InvalidRequest, RateLimited
 
 if TYPE_CHECKING:
     from shared.config import Settings
@@ -52,6 +54,7 @@ class CompileBudget:
     cache_entries: int = 4096
     nice: int = 10
     per_key: int = 1
+    cpu_s_per_key_minute: float = 0.0
 
     @classmethod
     def of(cls, settings: Settings) -> CompileBudget:
@@ -62,6 +65,7 @@ class CompileBudget:
             settings.schema_cache_entries,
             settings.schema_compile_nice,
             settings.schema_compiles_per_key,
+            settings.schema_compile_cpu_s_per_key_minute,
         )
 
 
@@ -87,9 +91,10 @@ class CompileProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._buffer = b""
 
-    def verdict(self, schema: str) -> tuple[str | None, bool]:
-        """Why `schema` (serialized) cannot be enforced (None: it can), and whether the compile
-        kept to its budget; one that did not is refused, and this process killed."""
+    def verdict(self, schema: str) -> tuple[str | None, bool, float]:
+        """Why `schema` (serialized) cannot be enforced (None: it can), whether the compile kept
+        to its budget (one that did not is refused, and this process killed), and the CPU
+        seconds it took (the whole time budget for one killed)."""
         try:
             self._send(schema)
         except BrokenPipeError:  # it died while idle: once more, in a new one
@@ -99,12 +104,18 @@ class CompileProcess:
             line = self._line(time.monotonic() + self._budget.timeout_s)
         except EOFError:
             self.stop()
-            return f"the JSON schema needs more than {self._budget.memory_bytes >> 20} MiB to compile", False
+            memory_mb = self._budget.memory_bytes >> 20
+            return (
+                f"the JSON schema needs more than {memory_mb} MiB to compile",
+                False,
+                self._budget.timeout_s,
+            )
         if line is None:
             self.stop()
-            return f"the JSON schema is too complex to compile within {self._budget.timeout_s:g} s", False
-        error: str | None = json.loads(line)
-        return (None if error is None else f"the JSON schema cannot be enforced: {error}"), True
+            timeout_s = self._budget.timeout_s
+            return f"the JSON schema is too complex to compile within {timeout_s:g} s", False, timeout_s
+        error, cpu_s = json.loads(line)
+        return (None if error is None else f"the JSON schema cannot be enforced: {error}"), True, cpu_s
 
     @property
     def pid(self) -> int | None:
@@ -167,6 +178,39 @@ class CompileProcess:
         return line
 
 
+class CompileAllowance:
+    """CPU seconds of compiling each key may still spend: `per_minute` of them, refilled evenly
+    over a minute and held up to a minute's worth. A compile is charged what it took once it
+    ends, so a key may run into debt by one compile; it is refused until the debt is repaid."""
+
+    def __init__(self, per_minute: float) -> None:
+        self._most, self._per_s = per_minute, per_minute / 60
+        self._left: dict[str, tuple[float, float]] = {}  # key -> (seconds left, when)
+
+    def check(self, owner: str) -> None:
+        """RateLimited (naming response_format, with Retry-After) when `owner` has none left."""
+        left = self._now_left(owner)
+        if self._most and left <= 0:
+            raise RateLimited(
+                f"response_format: this key spent its {self._most:g} CPU seconds a minute of schema "
+                "compiling (GENQ_SCHEMA_COMPILE_CPU_S_PER_KEY_MINUTE); schemas already compiled "
+                "need none",
+                limit=round(self._most),
+                remaining=0,
+                reset_s=(self._most - left) / self._per_s,
+                retry_after_s=-left / self._per_s,
+                param="response_format",
+            )
+
+    def charge(self, owner: str, cpu_s: float) -> None:
+        if self._most and cpu_s > 0:
+            self._left[owner] = (self._now_left(owner) - cpu_s, time.monotonic())
+
+    def _now_left(self, owner: str) -> float:
+        left, when = self._left.get(owner, (self._most, 0.0))
+        return min(self._most, left + (time.monotonic() - when) * self._per_s)
+
+
 class SchemaChecker:
     """Verdicts on response formats' schemas for one API process: cached, else compiled in one of
     `budget.workers` compile processes. `check` is for the event loop, `verdict` for a thread."""
@@ -179,6 +223,7 @@ class SchemaChecker:
         self.overruns = 0
         #: Compiles each key has in flight from check() (queued or running); the event loop's only.
         self._in_flight: Counter[str] = Counter()
+        self._allowance = CompileAllowance(budget.cpu_s_per_key_minute)
         self._lock = threading.Lock()
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()
         self._processes = tuple(CompileProcess(budget) for _ in range(budget.workers))
@@ -210,13 +255,17 @@ class SchemaChecker:
                 limit_name="response_format",
                 limit=most,
             )
+        self._allowance.check(owner)
         self._in_flight[owner] += 1
         loop = asyncio.get_running_loop()
         compiled = loop.run_in_executor(self._threads, self._compiled, schema, digest)
-        compiled.add_done_callback(lambda _: self._ended(owner))
-        return await asyncio.shield(compiled)
+        compiled.add_done_callback(lambda done: self._ended(owner, done))
+        verdict, _ = await asyncio.shield(compiled)
+        return verdict
 
-    def _ended(self, owner: str) -> None:
+    def _ended(self, owner: str, compiled: asyncio.Future[tuple[str | None, float]]) -> None:
+        if not compiled.cancelled() and compiled.exception() is None:
+            self._allowance.charge(owner, compiled.result()[1])
         self._in_flight[owner] -= 1
         if self._in_flight[owner] <= 0:
             del self._in_flight[owner]
@@ -229,7 +278,7 @@ class SchemaChecker:
             return None
         digest = schema_digest(schema)
         found, verdict = self._cached(digest)
-        return verdict if found else self._compiled(schema, digest)
+        return verdict if found else self._compiled(schema, digest)[0]
 
     def pids(self) -> list[int]:
         """The ids of the compile processes running now (started on first use)."""
@@ -248,22 +297,23 @@ class SchemaChecker:
             self._verdicts.move_to_end(digest)
             return True, self._verdicts[digest]
 
-    def _compiled(self, schema: dict[str, Any], digest: str) -> str | None:
-        """Compile in an idle process (waiting for one), and keep the verdict."""
+    def _compiled(self, schema: dict[str, Any], digest: str) -> tuple[str | None, float]:
+        """Compile in an idle process (waiting for one), and keep the verdict: it, and the CPU
+        seconds the compile took (0 when the request ahead compiled it meanwhile)."""
         with self._free:
             found, verdict = self._cached(digest)  # compiled meanwhile, by the request ahead
             if found:
-                return verdict
+                return verdict, 0.0
             with self._lock:
                 process = self._idle.pop()
                 self.compiles += 1
             try:
-                verdict, kept_to_budget = process.verdict(json.dumps(schema))
+                verdict, kept_to_budget, cpu_s = process.verdict(json.dumps(schema))
             finally:
                 with self._lock:
                     self._idle.append(process)
         self._keep(digest, verdict, kept_to_budget)
-        return verdict
+        return verdict, cpu_s
 
     def _keep(self, digest: str, verdict: str | None, kept_to_budget: bool) -> None:
         with self._lock:
@@ -286,7 +336,9 @@ def serve(memory_bytes: int, nice: int, source: IO[bytes], sink: IO[bytes]) -> N
     sink.write(READY + b"\n")
     sink.flush()
     for line in source:
-        sink.write(json.dumps(grammar_error(json.loads(line))).encode() + b"\n")
+        started = time.process_time()
+        error = grammar_error(json.loads(line))
+        sink.write(json.dumps([error, time.process_time() - started]).encode() + b"\n")
         sink.flush()
 
 

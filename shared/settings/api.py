@@ -127,6 +127,12 @@ class ApiSettings(BaseModel):
     running at once in one API process; past it 429 naming response_format, with Retry-After, so
     one key cannot occupy the compile pool. 0: no bound."""
 
+    schema_compile_cpu_s_per_key_minute: float = Field(15.0, ge=0)
+    """CPU seconds of schema compiling (schemas not answered from the verdict cache) one API key
+    may spend per minute in one API process, refilled evenly and held up to a minute's worth; a
+    key past it gets 429 naming response_format, with Retry-After, until it refills, so schemas
+    made to miss the cache cannot hold a core. 0: no bound."""
+
     schema_cache_entries: int = Field(4096, ge=0)
     """Verdicts on JSON schemas (compiles, or why not) kept per API process, by the SHA-256 of the
     schema's canonical JSON, so a repeated schema is not compiled again. 0: none kept."""

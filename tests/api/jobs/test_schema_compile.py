@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from api.jobs.schema_compile import CompileBudget, SchemaChecker, schema_digest
-from shared.errors import ConcurrencyLimited, InvalidRequest
+from shared.errors import ConcurrencyLimited, InvalidRequest, RateLimited
 from shared.structured import ResponseFormat
 
 pytestmark = pytest.mark.anyio
@@ -127,5 +127,22 @@ async def test_a_key_with_a_compile_in_flight_is_refused_another_while_other_key
         await first
         await checker.check(fmt(costly_schema("second")), "a")  # once it ended, the key compiles again
         assert checker.compiles == 4
+    finally:
+        checker.close()
+
+
+async def test_a_key_past_its_compile_cpu_a_minute_gets_429_while_other_keys_compile() -> None:
+    budget = CompileBudget(timeout_s=30, memory_bytes=512 << 20, cpu_s_per_key_minute=0.01)
+    checker = SchemaChecker(budget)
+    try:
+        await checker.check(fmt(costly_schema("spent")), "a")  # it runs into debt by this one
+        with pytest.raises(RateLimited) as refused:
+            await checker.check(fmt(costly_schema("more")), "a")
+        assert refused.value.param == "response_format"
+        assert "GENQ_SCHEMA_COMPILE_CPU_S_PER_KEY_MINUTE" in refused.value.message
+        assert int(refused.value.headers["Retry-After"]) >= 1
+        await checker.check(fmt(costly_schema("spent")), "a")  # a cached verdict costs nothing
+        await checker.check(fmt(costly_schema("more")), "b")  # another key has its own minute
+        assert checker.compiles == 2
     finally:
         checker.close()
