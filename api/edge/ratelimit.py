@@ -2,8 +2,10 @@
 
 Submissions and reads have separate buckets, so polling never starves submitting. A job of n
 samples (or best_of) runs as many sequences, so its submission takes that many tokens: the request
-takes one (api/edge/pipeline.py), JobQueue the rest once the body says how many. The bucket's
-clock is the Redis server's (TIME), so replicas with skewed clocks agree.
+takes one (api/edge/pipeline.py), JobQueue the rest once the body says how many. An operation
+that costs the API process more than a submission (an upload, a batch's validation) takes the
+tokens its setting says (`charge`), so a tenant's burst buys fewer of them. The bucket's clock is
+the Redis server's (TIME), so replicas with skewed clocks agree.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from shared.logging import fields
 
 log = logging.getLogger("genq.api")
 Kind = Literal["submit", "read"]
+#: Operations dearer than a submission: an upload (GENQ_RATE_LIMIT_UPLOAD_TOKENS) and a batch's
+#: creation, whose validation reads its whole input file (GENQ_RATE_LIMIT_BATCH_TOKENS).
+Costly = Literal["upload", "batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,10 @@ def bucket_for(settings: Settings, owner: str, kind: Kind) -> Bucket | None:
     return Bucket.parse(settings.rate_limit_submit if kind == "submit" else settings.rate_limit_read)
 
 
+#: Why a job takes more than one token.
+SAMPLES = "'s further samples: a job takes n, or best_of"
+
+
 class RateLimiter:
     def __init__(self, client: aioredis.Redis, commands: Commands, settings: Settings) -> None:
         self._settings = settings
@@ -54,10 +63,25 @@ class RateLimiter:
         #: Parsed once per owner and kind (settings do not change while the process runs).
         self._buckets: dict[tuple[str, Kind], Bucket | None] = {}
 
-    async def check(self, owner: str, kind: Kind, cost: int = 1) -> dict[str, str]:
+    async def charge(self, owner: str, operation: Costly) -> None:
+        """Take the rest of a costly operation's tokens from the owner's submit bucket (its
+        request took one); raises RateLimited when over."""
+        settings = self._settings
+        tokens = (
+            settings.rate_limit_upload_tokens if operation == "upload" else settings.rate_limit_batch_tokens
+        )
+        await self.check(owner, "submit", tokens - 1, f"{tokens} tokens for each {operation}")
+
+    async def check(
+        self,
+        owner: str,
+        kind: Kind,
+        cost: int = 1,
+        why: str | None = None,
+    ) -> dict[str, str]:
         """The X-RateLimit headers for an allowed request that takes `cost` tokens (at most the
         bucket's burst, so any request can pass once the bucket is full); raises RateLimited when
-        over."""
+        over, saying `why` when it takes more than one."""
         try:
             bucket = self._buckets[owner, kind]
         except KeyError:
@@ -79,11 +103,7 @@ class RateLimiter:
             raise RateLimited(
                 f"rate limit for {'submissions' if kind == 'submit' else 'reads'} exceeded "
                 f"({bucket.capacity} burst, {bucket.per_second:g}/s"
-                + (
-                    f"; {cost} tokens for this job's further samples: a job takes n, or best_of"
-                    if cost > 1
-                    else ""
-                )
+                + (f"; {why or f'{cost} tokens for this job{SAMPLES}'}" if cost > 1 else "")
                 + ")",
                 limit=bucket.capacity,
                 remaining=remaining,

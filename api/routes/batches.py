@@ -30,6 +30,7 @@ def _batches(request: Request) -> Batches:
 @router.post("", responses=OPENAI_ERRORS, dependencies=[SubmitLimit])
 async def create_batch(request: Request, body: BatchCreate, owner: CallerDep) -> Response:
     """Create a batch from an uploaded input file; it starts `validating`."""
+    await request.app.state.rate_limiter.charge(owner, "batch")  # its validation reads the whole file
     return json_response(await _batches(request).create(body, owner))
 
 

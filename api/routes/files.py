@@ -64,6 +64,7 @@ UPLOAD_BODY: dict[str, Any] = {
 @router.post("", responses=FILE_ERRORS, dependencies=[SubmitLimit], openapi_extra=UPLOAD_BODY)
 async def upload_file(request: Request, owner: CallerDep) -> Response:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
+    await request.app.state.rate_limiter.charge(owner, "upload")  # before a byte of the body
     files = _files(request)
     body_max = files.max_bytes + MULTIPART_OVERHEAD
     form = UploadForm(request.headers.get("content-type"), _body(request), body_max)

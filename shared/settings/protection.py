@@ -45,6 +45,16 @@ class ProtectionSettings(BaseModel):
     """Token bucket for reads (polls, lists, streams) per API key, kept apart from submissions so
     polling never starves them. Empty: off."""
 
+    rate_limit_upload_tokens: int = Field(10, ge=1)
+    """Tokens of the submit bucket one `POST /v1/files` takes (at most the bucket's burst): an
+    upload is read, parsed and written up to GENQ_FILE_MAX_BYTES, so it costs more than a job
+    submission (1 token); taken before a byte of its body is read."""
+
+    rate_limit_batch_tokens: int = Field(10, ge=1)
+    """Tokens of the submit bucket one `POST /v1/batches` takes (at most the bucket's burst): its
+    validation reads and parses its whole input file in the API process, so it costs more than a
+    job submission (1 token)."""
+
     rate_limit_overrides: dict[str, dict[str, str]] = {}
     """Per-key limits as JSON: {"<owner id>": {"submit": "600/100", "read": "6000/1000", "streams":
     "500", "long_polls": "500"}}. The owner id of a key is `key-` + the first 16 hex digits of its

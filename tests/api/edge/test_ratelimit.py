@@ -110,3 +110,29 @@ def test_a_limit_that_does_not_parse_stops_the_api_at_start_up(
     assert result.returncode != 0
     assert f"{name} must be `capacity/refill per second`" in result.stderr
     assert "60per10" not in result.stderr
+
+
+async def test_an_upload_and_a_batch_take_the_tokens_their_settings_say(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    settings = make_settings(
+        api_keys=["k1"], rate_limit_submit="12/0.01", rate_limit_upload_tokens=5, rate_limit_batch_tokens=4
+    )
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}\n'
+    batch = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    async with api_client(settings, "k1") as api:
+
+        async def upload() -> httpx.Response:
+            return await api.post("/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"})
+
+        uploaded = await upload()  # 5 of 12 tokens
+        assert uploaded.status_code == 200, uploaded.text
+        created = await api.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], **batch})
+        assert created.status_code == 200, created.text  # 4 more: 3 left
+        refused = await upload()
+        assert refused.status_code == 429, refused.text
+        assert "5 tokens for each upload" in refused.json()["error"]["message"]
+        assert "retry-after" in refused.headers
+        assert (await api.post("/v1/jobs", json={"prompt": "x"})).status_code == 202  # a job takes 1
+        again = await api.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], **batch})
+        assert again.status_code == 429 and "4 tokens for each batch" in again.json()["error"]["message"]
