@@ -23,6 +23,7 @@ from api.batches.filestore import storage_from_settings
 from api.batches.service import Batches
 from api.edge import observability
 from api.edge.anonymous import AnonymousGuard
+from api.edge.asgi import Linger
 from api.edge.autopipeline import Commands, open_commands
 from api.edge.errors import install_error_handlers
 from api.edge.hotpath import HotPaths
@@ -251,7 +252,8 @@ def install_routes(app: FastAPI) -> None:
 def add_middleware(app: FastAPI, settings: Settings) -> None:
     """The body size limit (uploads to /v1/files get theirs)."""
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, per_path=uploads)
+    linger = Linger(settings.api_linger_max_bytes, settings.api_linger_s)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, linger=linger, per_path=uploads)
 
 
 def check_start_up(app: GenqAPI) -> None:

@@ -11,14 +11,17 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from api.edge.asgi import read_body
+from api.edge.asgi import Linger, read_body
+from api.edge.errors import genq_error_response
 from api.edge.limits import BodySizeLimit
+from shared.errors import GenqError
 
 # A body lost on its way to the app shows as a request waiting forever: fail fast instead.
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
 CAP = 1000
 UPLOAD_CAP = 5000
+LINGER = Linger(max_bytes=1 << 20, seconds=5.0)
 
 
 class Echo:
@@ -28,7 +31,11 @@ class Echo:
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
+        try:
+            body = await read_body(receive)
+        except GenqError as refused:  # as the upload route answers its errors
+            await genq_error_response(refused)(scope, receive, send)
+            return
         assert body is not None
         self.bodies.append(body)
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -44,7 +51,7 @@ async def chunked(body: bytes) -> AsyncIterator[bytes]:
 @pytest.fixture
 async def limited() -> AsyncIterator[tuple[httpx.AsyncClient, Echo]]:
     echo = Echo()
-    app = BodySizeLimit(echo, max_bytes=CAP, per_path={"/v1/files": UPLOAD_CAP})
+    app = BodySizeLimit(echo, max_bytes=CAP, linger=LINGER, per_path={"/v1/files": UPLOAD_CAP})
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as client:
@@ -82,7 +89,9 @@ async def test_at_the_cap_the_app_reads_the_whole_body(
 async def test_an_upload_path_has_its_own_cap(limited: tuple[httpx.AsyncClient, Echo]) -> None:
     client, echo = limited
     assert (await client.post("/v1/files", content=b"u" * UPLOAD_CAP)).status_code == 200
-    assert (await client.post("/v1/files", content=b"u" * (UPLOAD_CAP + 1))).status_code == 413
+    # Declared too long: refused when the upload first reads (after its caller was checked).
+    refused = await client.post("/v1/files", content=b"u" * (UPLOAD_CAP + 1))
+    assert refused.status_code == 413 and refused.json()["error"]["param"] == "file"
     # Chunked, it goes on unread: the upload counts its bytes as it stores them (api/batches/files.py).
     assert (await client.post("/v1/files", content=chunked(b"u" * (UPLOAD_CAP + 1)))).status_code == 200
     assert [len(body) for body in echo.bodies] == [UPLOAD_CAP, UPLOAD_CAP + 1]
@@ -101,9 +110,17 @@ async def test_an_answer_before_the_body_was_read_closes_the_connection(declared
     """So the refused client stops sending instead of the server taking the rest in to drop it."""
     body = b"u" * 3000
     for app, path, closes in [
-        (BodySizeLimit(Refuses(), max_bytes=CAP, per_path={"/v1/files": UPLOAD_CAP}), "/v1/files", True),
-        (BodySizeLimit(Echo(), max_bytes=CAP, per_path={"/v1/files": UPLOAD_CAP}), "/v1/files", False),
-        (BodySizeLimit(Echo(), max_bytes=CAP), "/v1/jobs", True),  # 413
+        (
+            BodySizeLimit(Refuses(), max_bytes=CAP, linger=LINGER, per_path={"/v1/files": UPLOAD_CAP}),
+            "/v1/files",
+            True,
+        ),
+        (
+            BodySizeLimit(Echo(), max_bytes=CAP, linger=LINGER, per_path={"/v1/files": UPLOAD_CAP}),
+            "/v1/files",
+            False,
+        ),
+        (BodySizeLimit(Echo(), max_bytes=CAP, linger=LINGER), "/v1/jobs", True),  # 413
     ]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
             response = await client.post(path, content=body if declared else chunked(body))

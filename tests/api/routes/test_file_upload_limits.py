@@ -10,11 +10,12 @@ import json
 import select
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -249,3 +250,81 @@ def test_a_client_gone_mid_upload_leaves_nothing_in_storage(upload_url: str, tmp
     while files_in(folder) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert files_in(folder) == []
+
+
+#: What a real client uploads in the tests below: under the API's linger bound (64 MiB), over
+#: anything the loopback's socket buffers hold, so the refused client is still sending when its
+#: answer is written.
+REAL_UPLOAD = 32 << 20
+
+
+def multipart_chunks(size: int) -> Iterator[bytes]:
+    yield HEAD
+    for _ in range(size // CHUNK):
+        yield b"x" * CHUNK
+    yield b"\r\n--b--\r\n"
+
+
+async def multipart_chunks_async(size: int) -> AsyncIterator[bytes]:
+    for chunk in multipart_chunks(size):
+        yield chunk
+
+
+def upload_with(client: str, url: str, api_key: str) -> tuple[int, dict[str, Any]]:
+    """Uploads REAL_UPLOAD bytes as `client` does: httpx streaming a chunked body (sync or async),
+    or the OpenAI SDK's files.create (a body with Content-Length); the refusal's status and body."""
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "multipart/form-data; boundary=b"}
+    if client == "httpx":
+        answer = httpx.post(f"{url}/v1/files", content=multipart_chunks(REAL_UPLOAD), headers=headers)
+        return answer.status_code, answer.json()
+    if client == "httpx-async":
+
+        async def post() -> httpx.Response:
+            async with httpx.AsyncClient() as async_client:
+                body = multipart_chunks_async(REAL_UPLOAD)
+                return await async_client.post(f"{url}/v1/files", content=body, headers=headers)
+
+        answer = anyio.run(post)
+        return answer.status_code, answer.json()
+    file = ("big.jsonl", io.BytesIO(b"x" * REAL_UPLOAD))
+    try:
+        if client == "openai":
+            client_for(url, api_key).files.create(file=file, purpose="batch")
+        else:
+            sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
+            anyio.run(lambda: sdk.files.create(file=file, purpose="batch"))
+    except openai.APIStatusError as refused:
+        return refused.status_code, refused.response.json()
+    raise AssertionError("the upload was not refused")
+
+
+REAL_CLIENTS = ["httpx", "httpx-async", "openai", "openai-async"]
+
+
+@pytest.mark.parametrize("client", REAL_CLIENTS)
+def test_a_real_client_without_a_key_gets_its_401_not_a_reset(upload_url: str, client: str) -> None:
+    """It reads its answer only once it has sent its body: the server reads and drops the rest
+    before closing (api/edge/asgi.py closing_unread), so no reset destroys the answer."""
+    status, body = upload_with(client, upload_url, "forgotten-key")
+    assert status == 401
+    assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("client", REAL_CLIENTS)
+def test_a_real_client_over_the_cap_gets_its_413_not_a_reset(upload_url: str, client: str) -> None:
+    status, body = upload_with(client, upload_url, "alice-key")
+    assert status == 413
+    error = body["error"]
+    assert error["code"] == "payload_too_large" and error["param"] == "file"
+
+
+@pytest.mark.parametrize("client", REAL_CLIENTS)
+def test_a_real_client_over_the_rate_limit_gets_its_429_not_a_reset(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis, client: str
+) -> None:
+    settings = make_settings(api_keys=["alice-key"], file_max_bytes=FILE_MAX, rate_limit_submit="1/0.001")
+    with live_server(settings) as url:
+        # Spend the bucket (however many tokens an upload takes), with small uploads.
+        assert any(chunked_upload(url, "alice-key", 100).status == 429 for _ in range(20))
+        status, body = upload_with(client, url, "alice-key")
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
