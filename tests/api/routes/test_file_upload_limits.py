@@ -35,6 +35,8 @@ HOSTILE = 128 << 20
 #: far below HOSTILE, all of which the server read before the fix.
 SMALL_BOUND = 48 << 20
 CHUNK = 1 << 16
+#: Most a client gets out beyond what the server read: the loopback's socket buffers, both ends.
+LOOPBACK_BUFFERS = 16 << 20
 HEAD = (
     b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
     b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
@@ -328,3 +330,26 @@ def test_a_real_client_over_the_rate_limit_gets_its_429_not_a_reset(
         assert any(chunked_upload(url, "alice-key", 100).status == 429 for _ in range(20))
         status, body = upload_with(client, url, "alice-key")
     assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_client_sending_on_regardless_is_cut_off_past_the_linger_bound(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    """A refused client that never reads: the server reads and drops at most the linger bound
+    (GENQ_API_LINGER_MAX_BYTES) of its body, then closes, the rest of HOSTILE unsent."""
+    linger = 8 << 20
+    settings = make_settings(api_keys=["alice-key"], file_max_bytes=FILE_MAX, api_linger_max_bytes=linger)
+    with live_server(settings) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.settimeout(10)  # a server that stops reading without closing fails the test
+            sock.sendall(
+                b"POST /v1/files HTTP/1.1\r\nHost: genq\r\nContent-Length: %d\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n\r\n%s" % (HOSTILE, HEAD)
+            )
+            sent = 0
+            with pytest.raises(ConnectionError):  # reset once the server stops reading
+                while sent < HOSTILE:
+                    sock.sendall(b"x" * CHUNK)
+                    sent += CHUNK
+    assert sent < linger + LOOPBACK_BUFFERS
