@@ -4,11 +4,13 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.genq-installed
+# pytest-xdist processes for `make check` and `make test` (0: the suite in one process).
+PYTEST_WORKERS ?= 3
 # llama.cpp's library only (the Dockerfile passes the same flags, plus a portable CPU baseline).
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
-.PHONY: install system-tools run test lint format clean
+.PHONY: install system-tools run check test lint format clean
 
 install: $(STAMP)
 
@@ -55,8 +57,17 @@ system-tools:
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium wrk prometheus redis-server >/dev/null; } || \
 		echo "chromium, wrk, prometheus or redis-server missing: the browser, monitoring and full-Redis tests skip, the gateway benchmark uses its own load"
 
+# The loop to run while changing code (~2 min): lint, then the tests that start no process and load
+# no model (the unit and redis tiers, docs/testing.md), on PYTEST_WORKERS processes.
+check: lint
+	$(BIN)/python -m pytest -m "unit or redis" -n $(PYTEST_WORKERS)
+
+# Everything (CI runs this). Each of PYTEST_WORKERS processes has its own Redis, ports and temp
+# folders; a module whose fixtures start a stack once runs on one of them (loadgroup). Tests marked
+# serial measure the machine and run alone afterwards. PYTEST_WORKERS=0: one process, as before.
 test: install system-tools lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not serial" -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -m serial || [ $$? = 5 ]  # 5: none marked serial
 
 clean:
 	rm -rf .genq .mypy_cache .ruff_cache .pytest_cache

@@ -5,16 +5,21 @@ FastAPI app (in-process over httpx's ASGI transport, lifespan included)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
+import platform
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,10 +43,149 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# Cost tiers: every test gets exactly one, derived from what it uses (an explicit mark wins), so
+# `pytest -m "unit or redis"` (make check) is the suite that starts no process and loads no model.
+# docs/testing.md lists what each tier covers.
+TIERS = ("unit", "redis", "processes", "model")
+MODEL_FIXTURES = {"default_model", "random_model", "llamacpp_model", "default_engine", "random_engine",
+                  "llamacpp_engine", "backend_engine"}  # fmt: skip
+PROCESS_FIXTURES = {"start_worker", "worker", "start_api", "start_prometheus"}
+# What a test, one of its fixtures or a helper they call (in tests/ or bench/) writes to load a model
+# or start a process without one of the fixtures above.
+LOADS_MODEL = re.compile(
+    r"\bload_(llamacpp_)?model\(|from_pretrained\(|\btokenizer_folder\(|\bFolderTokenizer\(|"
+    r"\bbuild_engine\(.*\bDEFAULT_MODEL\b"
+)
+STARTS_PROCESS = re.compile(
+    r"\bsubprocess\.|\bPopen\b|create_subprocess_|\bmultiprocessing\b|\bos\.fork\b|"
+    r"\b(WorkerProcess|ApiProcess|EmbeddedRedis|Prometheus)\(|sync_playwright|\bbench_stack\(|"
+    # genq's own: a supervised child of `genq up`; the API compiles a JSON schema in a child process.
+    r"\bstart_supervised\(|\bSchemaChecker\(|[\"']json_schema[\"']"
+)
+OURS = ("tests.", "bench.")  # where helpers are followed (not into genq's own code or libraries)
+SPAWN_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec"}
+
+
+def _ours(target: object) -> types.FunctionType | type | None:
+    target = inspect.unwrap(target) if callable(target) else target
+    if isinstance(target, (types.FunctionType, type)) and (target.__module__ or "").startswith(OURS):
+        return target
+    return None
+
+
+def _source_of(*roots: object) -> str:
+    """The source of tests, fixtures and helpers of ours and of the helpers they name, transitively."""
+    seen: set[types.FunctionType | type] = set()
+    todo = [found for found in map(_ours, roots) if found is not None]
+    while todo:
+        target = todo.pop()
+        if target not in seen:
+            seen.add(target)
+            todo += _named_by(target)
+    return "\n".join(_own_source(target) for target in seen)
+
+
+@cache
+def _own_source(target: types.FunctionType | type) -> str:
+    try:
+        return inspect.getsource(target)
+    except (OSError, TypeError):
+        return ""
+
+
+@cache
+def _named_by(target: types.FunctionType | type) -> list[types.FunctionType | type]:
+    """Our functions and classes a function names (`helper(...)`, `module.helper(...)`)."""
+    if not isinstance(target, types.FunctionType):
+        return []
+    names, found = _names_in(target.__code__), []
+    for name in names:
+        value = target.__globals__.get(name)
+        if isinstance(value, types.ModuleType):
+            found += [getattr(value, n) for n in names if hasattr(value, n)]
+        elif value is not None:
+            found.append(value)
+    return [ours for ours in map(_ours, found) if ours is not None]
+
+
+def _names_in(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names_in(constant)
+    return names
+
+
+def _tier(item: pytest.Item) -> str:
+    used = set(getattr(item, "fixturenames", ()))
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    # redis_server starts the session's one server: that is the redis tier, not a process start.
+    own = [defs[-1].func for name, defs in fixtures.items() if defs and name != "redis_server"]
+    source = _source_of(getattr(item, "function", None), *own)
+    if used & MODEL_FIXTURES or LOADS_MODEL.search(source):
+        return "model"
+    if used & PROCESS_FIXTURES or STARTS_PROCESS.search(source):
+        return "processes"
+    return "redis" if "redis_server" in used else "unit"
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(defs and defs[-1].scope == "module" for defs in fixtures.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks and xdist reads xdist_group
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(_tier(item))
+        if _module_scoped(item):  # `make test` (--dist loadgroup) builds a module's stack once
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+class SpawnWatch:
+    """The processes started while a unit or redis test runs (None: not watching), from the
+    interpreter's audit events (subprocess, fork, spawn, exec), less those of threads an earlier
+    test left running (a schema compile process replaced in the background)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] | None = None
+        self.earlier: set[int] = set()
+
+    def watch(self, on: bool) -> list[str] | None:
+        """Start (on) or stop watching; what was seen since the last start."""
+        seen, self.seen = self.seen, [] if on else None
+        main = threading.main_thread().ident
+        self.earlier = {thread.ident for thread in threading.enumerate() if thread.ident not in (None, main)}
+        return seen
+
+    def __call__(self, event: str, args: tuple[object, ...]) -> None:
+        if self.seen is not None and event in SPAWN_EVENTS and threading.get_ident() not in self.earlier:
+            self.seen.append(f"{event} {str(args[:2])[:200]}")
+
+
+SPAWNS = SpawnWatch()
+sys.addaudithook(SPAWNS)
+platform.processor()  # its one `uname -p` child, now, so that no test that asks counts it
+
+
+@pytest.fixture(autouse=True)
+def _tier_holds(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the unit or redis tier that starts a process fails: it belongs in `processes`
+    (its source did not say so; mark it `@pytest.mark.processes`)."""
+    SPAWNS.watch(any(request.node.get_closest_marker(tier) for tier in ("unit", "redis")))
+    yield
+    spawned = SPAWNS.watch(False)
+    if spawned:
+        pytest.fail(f"a {'/'.join(TIERS[:2])}-tier test started a process; mark it processes: {spawned}")
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False)
+    watching, SPAWNS.seen = SPAWNS.seen, None  # the session's one server, started by its first test
     server.start()
+    SPAWNS.seen = watching
     yield server
     server.stop()
 
