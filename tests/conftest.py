@@ -33,6 +33,10 @@ from shared.config import Settings
 
 for _name in [n for n in os.environ if n.startswith("GENQ_")]:  # the suite is hermetic
     del os.environ[_name]
+# A pytest-xdist worker has COLUMNS=80 and LINES=24 set, which a CLI child's rich would take over
+# the size of the pseudo-terminal a test gives it (tests/cli/test_jobs.py).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODEL = "placeholder-echo"

@@ -351,6 +351,7 @@ def _kv_mib(model: LlamaCppModel, cells: int, kind: str = "q8_0") -> float:
     return float(layers * 2 * heads_kv * head_dim * cells * CELL_BYTES[kind] / 2**20)
 
 
+@pytest.mark.serial  # the zero pages are handed back as the memset passes them: it needs the CPU
 def test_a_16_row_engine_holds_the_kv_cells_it_wrote_and_no_copy_of_the_weights(
     llamacpp_model: LlamaCppModel, llamacpp_engine: EngineFactory
 ) -> None:
