@@ -149,7 +149,12 @@ class CompileProcess:
                 str(budget.nice),
             ]
             self._process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                bufsize=0,
+                start_new_session=True,  # a scheduler group of its own (`lower_priority`)
             )
             try:
                 ready = self._line(time.monotonic() + START_TIMEOUT_S)
@@ -324,12 +329,25 @@ class SchemaChecker:
                     self._verdicts.popitem(last=False)
 
 
+def lower_priority(nice: int) -> None:
+    """Add `nice` to this process's niceness, and give its session's scheduler group (Linux's
+    autogroup, one per session) the same: where autogroups are on, a niceness counts only against
+    processes of the same session, so the compile process leads a session of its own (it is
+    started with one) whose group yields the CPU to the API's, the workers' and Redis's."""
+    niceness = os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as group:
+            group.write(str(niceness))
+    except OSError:  # no autogroups here (another OS, or a kernel without them): the nice is enough
+        pass
+
+
 def serve(memory_bytes: int, nice: int, source: IO[bytes], sink: IO[bytes]) -> None:
     """A compile process: under its memory budget and `nice` more niceness than the API process,
     answers each schema line with its verdict."""
     import resource
 
-    os.nice(nice)
+    lower_priority(nice)
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from shared.structured import grammar_error
 

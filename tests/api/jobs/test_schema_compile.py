@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,6 +110,10 @@ def test_compile_processes_run_at_the_niceness_the_budget_says() -> None:
         [pid] = checker.pids()
         own = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + 7)
+        group = Path(f"/proc/{pid}/autogroup")
+        if group.exists():  # a session, so a scheduler group, of its own, as nice
+            assert group.read_text() != Path("/proc/self/autogroup").read_text()
+            assert group.read_text().split()[-1] == str(min(19, own + 7))
     finally:
         checker.close()
 
