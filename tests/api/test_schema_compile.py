@@ -127,6 +127,7 @@ async def test_a_compile_over_its_time_budget_is_refused_while_the_api_serves(
     assert checker.compiles == 3 and checker.overruns == 3
 
 
+@pytest.mark.serial  # its costly schema must compile within the time budget: it needs the CPU
 async def test_a_key_with_a_compile_in_flight_gets_429_naming_response_format(
     make_settings: Callable[..., Settings],
     redis_client: redis.Redis,  # a flushed Redis: no other test's batches for the feeder
