@@ -228,6 +228,9 @@ class SchemaChecker:
         self.overruns = 0
         #: Compiles each key has in flight from check() (queued or running); the event loop's only.
         self._in_flight: Counter[str] = Counter()
+        #: Compiles in flight by schema digest: a request for a schema being compiled waits for
+        #: that compile, whoever asked first, and takes no slot of its own (the event loop's only).
+        self._pending: dict[str, asyncio.Future[tuple[str | None, float]]] = {}
         self._allowance = CompileAllowance(budget.cpu_s_per_key_minute)
         self._lock = threading.Lock()
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()
@@ -245,7 +248,11 @@ class SchemaChecker:
         digest = schema_digest(schema)
         found, verdict = self._cached(digest)
         if not found:
-            verdict = await self._compiled_for(owner, schema, digest)
+            pending = self._pending.get(digest)
+            if pending is not None:
+                verdict, _ = await asyncio.shield(pending)
+            else:
+                verdict = await self._compiled_for(owner, schema, digest)
         if verdict is not None:
             raise InvalidRequest(f"response_format: {verdict}", param="response_format")
 
@@ -264,11 +271,13 @@ class SchemaChecker:
         self._in_flight[owner] += 1
         loop = asyncio.get_running_loop()
         compiled = loop.run_in_executor(self._threads, self._compiled, schema, digest)
-        compiled.add_done_callback(lambda done: self._ended(owner, done))
+        self._pending[digest] = compiled
+        compiled.add_done_callback(lambda done: self._ended(owner, digest, done))
         verdict, _ = await asyncio.shield(compiled)
         return verdict
 
-    def _ended(self, owner: str, compiled: asyncio.Future[tuple[str | None, float]]) -> None:
+    def _ended(self, owner: str, digest: str, compiled: asyncio.Future[tuple[str | None, float]]) -> None:
+        self._pending.pop(digest, None)
         if not compiled.cancelled() and compiled.exception() is None:
             self._allowance.charge(owner, compiled.result()[1])
         self._in_flight[owner] -= 1

@@ -136,6 +136,17 @@ async def test_a_key_with_a_compile_in_flight_is_refused_another_while_other_key
         checker.close()
 
 
+async def test_requests_for_a_schema_being_compiled_wait_for_that_compile_and_take_no_slot() -> None:
+    """An SDK client sending one new schema from 16 threads gets 16 answers, not 15 refusals."""
+    checker = SchemaChecker(CompileBudget(timeout_s=30, memory_bytes=512 << 20, per_key=1))
+    try:
+        same = [checker.check(fmt(costly_schema("shared")), owner) for owner in ("a",) * 8 + ("b",) * 8]
+        await asyncio.gather(*same)
+        assert checker.compiles == 1
+    finally:
+        checker.close()
+
+
 async def test_a_key_past_its_compile_cpu_a_minute_gets_429_while_other_keys_compile() -> None:
     budget = CompileBudget(timeout_s=30, memory_bytes=512 << 20, cpu_s_per_key_minute=0.01)
     checker = SchemaChecker(budget)
