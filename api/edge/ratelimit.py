@@ -70,7 +70,15 @@ class RateLimiter:
         tokens = (
             settings.rate_limit_upload_tokens if operation == "upload" else settings.rate_limit_batch_tokens
         )
-        await self.check(owner, "submit", tokens - 1, f"{tokens} tokens for each {operation}")
+        await self.take_rest(owner, tokens, f"{tokens} tokens for each {operation}")
+
+    async def take_rest(self, owner: str, tokens: int, why: str | None = None) -> None:
+        """Take the rest of a submission's `tokens` (its request took one) from the owner's
+        submit bucket, all of it counted at most at the bucket's burst, so that a burst smaller
+        than an operation's weight still lets one through once the bucket is full."""
+        bucket = self._bucket(owner, "submit")
+        if bucket is not None:
+            await self.check(owner, "submit", min(tokens, bucket.capacity) - 1, why)
 
     async def check(
         self,
@@ -82,10 +90,7 @@ class RateLimiter:
         """The X-RateLimit headers for an allowed request that takes `cost` tokens (at most the
         bucket's burst, so any request can pass once the bucket is full); raises RateLimited when
         over, saying `why` when it takes more than one."""
-        try:
-            bucket = self._buckets[owner, kind]
-        except KeyError:
-            bucket = self._buckets[owner, kind] = bucket_for(self._settings, owner, kind)
+        bucket = self._bucket(owner, kind)
         if bucket is None or cost <= 0:
             return {}
         cost = min(cost, bucket.capacity)
@@ -111,6 +116,13 @@ class RateLimiter:
                 retry_after_s=wait_ms / 1000,
             )
         return rate_limit_headers(bucket.capacity, remaining, full_ms / 1000)
+
+    def _bucket(self, owner: str, kind: Kind) -> Bucket | None:
+        try:
+            return self._buckets[owner, kind]
+        except KeyError:
+            bucket = self._buckets[owner, kind] = bucket_for(self._settings, owner, kind)
+            return bucket
 
     @staticmethod
     def _write_refused(kind: Kind, exc: redis.exceptions.ResponseError) -> dict[str, str]:

@@ -141,7 +141,7 @@ class JobQueue:
     ) -> Accepted:
         model, max_tokens = self._check(create)
         if charged and self._rate_limiter is not None:
-            await self._rate_limiter.check(owner, "submit", create.rows - 1)
+            await self._rate_limiter.take_rest(owner, create.rows)
         if create.webhook is not None:
             await key_secrets.require_own_secret(self._store.redis, owner, self._settings, "webhook")
             await check_url(str(create.webhook), self._settings.webhook_policy)

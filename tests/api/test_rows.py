@@ -76,6 +76,20 @@ async def test_a_submission_takes_its_rows_from_the_submit_bucket(
         assert answer.status_code == 429 and answer.json()["error"]["code"] == "rate_limit_exceeded"
 
 
+async def test_a_job_of_more_rows_than_the_burst_passes_once_the_bucket_is_full(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis
+) -> None:
+    """Its rows are counted at most at the burst: it empties the bucket, it is not refused for ever."""
+    settings = make_settings(api_keys=["alice-key"], rate_limit_submit="4/0.001")
+    async with api_client(settings) as api:
+        first = await api.post("/v1/jobs", json={"prompt": "a", "n": 8, "temperature": 1}, headers=ALICE)
+        assert first.status_code == 202, first.text
+        bucket = redis_client.hget(keys.rate_limit(_owner(settings, "alice-key"), "submit"), "tokens")
+        assert bucket is not None and float(bucket) < 0.1
+        again = await api.post("/v1/jobs", json={"prompt": "b"}, headers=ALICE)
+        assert again.status_code == 429
+
+
 def _owner(settings: Settings, key: str) -> str:
     from api.edge.auth import owner_of
 
