@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
 import platform
 import re
@@ -260,18 +259,7 @@ async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a child process these settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GENQ_")}
-    for name, value in settings.model_dump(exclude_none=True).items():
-        if isinstance(value, list):
-            text = ",".join(value)
-        elif isinstance(value, dict):
-            text = json.dumps(value)
-        elif hasattr(value, "get_secret_value"):
-            text = value.get_secret_value()
-        else:
-            text = str(value)
-        env[f"GENQ_{name.upper()}"] = text
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    return env | settings.environment() | {"PYTHONPATH": str(ROOT)}
 
 
 class WorkerProcess:
