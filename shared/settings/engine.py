@@ -44,8 +44,8 @@ class EngineSettings(BaseModel):
 
     llamacpp_kv_cells: Literal["q8_0", "f16"] = "q8_0"
     """Under llama.cpp: the K and V cells' type. `q8_0` takes half f16's memory (16 x 2048 cells:
-    ~380 MiB for the default model, against ~760 in f16, resident as rows fill); `f16` decodes one
-    job ~8% faster (llama.cpp's own default; measured in docs/performance.md)."""
+    ~380 MiB for the default model, against ~760 in f16, resident as rows fill); `f16` decodes a
+    little faster (llama.cpp's own default)."""
 
     llamacpp_prefix_cache: bool = True
     """Under llama.cpp: a finished job's row keeps its KV cells, and a later prompt that starts with

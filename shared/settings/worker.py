@@ -21,8 +21,8 @@ class WorkerSettings(BaseModel):
     worker_take_queued: bool = True
     """A task thread whose job ended gets the next job from the queue's Redis lists itself, with no
     broker delivery of its own: a waiting message is popped and its job claimed in one atomic
-    step, and with none waiting the thread waits worker_take_wait_s for one. A worker's CPU per
-    job with a zero-cost model and 16 or more clients: 1.7-1.9 -> 0.6-0.8 ms (bench/machinery.py).
+    step, and with none waiting the thread waits worker_take_wait_s for one: a worker spends about
+    a third of the CPU per job that a broker delivery costs (bench/machinery.py).
     The order (priority steps, oldest first) and the bound (one job per thread) are the delivery's,
     and a taken job is covered by its lease as a delivered one is. Off: every job is a Celery task
     of its own, as Flower's task view then shows them. A webhook worker's threads do the same with
@@ -38,8 +38,8 @@ class WorkerSettings(BaseModel):
 
     worker_task_events: bool = False
     """Send Celery's task events (received, started, succeeded) for Flower's live task view. Off
-    by default: three PUBLISHes per job on the worker's consumer thread, about 15% of its CPU at
-    150 jobs/s (bench/machinery.py), and nothing in genq reads them (its metrics and job records
+    by default: three PUBLISHes per job on the worker's consumer thread, a large share of its CPU
+    at high job rates, and nothing in genq reads them (its metrics and job records
     say the same); Flower still shows the workers and the broker's queues without them."""
 
     heartbeat_interval_s: float = Field(2.0, gt=0)
