@@ -31,8 +31,14 @@ def test_rules_parse_and_pass_their_unit_tests() -> None:
 
 
 def test_the_compose_prometheus_config_loads_the_rules(tmp_path: Path) -> None:
-    """docker-compose.yml mounts both files side by side; rule_files is relative to the config."""
-    shutil.copy(ROOT / "deploy/prometheus.yml", tmp_path / "prometheus.yml")
+    """docker-compose.yml mounts both files side by side; rule_files is relative to the config.
+    The scrape's bearer token is compose's `metrics_token` secret: promtool checks that its file
+    exists, so here it is a file of the test's own at the path compose mounts it."""
+    token = tmp_path / "metrics_token"
+    token.write_text("a-metrics-token\n")
+    config = (ROOT / "deploy/prometheus.yml").read_text()
+    assert "credentials_file: /run/secrets/metrics_token" in config
+    (tmp_path / "prometheus.yml").write_text(config.replace("/run/secrets/metrics_token", str(token)))
     shutil.copy(ROOT / RULES, tmp_path / "genq-rules.yaml")
     checked = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert f"SUCCESS: {len(alerts())} rules found" in checked
