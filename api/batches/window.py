@@ -11,12 +11,14 @@ result. Collecting what leaves the window is api/batches/results.py's job."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio.to_thread
 import redis.exceptions
 
 from api.batches.files import Files
+from api.batches.filestore import FileStorage
 from api.batches.input_file import Taken, read_duplicates, take_at_cursor
 from api.batches.line_schemas import KeptSchemas, read_refused, refused_again
 from api.batches.lines import NOT_RUN, LineError, LineRequest, duplicate, parse_line
@@ -25,6 +27,8 @@ from api.jobs.queue import Accepted, JobQueue
 from shared.batches import BatchStatus, BatchStore, line_idempotency_key
 from shared.errors import Conflict, GenqError, InvalidRequest, NotFound
 from shared.schemas import JobStatus
+
+T = TypeVar("T")
 
 #: Errors of a submission that say "not now" (the next period retries the line).
 RETRY_LATER = (GenqError, redis.exceptions.RedisError)
@@ -114,25 +118,21 @@ class Window:
 
     async def _refused_schemas(self, record: dict[str, str]) -> KeptSchemas:
         """What validation kept of the batch's schemas (read from storage once)."""
-        batch_id = record["id"]
-        if batch_id not in self._schemas:
-            if len(self._schemas) >= DUPLICATES_CACHED:
-                self._schemas.clear()
-            storage = self._files.storage
-            self._schemas[batch_id] = await anyio.to_thread.run_sync(read_refused, storage, batch_id)
-        return self._schemas[batch_id]
+        return await self._kept(self._schemas, record["id"], read_refused)
 
     async def _repeats(self, record: dict[str, str]) -> frozenset[int]:
         """The batch's lines refused for a repeated custom_id (read from storage once)."""
-        batch_id = record["id"]
         if not int(record.get("duplicates") or 0):
             return frozenset()
-        if batch_id not in self._duplicates:
-            if len(self._duplicates) >= DUPLICATES_CACHED:
-                self._duplicates.clear()
-            storage = self._files.storage
-            self._duplicates[batch_id] = await anyio.to_thread.run_sync(read_duplicates, storage, batch_id)
-        return self._duplicates[batch_id]
+        return await self._kept(self._duplicates, record["id"], read_duplicates)
+
+    async def _kept(self, cache: dict[str, T], batch_id: str, read: Callable[[FileStorage, str], T]) -> T:
+        """What validation kept beside a batch in file storage, read once into a bounded cache."""
+        if batch_id not in cache:
+            if len(cache) >= DUPLICATES_CACHED:
+                cache.clear()
+            cache[batch_id] = await anyio.to_thread.run_sync(read, self._files.storage, batch_id)
+        return cache[batch_id]
 
     async def _record(self, record: dict[str, str], taken: Taken, entries: dict[int, dict[str, Any]]) -> bool:
         """Move the cursor past what was taken and put the entries in the window, in one step."""

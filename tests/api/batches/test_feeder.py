@@ -62,10 +62,7 @@ def test_an_interactive_job_starts_at_once_beside_a_batch(
         client = client_for(url)
         lines = [chat_line(f"r{i}", f"x {i}", max_tokens=200, temperature=0) for i in range(8)]
         batch = start_batch(client, b"".join(lines))
-        deadline = time.monotonic() + 30
-        while metric(url, "genq_batch_lines_inflight") < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_inflight(url, 3)
         answer = client.completions.create(model=TEST_MODEL, prompt="now", max_tokens=2, temperature=0)
         assert answer.choices[0].text
         assert completed(client, batch.id) == 0
@@ -86,10 +83,7 @@ def test_the_reserve_holds_against_lines_of_several_samples(
         client = client_for(url)
         lines = [chat_line(f"r{i}", f"x {i}", max_tokens=200, temperature=1, n=2) for i in range(8)]
         batch = start_batch(client, b"".join(lines))
-        deadline = time.monotonic() + 30
-        while metric(url, "genq_batch_lines_inflight") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_inflight(url, 1)
         answer = client.completions.create(model=TEST_MODEL, prompt="now", max_tokens=2, temperature=0)
         assert answer.choices[0].text
         assert completed(client, batch.id) == 0
@@ -131,3 +125,11 @@ def test_a_batch_whose_files_storage_lost_fails_and_the_others_go_on(
         done = wait_for(bob, healthy.id, {"failed", "completed", "cancelled", "expired"})
         assert done.status == "completed" and done.request_counts is not None
         assert done.request_counts.completed == 3
+
+
+def wait_for_inflight(url: str, lines: int) -> None:
+    """Until the feeder has `lines` of a batch in flight (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while metric(url, "genq_batch_lines_inflight") < lines:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
