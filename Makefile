@@ -64,10 +64,11 @@ check: lint
 
 # Everything (CI runs this). Each of PYTEST_WORKERS processes has its own Redis, ports and temp
 # folders; a module whose fixtures start a stack once runs on one of them (loadgroup). Tests marked
-# serial measure the machine and run alone afterwards. PYTEST_WORKERS=0: one process, as before.
+# serial measure the machine and run alone first, while it is quiet (after the parallel run, its
+# processes' teardown still loads it). PYTEST_WORKERS=0: one process, as before.
 test: install system-tools lint
-	$(BIN)/python -m pytest -m "not serial" -n $(PYTEST_WORKERS) --dist loadgroup
 	$(BIN)/python -m pytest -m serial || [ $$? = 5 ]  # 5: none marked serial
+	$(BIN)/python -m pytest -m "not serial" -n $(PYTEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf .genq .mypy_cache .ruff_cache .pytest_cache
