@@ -127,7 +127,7 @@ class NewBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Ending:
+class BatchOutcome:
     """How a batch ends: its final status, why the whole file failed (errors), its files."""
 
     status: BatchStatus
@@ -292,7 +292,7 @@ class BatchStore:
     async def finalizing(self, batch_id: str) -> bool:
         return bool(await self._finalizing(keys=[keys.batch(batch_id)], args=[repr(time.time())]))
 
-    async def finish(self, record: dict[str, str], ending: Ending) -> bool:
+    async def finish(self, record: dict[str, str], ending: BatchOutcome) -> bool:
         batch_id, owner = record["id"], record["owner"]
         made = ending.output or ending.error
         now = time.time()

@@ -42,7 +42,7 @@ from api.jobs.fleet import fleet_slots
 from api.jobs.queue import JobQueue
 from api.jobs.schema_compile import SchemaChecker
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, Ending
+from shared.batches import BatchOutcome, BatchStatus, BatchStore
 from shared.config import Settings
 from shared.logging import fields
 
@@ -149,7 +149,7 @@ class BatchFeeder:
         if status is BatchStatus.VALIDATING:
             return await self._validate(record)
         if status is BatchStatus.CANCELLING and record.get("validated") != "1":
-            return await self._results.finish(record, Ending(BatchStatus.CANCELLED))
+            return await self._results.finish(record, BatchOutcome(BatchStatus.CANCELLED))
         if self._past_window(record):
             await self._store.mark_expiring(record["id"])
             record = await self._store.record(record["id"])
@@ -164,7 +164,7 @@ class BatchFeeder:
             record.get("input_done") == "1"
             and not (await self._store.window_size([record["id"]]))[record["id"]]
         ):
-            busy |= await self._results.finish(record, Ending(ending or BatchStatus.COMPLETED))
+            busy |= await self._results.finish(record, BatchOutcome(ending or BatchStatus.COMPLETED))
         return busy
 
     async def _validate(self, record: dict[str, str]) -> bool:

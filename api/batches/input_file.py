@@ -21,27 +21,27 @@ from api.batches.line_schemas import BatchSchemas, write_refused
 from api.batches.lines import Validation, input_problem, validate
 from api.batches.splitter import Line, line_size, split_lines
 from api.jobs.schema_compile import SchemaChecker
-from shared.batches import BatchStatus, BatchStore, Ending
+from shared.batches import BatchOutcome, BatchStatus, BatchStore
 from shared.errors import NotFound
 from shared.logging import fields
 
 log = logging.getLogger("genq.batches")
 
 
-def input_gone(record: dict[str, str], how: str) -> Ending:
+def input_gone(record: dict[str, str], how: str) -> BatchOutcome:
     """The batch fails: its input file is gone (`how` says when it went)."""
     message = f"the input file {record['input_file_id']} {how}"
-    return Ending(BatchStatus.FAILED, errors=[input_problem("file_not_found", message, None)])
+    return BatchOutcome(BatchStatus.FAILED, errors=[input_problem("file_not_found", message, None)])
 
 
-def lost_from_storage(record: dict[str, str], lost: FileNotFoundError) -> Ending:
+def lost_from_storage(record: dict[str, str], lost: FileNotFoundError) -> BatchOutcome:
     """The batch fails: content it needs went from storage mid-batch (`lost` names it): its input
     file, or its own files (results written so far, what validation kept)."""
     if record["input_file_id"] in str(lost):
         return input_gone(record, "was removed from storage during the batch")
     message = "the batch's own files were lost from storage (results written so far, or what validation kept)"
-    return Ending(BatchStatus.FAILED, errors=[{"code": "storage_lost", "message": message, "param": None,
-                                               "line": None}])  # fmt: skip
+    problem = {"code": "storage_lost", "message": message, "param": None, "line": None}
+    return BatchOutcome(BatchStatus.FAILED, errors=[problem])
 
 
 def duplicates_name(batch_id: str) -> str:
@@ -63,7 +63,7 @@ async def validate_input(
     *,
     schemas: SchemaChecker,
     schemas_max: int,
-) -> Ending | None:
+) -> BatchOutcome | None:
     """Check a validating batch's input file and record its request count and refused lines;
     how the batch ends instead when its window has passed or the file is gone or wrong as a whole.
     Each distinct response-format schema is compiled here, once (off the event loop), up to
@@ -71,7 +71,7 @@ async def validate_input(
     owner's file quota until the batch ends (batch_validated.lua, batch_finish.lua)."""
     batch_id = record["id"]
     if time.time() > float(record["expires_at"]):
-        return Ending(BatchStatus.EXPIRED)
+        return BatchOutcome(BatchStatus.EXPIRED)
     try:
         await files.get(record["input_file_id"], record["owner"])
         checked, kept_bytes = await anyio.to_thread.run_sync(
@@ -85,7 +85,7 @@ async def validate_input(
     except (NotFound, FileNotFoundError):
         return input_gone(record, "is gone")
     if checked.problem is not None:
-        return Ending(BatchStatus.FAILED, errors=[checked.problem])
+        return BatchOutcome(BatchStatus.FAILED, errors=[checked.problem])
     if checked.duplicates:
         name, content = duplicates_name(batch_id), orjson.dumps(checked.duplicates)
         kept_bytes += await anyio.to_thread.run_sync(files.storage.put, name, [content])

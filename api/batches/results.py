@@ -25,7 +25,7 @@ from api.batches.lines import KIND_OF_ENDPOINT, NOT_RUN, error_result, job_resul
 from api.jobs.queue import JobQueue
 from api.openai.kind import Kind
 from shared import keys, metrics
-from shared.batches import BatchStatus, BatchStore, Ending, result_file_id
+from shared.batches import BatchOutcome, BatchStatus, BatchStore, result_file_id
 from shared.errors import NotFound
 from shared.files import FilePurpose, NewFile
 from shared.ids import new_id
@@ -72,7 +72,7 @@ class Results:
         await self._store.forget_lines(record["owner"], batch_id, jobs, self._line_ttl_s)
         return True
 
-    async def finish(self, record: dict[str, str], ending: Ending, *, partial: bool = False) -> bool:
+    async def finish(self, record: dict[str, str], ending: BatchOutcome, *, partial: bool = False) -> bool:
         """Join the committed parts into the output and error files and end the batch. `partial`
         (a batch failing because storage lost what it needs): parts gone from storage are left
         out, not an error."""
@@ -82,7 +82,8 @@ class Results:
         parts = await self._store.parts(batch_id)
         output = await self._join(record, parts, "output", ".out", partial)
         error = await self._join(record, parts, "error", ".err", partial)
-        ending = Ending(ending.status, ending.errors, output, error, _webhook_message(record, ending.status))
+        webhook = _webhook_message(record, ending.status)
+        ending = BatchOutcome(ending.status, ending.errors, output, error, webhook)
         # Gone before the end releases their bytes from the owner's quota: nothing reads them now,
         # and a crash between the two leaves them charged until the next period ends the batch.
         await anyio.to_thread.run_sync(self._files.storage.delete, duplicates_name(batch_id))

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from api.batches.files import Files
 from api.batches.filestore import LocalStorage
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, Ending, result_file_id
+from shared.batches import BatchOutcome, BatchStatus, BatchStore, result_file_id
 from shared.errors import QuotaExceeded
 from shared.files import FilePurpose, FileRecords, NewFile
 from tests.api.batches.conftest import MAX_BYTES
@@ -81,7 +81,8 @@ async def _finish_with_output(aio_redis: aioredis.Redis, files: Files, expires_a
     )  # fmt: skip
     files.storage.put(output.file_id, [LINES])
     record = cast(dict[str, str], await aio_redis.hgetall(keys.batch(batch_id)))
-    assert await BatchStore(aio_redis, 3600).finish(record, Ending(BatchStatus.COMPLETED, output=output))
+    outcome = BatchOutcome(BatchStatus.COMPLETED, output=output)
+    assert await BatchStore(aio_redis, 3600).finish(record, outcome)
     return output
 
 

@@ -18,7 +18,7 @@ from api.batches import service
 from api.batches.files import Files
 from api.batches.service import BatchCreate, Batches
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, Ending
+from shared.batches import BatchOutcome, BatchStatus, BatchStore
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 
@@ -158,5 +158,6 @@ async def test_a_key_has_a_bound_on_its_active_batches_and_an_end_frees_a_slot(
     assert redis_client.zcard(keys.owner_batches("alice")) == 2  # the refused create wrote nothing
     await batches.create(create(await input_file(files, "bob")), "bob")  # another key is not bound by alice's
     # Ending a batch (here cancelled, as the feeder ends it) frees its slot.
-    assert await batches.store.finish(await batches.store.record(first["id"]), Ending(BatchStatus.CANCELLED))
+    cancelled = BatchOutcome(BatchStatus.CANCELLED)
+    assert await batches.store.finish(await batches.store.record(first["id"]), cancelled)
     await batches.create(create(file_id), "alice")

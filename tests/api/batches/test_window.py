@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from api.edge.autopipeline import DirectCommands
 from fastapi import FastAPI
 
 from api.app import job_api
@@ -22,13 +23,12 @@ from api.batches.filestore import LocalStorage
 from api.batches.input_file import validate_input
 from api.batches.results import Results
 from api.batches.window import Window
-from api.edge.autopipeline import DirectCommands
 from api.edge.ratelimit import RateLimiter
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from shared import keys
-from shared.batches import BatchStatus, BatchStore, Ending, NewBatch, new_batch_id
+from shared.batches import BatchOutcome, BatchStatus, BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
 from shared.files import FileRecords
 from shared.schemas import JobStatus
@@ -214,6 +214,6 @@ async def test_the_files_kept_beside_a_batch_count_against_its_owners_quota_unti
     assert kept_bytes > 0 and record["kept_bytes"] == str(kept_bytes)
     input_bytes = len(b"".join(lines))
     assert await files.records.held_bytes(OWNER) == input_bytes + kept_bytes
-    assert await Results(store, files, queue, 60).finish(record, Ending(BatchStatus.CANCELLED))
+    assert await Results(store, files, queue, 60).finish(record, BatchOutcome(BatchStatus.CANCELLED))
     assert not any(path.exists() for path in kept)
     assert await files.records.held_bytes(OWNER) == input_bytes  # released once they are gone
