@@ -43,7 +43,7 @@ from bench.common import (
     write_report,
 )
 from bench.machinery import MODEL, Receiver, submit_with_webhooks
-from workers.deliveries import WEBHOOK_LIST
+from workers.webhooks.delivery import WEBHOOK_LIST
 
 THREADS = (1, 16)
 FULL_JOBS, FULL_ROUNDS = 4000, 3

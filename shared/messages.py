@@ -44,7 +44,7 @@ def task_message(
 ) -> bytes:
     """A protocol-2 Celery message for kombu's Redis transport, routed straight to `queue`: what
     `send_task` writes, or with `retries`, `kwargs` and an `eta` (timezone-aware), what a task's
-    retry writes (webhook deliveries publish their own retries: workers/deliveries.py)."""
+    retry writes (webhook deliveries publish their own retries: workers/webhooks/delivery.py)."""
     if retries or kwargs or eta is not None:
         return _retry_message(task_name, task_id, args, queue, priority, retries, kwargs or {}, eta)
     body = base64.b64encode(orjson.dumps([args, {}, _EMBED]))

@@ -20,7 +20,7 @@ import redis.exceptions
 from shared import keys, scripts
 from shared.logging import fields as log_fields
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
-from workers.webhook_bodies import completed_body
+from workers.webhooks.bodies import completed_body
 
 log = logging.getLogger("genq.worker")
 
@@ -140,7 +140,7 @@ class WorkerJobs:
         """End the job this worker holds (False: it ended elsewhere, e.g. canceled). cache_entry is
         (cache key, ttl): on success the response is stored there in the same step. `record`, the
         job as this worker claimed it: when it has a `completed` webhook, its body is built here
-        and stored in the same step (workers/webhook_bodies.py). `before` adds commands that must
+        and stored in the same step (workers/webhooks/bodies.py). `before` adds commands that must
         run before the job ends (its last output deltas) to the pipeline that sends the finish
         script, one round trip for all; their failures are logged, never the job's. `then`, the
         thread's next take, goes after the script in the same round trip (NextTake)."""

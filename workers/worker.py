@@ -130,7 +130,7 @@ def run_worker(settings: Settings, queues: list[str] | None = None, concurrency:
     hostname = f"genq-{runtime.worker_id}"
     runtime.stop_consuming = consumer_stopper(app, default_nodename(hostname), queues)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
-    from workers import webhooks  # noqa: F401  (registers the webhook delivery task)
+    from workers.webhooks import tasks as webhook_tasks  # noqa: F401  (registers the webhook delivery tasks)
 
     argv = [
         "worker", "--pool=threads", f"--concurrency={runtime.slots}",

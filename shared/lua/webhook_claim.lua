@@ -1,5 +1,5 @@
 -- Claims a webhook delivery's generation for a message Celery delivered and, when claimed, reads
--- what its attempt needs (workers/deliveries.py; claim_delivery and look_delivery in common.lua
+-- what its attempt needs (workers/webhooks/delivery.py; claim_delivery and look_delivery in common.lua
 -- say what each outcome and read means).
 -- KEYS: delivery state, the job's (or batch's) record, and for a job's `completed` its `start`
 -- delivery state. ARGV: generation, now, lease until, ttl (the state's, when the record has no

@@ -26,7 +26,7 @@ class WorkerSettings(BaseModel):
     The order (priority steps, oldest first) and the bound (one job per thread) are the delivery's,
     and a taken job is covered by its lease as a delivered one is. Off: every job is a Celery task
     of its own, as Flower's task view then shows them. A webhook worker's threads do the same with
-    deliveries (workers/delivery_intake.py): a waiting first-hand delivery message is popped and
+    deliveries (workers/webhooks/intake.py): a waiting first-hand delivery message is popped and
     its delivery claimed in one step (a retry's, which carries an eta, is left to Celery, which
     holds it until due)."""
 

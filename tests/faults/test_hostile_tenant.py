@@ -3,7 +3,7 @@ real worker. A tries every route on B's jobs (404 each, nothing changed), holds 
 long-polls past its limits (429 for A only; B's latency and /readyz unchanged; the API's Redis
 connections do not grow with A's streams), and lists big jobs (API memory stays bounded).
 
-Per-key webhook secrets: tests/workers/test_webhooks.py; every SSRF class, at submit and at
+Per-key webhook secrets: tests/workers/webhooks/test_tasks.py; every SSRF class, at submit and at
 delivery: tests/shared/test_ssrf.py. `python -m bench.tenants` measures the same at 10,000 streams.
 """
 

@@ -76,7 +76,7 @@ def test_our_message_is_the_one_celery_publishes(
 def test_a_retry_message_is_the_one_celery_publishes(
     make_settings: Callable[..., Settings], redis_client: redis.Redis
 ) -> None:
-    """A webhook delivery publishes its own next generation (workers/deliveries.py): a worker must
+    """A webhook delivery publishes its own next generation (workers/webhooks/delivery.py): a worker must
     read the same retry count, keyword arguments and eta from it as from Celery's own retry."""
     task_id, queue = str(uuid.uuid4()), "genq.test-messages"
     args, kwargs = [task_id, "completed"], {"due_at": 1234.5}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shared.config import Settings
-from workers import webhook_http
+from workers.webhooks import client
 
 BLOCKED = [
     ("http://127.0.0.1:8080/hook", "loopback"),
@@ -69,22 +69,22 @@ async def test_submit_accepts_public_targets(api: httpx.AsyncClient, url: str) -
 @pytest.mark.parametrize(("url", "reason"), BLOCKED)
 def test_delivery_check_refuses_forbidden_targets(settings: Settings, url: str, reason: str) -> None:
     for _ in range(2):  # and again, when the address's verdict is remembered
-        with pytest.raises(webhook_http.Refused, match=re.escape(reason)):
-            webhook_http.checked_addresses(url, settings.webhook_policy)
+        with pytest.raises(client.Refused, match=re.escape(reason)):
+            client.checked_addresses(url, settings.webhook_policy)
 
 
 @pytest.mark.parametrize("url", ALLOWED)
 def test_delivery_check_allows_public_targets_every_time(settings: Settings, url: str) -> None:
     for _ in range(2):
-        assert webhook_http.checked_addresses(url, settings.webhook_policy)
+        assert client.checked_addresses(url, settings.webhook_policy)
 
 
 def test_delivery_refusal_is_final_and_sends_nothing(settings: Settings) -> None:
-    result = webhook_http.post("http://localhost:8080/", b"{}", {}, settings.webhook_policy, 1.0)
+    result = client.post("http://localhost:8080/", b"{}", {}, settings.webhook_policy, 1.0)
     assert result.refused and result.status_code is None
     assert result.error is not None and "loopback" in result.error
 
 
 def test_lifting_the_guard_allows_private_targets_on_any_port(make_settings: Callable[..., Settings]) -> None:
     lifted = make_settings(webhook_allow_private=True).webhook_policy
-    assert webhook_http.checked_addresses("http://127.0.0.1:6379/", lifted) == ["127.0.0.1"]
+    assert client.checked_addresses("http://127.0.0.1:6379/", lifted) == ["127.0.0.1"]

@@ -19,7 +19,7 @@ from shared.config import Settings
 from tests.conftest import api_client, monitored, wait_until_running
 from workers.engine import build_engine
 from workers.runtime import WorkerRuntime
-from workers.webhooks import OutputWebhooks
+from workers.webhooks.output import OutputWebhooks
 from workers.worker import engine_config
 
 pytestmark = pytest.mark.anyio

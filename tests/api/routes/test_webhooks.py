@@ -1,7 +1,8 @@
 """api/routes/webhooks.py: a job's webhook delivery log, shown to the job's owner only, oldest
 attempt first; and /v1/webhook-secret, which makes or rotates the caller's signing secret and shows
 it in that answer only. Attempts are recorded by the delivery worker's own calls
-(workers/deliveries.py), with no receiver. (Deliveries end to end: tests/workers/test_webhooks.py.)"""
+(workers/webhooks/delivery.py), with no receiver. (Deliveries end to end:
+tests/workers/webhooks/test_tasks.py.)"""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import redis
 from shared.config import Settings
 from shared.key_secrets import SECRET_BYTES
 from tests.conftest import api_client
-from workers.deliveries import Deliveries, Delivery, log_entry
-from workers.verdicts import Outcome, Verdict
-from workers.webhook_http import AttemptResult
+from workers.webhooks.client import AttemptResult
+from workers.webhooks.delivery import Deliveries, Delivery, log_entry
+from workers.webhooks.outcomes import Outcome, Verdict
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""What one webhook attempt's result means for its delivery (workers/deliveries.py): delivered,
+"""What one webhook attempt's result means for its delivery (workers/webhooks/delivery.py): delivered,
 gone, refused, failed for good, or retried after the schedule's next delay plus jitter."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from shared.config import Settings
-from workers.webhook_http import AttemptResult
+from workers.webhooks.client import AttemptResult
 
 #: Retry delays get up to this fraction added at random, so receivers that failed together are
 #: not all retried in the same second.

@@ -1,17 +1,14 @@
-"""Webhook deliveries' Celery tasks, `genq.webhook.deliver(job_id, event)` and its batch twin,
-and the `output` notifier. What a delivery is, and its claims, retries and ordering:
-workers/deliveries.py. A task thread whose delivery ended goes on with the deliveries it takes
-from the queue itself: workers/delivery_intake.py."""
+"""Webhook deliveries' Celery tasks, `genq.webhook.deliver(job_id, event)` and its batch twin
+(`output` notices become delivery messages in workers/webhooks/output.py). What a delivery is,
+and its claims, retries and ordering: workers/webhooks/delivery.py. A task thread whose delivery
+ended goes on with the deliveries it takes from the queue itself: workers/webhooks/intake.py."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-import queue
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -20,33 +17,28 @@ from celery import Task, shared_task, signals
 from celery.exceptions import Reject
 
 from shared import keys, metrics, signing
-from shared.config import Settings
-from shared.ids import new_id
 from shared.logging import fields
-from shared.schemas import WebhookEvent
-from workers import context, webhook_http
-from workers.deliveries import (
+from workers import context
+from workers.store_retry import StoreUnavailable, retry_store_call
+from workers.webhooks.client import AttemptResult
+from workers.webhooks.delivery import (
     AttemptRecord,
     Claim,
     Deliveries,
     Delivery,
     DeliverySnapshot,
     log_entry,
-    publish,
 )
-from workers.delivery_intake import DeliveryIntake, DeliveryMessage, Taken
-from workers.store_retry import StoreUnavailable, retry_store_call
-from workers.verdicts import Outcome, Verdict
+from workers.webhooks.intake import ClaimedDelivery, DeliveryIntake, DeliveryMessage
+from workers.webhooks.outcomes import Outcome, Verdict
 
 log = logging.getLogger("genq.webhooks")
 
 #: A hop that arrives this close to its due time makes the attempt instead of hopping again.
 HOP_SLACK_S = 1.0
-#: Least seconds between two `output` deliveries of one job.
-OUTPUT_INTERVAL_S = 1.0
 
 
-def _log(delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict) -> None:
+def _log(delivery: Delivery, attempt: int, result: AttemptResult, outcome: Verdict) -> None:
     # Never the body (it holds the prompt and output) and never the secret.
     line = fields(
         job_id=delivery.job_id,
@@ -83,7 +75,7 @@ def _intake() -> DeliveryIntake | None:
 
 def _deliver(task: Task, job_id: str, event: str, due_at: float | None = None) -> None:
     """Deliver one event of job `job_id`: one attempt per message, retried per the schedule;
-    a message that arrives before `due_at` is a hop of a long wait (workers/deliveries.py). Then
+    a message that arrives before `due_at` is a hop of a long wait (workers/webhooks/delivery.py). Then
     the deliveries this thread takes from the queue itself (_take_queued)."""
     _deliver_message(_delivered(task, Delivery.of(job_id, event, task.request.id)))
     _take_queued()
@@ -118,7 +110,7 @@ def _deliver_message(message: DeliveryMessage) -> None:
 
 
 def _take_queued() -> None:
-    """Deliver what this thread takes from the webhook queue itself (workers/delivery_intake.py),
+    """Deliver what this thread takes from the webhook queue itself (workers/webhooks/intake.py),
     one after another, so that a delivery costs no broker delivery of its own (BRPOP, kombu's
     unacked record, task dispatch, ack), and its end is recorded in the next take's round trip.
     Ends when none came within the wait, on drain, when the store cannot be reached (a delivery it
@@ -142,7 +134,7 @@ def _take_queued() -> None:
         _record_last_attempt(attempt_record)
 
 
-def _deliver_taken(taken: Taken) -> AttemptRecord | None:
+def _deliver_taken(taken: ClaimedDelivery) -> AttemptRecord | None:
     """A message the take claimed (or found not to act on) goes on as a delivered one does; the
     end of its attempt, when it made one."""
     deliveries, message = _deliveries(), taken.message
@@ -271,96 +263,3 @@ def _warn_at_start(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_warn_at_start, weak=False)
-
-
-def wants_output(job_input: Mapping[str, Any]) -> bool:
-    """Whether a job (its input, as stored) has a webhook whose filter holds `output`."""
-    return bool(job_input.get("webhook")) and WebhookEvent.OUTPUT in (
-        job_input.get("webhook_events_filter") or []
-    )
-
-
-class OutputWebhooks:
-    """Turns "new text for job X" into at most one `output` delivery per second per job.
-
-    The worker follows each job it runs, with the input it claimed (`follow`; the input is never
-    read back from Redis for this), until it ends (`forget`); `on_output` for a job whose webhook
-    filter does not hold `output` (wants_output), or that is not followed, does nothing. Else it
-    only puts the id on an in-memory queue (it never blocks on Redis and never raises); a daemon
-    thread sends a delivery message at most every OUTPUT_INTERVAL_S per job: a call inside the
-    interval is not dropped but sent when the interval ends, so the receiver always sees the latest
-    state within a second.
-    """
-
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
-        self._redis = client
-        self._settings = settings
-        self._inbox: queue.Queue[str] = queue.Queue(maxsize=10_000)
-        self._due: dict[str, float] = {}
-        self._last_sent: dict[str, float] = {}
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-        self._stopped = threading.Event()
-        #: The followed jobs that want `output` deliveries.
-        self._hooked: set[str] = set()
-
-    def follow(self, job_id: str, job_input: Mapping[str, Any]) -> None:
-        if wants_output(job_input):
-            self._hooked.add(job_id)
-
-    def forget(self, job_id: str) -> None:
-        self._hooked.discard(job_id)
-
-    def on_output(self, job_id: str) -> None:
-        if job_id not in self._hooked:
-            return
-        try:
-            self._ensure_thread()
-            self._inbox.put_nowait(job_id)
-        except Exception:  # the engine's hook must never fail because of a webhook
-            log.warning("webhook_output_dropped", exc_info=True, extra=fields(job_id=job_id))
-
-    def close(self) -> None:
-        self._stopped.set()
-
-    def _ensure_thread(self) -> None:
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="genq-output-webhooks", daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                job_id: str | None = self._inbox.get(timeout=self._next_due_in())
-            except queue.Empty:
-                job_id = None
-            try:
-                if job_id is not None:
-                    self._note(job_id)
-                self._send_due()
-            except Exception:  # a Redis outage must not end the thread
-                log.warning("webhook_output_failed", exc_info=True, extra=fields(job_id=job_id))
-                time.sleep(0.5)
-
-    def _next_due_in(self) -> float:
-        if not self._due:
-            return 1.0
-        return min(1.0, max(0.0, min(self._due.values()) - time.monotonic()))
-
-    def _note(self, job_id: str) -> None:
-        if job_id in self._due:
-            return
-        self._due[job_id] = max(time.monotonic(), self._last_sent.get(job_id, -math.inf) + OUTPUT_INTERVAL_S)
-
-    def _send_due(self) -> None:
-        now = time.monotonic()
-        for job_id in [j for j, due in self._due.items() if due <= now]:
-            del self._due[job_id]
-            task_id = new_id()
-            delivery = Delivery.of(job_id, WebhookEvent.OUTPUT, task_id)
-            publish(self._redis, delivery, task_id, 0, 0.0, {}, self._settings.job_ttl_s)
-            self._last_sent[job_id] = now
-        # Only sends within the last interval still hold a job back; forget the others.
-        for job_id in [j for j, sent in self._last_sent.items() if now - sent > OUTPUT_INTERVAL_S]:
-            del self._last_sent[job_id]

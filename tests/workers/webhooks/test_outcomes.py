@@ -1,10 +1,10 @@
-"""workers/verdicts.py: what one webhook attempt's result means: final outcomes, and retries on
+"""workers/webhooks/outcomes.py: what one webhook attempt's result means: final outcomes, and retries on
 the schedule with jitter until it runs out."""
 
 from __future__ import annotations
 
-from workers.verdicts import JITTER_FRACTION, Outcome, Verdict, verdict
-from workers.webhook_http import AttemptResult
+from workers.webhooks.client import AttemptResult
+from workers.webhooks.outcomes import JITTER_FRACTION, Outcome, Verdict, verdict
 
 
 def _attempt(status: int | None = None, error: str | None = None, refused: bool = False) -> AttemptResult:

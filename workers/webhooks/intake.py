@@ -24,7 +24,7 @@ import redis
 
 from shared import keys, scripts
 from shared.schemas import WebhookEvent
-from workers.deliveries import (
+from workers.webhooks.delivery import (
     START_MESSAGE_FIELD,
     WEBHOOK_LIST,
     AttemptRecord,
@@ -68,9 +68,9 @@ class DeliveryMessage:
 
 
 @dataclass(frozen=True, slots=True)
-class Taken:
-    """A message taken from the list, what claiming its delivery's generation said, and what its
-    attempt reads (read in the same script when claimed)."""
+class ClaimedDelivery:
+    """A delivery message taken from the list, with what claiming its generation said (CLAIMED, or
+    why not) and what its attempt reads (read in the same script when claimed)."""
 
     message: DeliveryMessage
     claim: Claim
@@ -90,7 +90,7 @@ class DeliveryIntake:
         self._closing = closing
         self._take = client.register_script(scripts.source("webhook_take"))
 
-    def next(self, attempt_record: AttemptRecord | None = None) -> Taken | None:
+    def next(self, attempt_record: AttemptRecord | None = None) -> ClaimedDelivery | None:
         """The next due delivery message, its generation claimed when it could be: one waiting
         now, else the first to come within wait_s; None when none came, the worker is closing,
         or the next message is not one to take (it stays first in line, for Celery's consumer).
@@ -102,7 +102,7 @@ class DeliveryIntake:
             return None
         reply = self._take_one("", attempt_record)
         if reply or self._wait_s <= 0:
-            return _taken(reply)
+            return _claimed_delivery(reply)
         popped = self._redis.brpop([WEBHOOK_LIST], timeout=self._wait_s)
         if popped is None:
             return None
@@ -110,7 +110,7 @@ class DeliveryIntake:
         if self._closing.is_set():
             self._redis.rpush(WEBHOOK_LIST, message)
             return None
-        return _taken(self._take_one(message))
+        return _claimed_delivery(self._take_one(message))
 
     def _take_one(self, popped: str, attempt_record: AttemptRecord | None = None) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "", after
@@ -127,13 +127,13 @@ class DeliveryIntake:
 EVENT_NAMES = [WebhookEvent.OUTPUT, WebhookEvent.COMPLETED, WebhookEvent.START]
 
 
-def _taken(reply: list[Any]) -> Taken | None:
-    """The Taken of a take script's reply; None for an empty list or a message that went back."""
+def _claimed_delivery(reply: list[Any]) -> ClaimedDelivery | None:
+    """The ClaimedDelivery of a take script's reply; None for an empty list or a message that went back."""
     if len(reply) < 3:
         return None
     outcome, held_until, message, *looked = reply
     claim, lease_end, snapshot = claimed([outcome, held_until, *looked])
-    return Taken(DeliveryMessage.parse(_text(message)), claim, lease_end, snapshot)
+    return ClaimedDelivery(DeliveryMessage.parse(_text(message)), claim, lease_end, snapshot)
 
 
 def _text(value: bytes | str) -> str:

@@ -3,7 +3,7 @@
 A delivery is one event of one job (`start`, `completed`, one `output` notice) or of a batch. Its
 state lives in Redis (DELIVERY below): its payload, built before the first attempt so every retry
 sends the same bytes under the same webhook-id (a job's `completed` by the worker that finishes
-the job, workers/webhook_bodies.py; any other by its first attempt, prepare()); the attempt
+the job, workers/webhooks/bodies.py; any other by its first attempt, prepare()); the attempt
 count; the outcome; and a claim.
 
 Retries: a failed attempt publishes the next generation's message (as Celery's `self.retry`
@@ -16,7 +16,7 @@ Claims: each message carries its generation, and may act only for a generation n
 delivery's, or take its own over once its holder's lease (an attempt timeout plus a margin) ran
 out; every other copy is dropped, so each attempt runs once. `completed` waits while the job's
 `start` delivery is pending. The scripts: shared/lua/webhook_claim.lua and webhook_record.lua
-(common.lua), and workers/delivery_intake.py for a task thread that takes its next delivery itself."""
+(common.lua), and workers/webhooks/intake.py for a task thread that takes its next delivery itself."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from shared.config import Settings
 from shared.messages import task_message
 from shared.schemas import WebhookEvent
 from shared.store import rfc3339
-from workers import webhook_http
-from workers.verdicts import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
-from workers.webhook_bodies import WebhookPayload, batch_event, job_event
+from workers.webhooks.bodies import WebhookPayload, batch_event, job_event
+from workers.webhooks.client import AttemptResult, post
+from workers.webhooks.outcomes import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
 
 DELIVERY = keys.WEBHOOK_DELIVERY
 #: The job record's field that holds its `start` delivery's message until it is sent.
@@ -246,7 +246,7 @@ class Deliveries:
         self, delivery: Delivery, generation: int, fields: dict[str, str], entry: dict[str, Any] | None
     ) -> AttemptRecord:
         """The end of this generation, to record with record_attempt() or with a thread's next take
-        (workers/delivery_intake.py): release the claim, set fields, append the attempt to the log
+        (workers/webhooks/intake.py): release the claim, set fields, append the attempt to the log
         (shared/lua/common.lua record_delivery)."""
         flat = [item for pair in fields.items() for item in pair]
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
@@ -328,14 +328,14 @@ class Deliveries:
             return batch_event(delivery.event, snapshot.record)
         return job_event(delivery.event, snapshot.record)
 
-    def attempt(self, delivery: Delivery, prepared: Prepared) -> webhook_http.AttemptResult:
+    def attempt(self, delivery: Delivery, prepared: Prepared) -> AttemptResult:
         """Send the frozen body once, signed (no Redis: prepare() read what it needs)."""
         payload = prepared.payload
         secrets = key_secrets.signing_keys(
             prepared.stored_secrets, payload.owner, self._settings, self._secrets
         )
         headers = signing.headers(secrets, delivery.webhook_id, int(time.time()), payload.body)
-        return webhook_http.post(
+        return post(
             payload.url,
             payload.body,
             headers,
@@ -343,13 +343,11 @@ class Deliveries:
             self._settings.webhook_timeout_s,
         )
 
-    def conclude(self, delivery: Delivery, attempt: int, result: webhook_http.AttemptResult) -> Verdict:
+    def conclude(self, delivery: Delivery, attempt: int, result: AttemptResult) -> Verdict:
         return verdict(result, attempt, self._delays)
 
 
-def log_entry(
-    delivery: Delivery, attempt: int, result: webhook_http.AttemptResult, outcome: Verdict
-) -> dict[str, Any]:
+def log_entry(delivery: Delivery, attempt: int, result: AttemptResult, outcome: Verdict) -> dict[str, Any]:
     """One attempt as the delivery log (GET /v1/jobs/{id}/webhooks) shows it."""
     entry: dict[str, Any] = {
         "event": delivery.event,

@@ -1,6 +1,6 @@
 """Keep-alive connections for webhook attempts, each reused only for what it was checked for.
 
-An attempt connects to the address the SSRF guard checked for it (workers/webhook_http.py), not
+An attempt connects to the address the SSRF guard checked for it (workers/webhooks/client.py), not
 to the URL's host name. A pool keyed by that address alone (httpx's, httpcore's) would let two
 host names on one address share a connection, and an https connection verified for one name
 carry requests for the other. So this small pool is keyed by a Route (scheme, host name, port,
@@ -39,7 +39,7 @@ MAX_IDLE = 64
 IDLE_S = 4.0
 #: Most bytes of one answer read from its connection, head and body together: a head larger than
 #: this is an error (h11, used before, allowed 16 KiB), and the body is capped far below it
-#: (webhook_http.RESPONSE_CAP_BYTES).
+#: (attempt.RESPONSE_CAP_BYTES).
 ANSWER_CAP_BYTES = 64 * 1024
 
 
@@ -148,7 +148,7 @@ def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
 class _Answer(http.client.HTTPResponse):
     """http.client's HTTPResponse with the head read by read_head: `begin` is the standard
     library's own code (its status line, 100-continue, chunked, length and keep-alive rules), run
-    with read_head where it calls parse_headers (tests/workers/test_webhook_connections.py checks
+    with read_head where it calls parse_headers (tests/workers/webhooks/test_connections.py checks
     both read every kind of answer alike)."""
 
     begin = types.FunctionType(
@@ -211,7 +211,7 @@ class Connection:
         """Send `request` (its head and body, whole, in one write; connecting first when it is not
         open) and read its answer's head, the answer (status line, headers and body) read within
         `answer_within_s` of the request going out, or its reads raise TimeoutError. The caller builds the
-        head from what it checked once per URL (workers/webhook_http.py), where http.client's `request()`
+        head from what it checked once per URL (workers/webhooks/client.py), where http.client's `request()`
         would check and encode each header again on every attempt; http.client's own code reads the
         answer (_Answer)."""
         if self.http.sock is None:

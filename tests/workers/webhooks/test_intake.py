@@ -1,7 +1,7 @@
-"""workers/delivery_intake.py and shared/lua/webhook_take.lua: a task thread's next webhook
+"""workers/webhooks/intake.py and shared/lua/webhook_take.lua: a task thread's next webhook
 delivery without a broker delivery, against a real Redis. Messages are published the way the job
-scripts and the delivery tasks publish them (workers.deliveries.publish); what a taken delivery
-then does end to end is in tests/workers/test_webhooks.py."""
+scripts and the delivery tasks publish them (workers.webhooks.delivery.publish); what a taken delivery
+then does end to end is in tests/workers/webhooks/test_tasks.py."""
 
 from __future__ import annotations
 
@@ -20,11 +20,18 @@ from cli.redis_server import EmbeddedRedis
 from shared import keys
 from shared.messages import task_message
 from shared.reaper import Reaper
-from tests.workers.test_webhook_orphans import recheck_at
-from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, WEBHOOK_LIST, AttemptRecord, Claim, Deliveries, Delivery
-from workers.delivery_intake import DeliveryIntake, DeliveryMessage
-from workers.webhook_bodies import WebhookPayload
+from tests.workers.webhooks.test_orphans import recheck_at
+from tests.workers.webhooks.test_tasks import hook_settings
+from workers.webhooks.bodies import WebhookPayload
+from workers.webhooks.delivery import (
+    START_MESSAGE_FIELD,
+    WEBHOOK_LIST,
+    AttemptRecord,
+    Claim,
+    Deliveries,
+    Delivery,
+)
+from workers.webhooks.intake import DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 

@@ -17,8 +17,8 @@ from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.reaper import Reaper
 from tests.conftest import WorkerProcess, api_client
-from tests.workers.test_webhooks import Receiver, hook_settings, submit_completed_hook, until
-from workers.deliveries import WEBHOOK_LIST, Deliveries, Delivery
+from tests.workers.webhooks.test_tasks import Receiver, hook_settings, submit_completed_hook, until
+from workers.webhooks.delivery import WEBHOOK_LIST, Deliveries, Delivery
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 

@@ -15,7 +15,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from tests.conftest import WorkerProcess, api_client
-from tests.workers.test_webhooks import Receiver, hook_settings
+from tests.workers.webhooks.test_tasks import Receiver, hook_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -1,8 +1,8 @@
-"""workers/webhook_connections.py: the pool of kept-alive webhook connections, against a real
+"""workers/webhooks/connections.py: the pool of kept-alive webhook connections, against a real
 loopback receiver that counts its connections. Idle connections are bounded in number (the oldest
 closed first) and in age, one the receiver closed is not handed out, and one whose exchange did
 not end cleanly is closed, not kept. (Reuse through whole attempts, names, addresses, TLS, and
-answers not read to their end: tests/workers/test_webhook_http.py.)"""
+answers not read to their end: tests/workers/webhooks/test_client.py.)"""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from tests.workers.conftest import CountingServer, KeptAliveReceiver, serve
-from workers import webhook_http
-from workers.webhook_connections import HEAD_LINE_BYTES, HEAD_LINES, Connection, Pool, Route, _Answer
+from tests.workers.webhooks.conftest import CountingServer, KeptAliveReceiver, serve
+from workers.webhooks import client
+from workers.webhooks.connections import HEAD_LINE_BYTES, HEAD_LINES, Connection, Pool, Route, _Answer
 
 
 def _routes(port: int) -> list[Route]:
@@ -25,7 +25,7 @@ def test_idle_connections_are_bounded_in_number_and_age(servers: list[CountingSe
     server = serve(servers)
     port = server.server_address[1]
     pool = Pool(max_idle=1, idle_s=0.3)
-    tls = webhook_http._tls_context()
+    tls = client._tls_context()
     routes = _routes(port)
     taken = [pool.take(route, tls) for route in routes]
     for connection in taken:
@@ -58,7 +58,7 @@ def _use(pool: Pool, connection: Connection) -> None:
 
 def test_a_connection_the_receiver_closed_is_not_handed_out(servers: list[CountingServer]) -> None:
     server = serve(servers)
-    pool, tls = Pool(), webhook_http._tls_context()
+    pool, tls = Pool(), client._tls_context()
     route = _routes(server.server_address[1])[0]
     KeptAliveReceiver.timeout = 0.2  # the receiver's idle timeout: it closes the connection
     try:
@@ -78,7 +78,7 @@ def test_a_connection_whose_answer_was_not_read_to_its_end_is_closed_not_kept(
     """A capped or abandoned answer leaves bytes on the connection: the next request would read
     them as its answer."""
     server = serve(servers)
-    pool, tls = Pool(), webhook_http._tls_context()
+    pool, tls = Pool(), client._tls_context()
     route = _routes(server.server_address[1])[0]
     connection = pool.take(route, tls)
     _post(connection)  # the answer's body is never read: the attempt never marks it reusable

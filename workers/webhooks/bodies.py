@@ -1,5 +1,5 @@
 """What a webhook delivery sends: its URL, its body (the event and the job or batch as the API shows
-it) and whose secret signs it. Built once and frozen (workers/deliveries.py): a job's `completed` by
+it) and whose secret signs it. Built once and frozen (workers/webhooks/delivery.py): a job's `completed` by
 the worker that ends the job (completed_body, called from workers/jobs.py's finish), any other at
 its delivery's first attempt. Kept apart from the delivery machinery so the job store's worker side
 imports only this (no HTTP client)."""

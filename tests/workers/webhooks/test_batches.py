@@ -19,7 +19,7 @@ from tests.api.live_server import live_server
 from tests.api.routes.test_batches import CHAT, chat_line, upload, wait_for
 from tests.api.routes.test_openai import client_for
 from tests.conftest import WorkerProcess
-from tests.workers.test_webhooks import Receiver, hook_settings, receivers, verify_with_each_secret  # noqa: F401
+from tests.workers.webhooks.test_tasks import Receiver, hook_settings, receivers, verify_with_each_secret  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

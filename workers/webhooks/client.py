@@ -6,7 +6,7 @@ rebinding cannot redirect it, while the Host header, the TLS SNI name and certif
 the original name. Redirects are never followed, no proxy is used, at most RESPONSE_CAP_BYTES of
 the body are read, and every wait (connect, send, the whole answer however slowly it drips) is
 cut at the attempt timeout. Connections are reused only for the same scheme, host name, port and
-checked address (workers/webhook_connections.py)."""
+checked address (workers/webhooks/connections.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import httpx
 
 from shared import ssrf
 from shared.errors import InvalidRequest
-from workers.webhook_connections import AnswerTooLarge, ConnectError, Connection, Pool, Route
+from workers.webhooks.connections import AnswerTooLarge, ConnectError, Connection, Pool, Route
 
 #: Most bytes of a receiver's answer read (then the connection is closed): the status is all
 #: that matters, and a receiver streaming a large answer must not hold the worker.

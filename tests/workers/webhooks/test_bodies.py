@@ -1,9 +1,9 @@
-"""workers/webhook_bodies.py: what a delivery sends, built from records shaped as the API writes
+"""workers/webhooks/bodies.py: what a delivery sends, built from records shaped as the API writes
 them (api/jobs/store.py NewJob.record). A `completed` body built by the worker that ends a job is
 the ended job exactly as GET /v1/jobs/{id} shows it; nothing is built for a job without that
 webhook, for an expired record, for an `output` notice of a job already over, or for a batch
 without a webhook. (Stored by the finish script: tests/shared/test_store_scripts.py; received over
-HTTP: tests/workers/test_webhooks.py.)"""
+HTTP: tests/workers/webhooks/test_tasks.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import orjson
 
 from api.jobs.store import NewJob
 from shared.store import public_job
-from workers.webhook_bodies import batch_event, completed_body, job_event
+from workers.webhooks.bodies import batch_event, completed_body, job_event
 
 HOOK = "http://127.0.0.1:9/hook"
 

@@ -12,9 +12,9 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from tests.workers.test_webhooks import hook_settings
-from workers.deliveries import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
-from workers.webhook_bodies import WebhookPayload
+from tests.workers.webhooks.test_tasks import hook_settings
+from workers.webhooks.bodies import WebhookPayload
+from workers.webhooks.delivery import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 

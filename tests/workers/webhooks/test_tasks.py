@@ -28,9 +28,9 @@ from shared import keys
 from shared.config import Settings
 from shared.signing import headers, parse_secrets
 from tests.conftest import WorkerProcess, api_client, suite_settings
-from tests.workers.conftest import QuietServer
-from workers.deliveries import Delivery
-from workers.webhooks import OutputWebhooks, wants_output
+from tests.workers.webhooks.conftest import QuietServer
+from workers.webhooks.delivery import Delivery
+from workers.webhooks.output import OutputWebhooks
 
 pytestmark = pytest.mark.anyio
 
@@ -293,45 +293,6 @@ async def test_output_events_reach_the_receiver_while_the_job_runs(
     assert len(receiver.of_type("job.completed")) == 1
 
 
-#: The input of a job whose webhook asks for `output` (what OutputWebhooks.follow reads of it).
-OUTPUT_HOOKED = {"webhook": "https://receiver.example/hook", "webhook_events_filter": ["output"]}
-
-
-def test_output_notices_are_throttled_to_one_per_second_per_job(
-    redis_server: EmbeddedRedis, tmp_path: Path
-) -> None:
-    settings = hook_settings(redis_server.url[:-1] + "3", tmp_path)  # a database no worker consumes
-    client = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
-    client.flushdb()
-    notifier = OutputWebhooks(client, settings)
-    notifier.follow("job", OUTPUT_HOOKED)
-    pushes: list[float] = []
-    started = time.monotonic()
-    while time.monotonic() - started < 3.5:
-        if time.monotonic() - started < 2.5:
-            notifier.on_output("job")
-        while client.llen("webhooks") > len(pushes):
-            pushes.append(time.monotonic() - started)
-        time.sleep(0.02)
-    notifier.close()
-    messages = [json.loads(m) for m in client.lrange("webhooks", 0, -1)]
-    assert {json.dumps(json.loads(base64.b64decode(m["body"]))[0]) for m in messages} == {'["job", "output"]'}
-    assert 3 <= len(pushes) <= 4, pushes  # at 0, 1, 2 s, and the last call's trailing notice at 3 s
-    assert pushes[0] < 0.3
-    assert all(later - earlier >= 0.9 for earlier, later in itertools.pairwise(pushes)), pushes
-
-
-def test_on_output_never_blocks_or_raises_when_redis_is_down(make_settings: Callable[..., Settings]) -> None:
-    unreachable = redis.Redis(port=socket_free_port(), socket_connect_timeout=5)
-    notifier = OutputWebhooks(unreachable, make_settings())
-    notifier.follow("job", OUTPUT_HOOKED)
-    started = time.monotonic()
-    for _ in range(100):
-        notifier.on_output("job")
-    assert time.monotonic() - started < 0.5
-    notifier.close()
-
-
 def socket_free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -577,15 +538,6 @@ async def test_a_retry_survives_a_killed_worker_and_runs_once(
     assert receiver.statuses == [500, 200]
 
 
-def test_wants_output_reads_the_webhook_and_its_filter() -> None:
-    hook = "http://127.0.0.1:9/"
-    assert wants_output({"webhook": hook, "webhook_events_filter": ["start", "output"]})
-    assert not wants_output({"webhook": hook, "webhook_events_filter": ["completed"]})
-    assert not wants_output({"webhook": hook, "webhook_events_filter": None})
-    assert not wants_output({"webhook": None, "webhook_events_filter": ["output"]})
-    assert not wants_output({"prompt": "no webhook fields at all"})
-
-
 async def test_a_webhook_worker_takes_waiting_deliveries_without_a_broker_delivery_each(
     redis_server: EmbeddedRedis,
     tmp_path: Path,
@@ -593,7 +545,7 @@ async def test_a_webhook_worker_takes_waiting_deliveries_without_a_broker_delive
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     """Deliveries waiting in the queue when a webhook worker starts: each is made once, and its
-    two task threads take most of them from the list themselves (workers/delivery_intake.py)
+    two task threads take most of them from the list themselves (workers/webhooks/intake.py)
     rather than each being a Celery task of its own."""
     receiver = receivers()
     url = redis_server.url[:-1] + "3"

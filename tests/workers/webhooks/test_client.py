@@ -1,4 +1,4 @@
-"""workers/webhook_http.py: one webhook attempt against real loopback receivers. The body and
+"""workers/webhooks/client.py: one webhook attempt against real loopback receivers. The body and
 headers arrive with the original Host, redirects are not followed, a receiver that does not answer
 or drips its answer keeps nobody past the timeout, network trouble is a result, never an
 exception, and https receivers are verified against the URL's host name although the connection
@@ -21,9 +21,9 @@ import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
-from tests.workers.conftest import CountingServer, KeptAliveReceiver, QuietServer, serve
-from workers import webhook_http
-from workers.webhook_http import USER_AGENT, post
+from tests.workers.webhooks.conftest import CountingServer, KeptAliveReceiver, QuietServer, serve
+from workers.webhooks import client
+from workers.webhooks.client import USER_AGENT, post
 
 OPEN = TargetPolicy(allow_private=True, allowed_ports=frozenset())
 GUARDED = TargetPolicy(allow_private=False, allowed_ports=frozenset(range(1, 65536)))
@@ -105,8 +105,8 @@ def test_a_request_is_the_one_http_client_sends(url: str) -> None:
     """The head built once per URL, and each attempt's own headers, are what http.client's
     request() sent for the same attempt: the same request line, headers and body."""
     body, headers = b'{"a":1}', {"webhook-id": "msg_1", "webhook-timestamp": "1765000000"}
-    parsed = webhook_http._parse(url)
-    ours = webhook_http._request(parsed, headers, body)
+    parsed = client._parse(url)
+    ours = client._request(parsed, headers, body)
     stock = http.client.HTTPConnection(parsed.host, parsed.port)
     captured = _Captured()
     stock.sock = captured
@@ -165,7 +165,7 @@ def test_nobody_listening_is_a_connect_error_not_an_exception() -> None:
 
 def _post_to_a_scripted_receiver(
     parts: list[bytes], pause_s: float, timeout_s: float
-) -> tuple[webhook_http.AttemptResult, float]:
+) -> tuple[client.AttemptResult, float]:
     """An attempt to a receiver that reads the request, then sends `parts` one by one with
     `pause_s` after each; the attempt's result and how long it took."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -190,7 +190,7 @@ def _post_to_a_scripted_receiver(
     return result, time.monotonic() - started
 
 
-def _dripping(head: bytes) -> tuple[webhook_http.AttemptResult, float]:
+def _dripping(head: bytes) -> tuple[client.AttemptResult, float]:
     """`head` at once, then one more byte every 0.2 s for 6 s, to an attempt with a 1 s timeout."""
     return _post_to_a_scripted_receiver([head, *[b"x"] * 30], pause_s=0.2, timeout_s=1.0)
 
@@ -227,11 +227,11 @@ def test_an_answer_whose_head_drips_is_a_timeout_at_the_attempts_timeout() -> No
 def trusted_ca() -> Iterator[trustme.CA]:
     """A throwaway CA that every attempt's TLS settings trust (beside certifi's roots), for this test
     only: the shared settings are built afresh before and after it."""
-    webhook_http._tls_context.cache_clear()
+    client._tls_context.cache_clear()
     ca = trustme.CA()
-    ca.configure_trust(webhook_http._tls_context())
+    ca.configure_trust(client._tls_context())
     yield ca
-    webhook_http._tls_context.cache_clear()
+    client._tls_context.cache_clear()
 
 
 def _https_receiver(
@@ -286,7 +286,7 @@ def _ok(url: str, addresses: list[str] | None = None) -> None:
         result = post(url, b"{}", {}, OPEN, timeout_s=5)
         assert (result.status_code, result.error) == (200, None)
     else:  # as if the SSRF check had returned these addresses
-        assert webhook_http._post_pinned(url, addresses, b"{}", {}, 5) == 200
+        assert client._post_pinned(url, addresses, b"{}", {}, 5) == 200
 
 
 def test_attempts_to_one_receiver_share_one_kept_alive_connection(servers: list[CountingServer]) -> None:
@@ -394,7 +394,7 @@ def test_a_connection_closed_as_the_request_goes_out_gets_it_again_on_a_new_one(
         assert requests == [1, 2, 1]
     finally:
         listener.close()
-        webhook_http._POOL.close()
+        client._POOL.close()
 
 
 def test_threads_never_share_a_connection(servers: list[CountingServer]) -> None:
@@ -427,7 +427,7 @@ def test_an_https_connection_kept_for_one_name_never_serves_another(trusted_ca: 
         other = post(f"https://127.0.0.1:{port}/hook", b"{}", {}, OPEN, timeout_s=5)
         assert other.status_code is None and "CERTIFICATE_VERIFY_FAILED" in (other.error or "")
     finally:
-        webhook_http._POOL.close()
+        client._POOL.close()
         server.shutdown()
         server.server_close()
     assert KeptAliveReceiver.hosts == [f"localhost:{port}"] * 2 and len(accepted) == 1
