@@ -14,7 +14,6 @@ import functools
 import http.client
 import re
 import socket
-import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import httpx
 
 from shared import ssrf
 from shared.errors import InvalidRequest
-from workers.webhooks.connections import AnswerTooLarge, ConnectError, Connection, Pool, Route
+from workers.webhooks.connections import AnswerTooLarge, ConnectError, Connection, Pool, Route, tls_context
 
 #: Most bytes of a receiver's answer read (then the connection is closed): the status is all
 #: that matters, and a receiver streaming a large answer must not hold the worker.
@@ -46,14 +45,6 @@ class AttemptResult:
     #: The SSRF guard refused the target (final: not retried).
     refused: bool
     duration_ms: float
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """What httpx builds for a client by default (certifi's roots, certificates and host names
-    verified), built once rather than per client: loading the CA bundle is slow enough to bound a
-    webhook worker's delivery rate. An SSLContext may serve threads at once."""
-    return httpx.create_ssl_context(trust_env=False)
 
 
 class Refused(Exception):
@@ -101,16 +92,18 @@ def checked_addresses(url: str, policy: ssrf.TargetPolicy) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Url:
-    """What an attempt needs of its URL, parsed once per URL (they repeat: one per receiver)."""
+    """What an attempt needs of its URL, parsed and checked once per URL (they repeat: one per
+    receiver)."""
 
     scheme: str
     #: The host name (IDNA-encoded), without brackets for an IPv6 literal.
     host: str
     port: int
-    #: The request's head up to the attempt's own headers: the request line, and the headers
-    #: every attempt to this URL sends alike (Host: the name, and the port when it is not the
-    #: scheme's default).
-    head: bytes
+    #: The request's target: the path and query, percent-encoded.
+    target: str
+    #: The headers every attempt to this URL sends alike (Host: the name, and the port when it is
+    #: not the scheme's default).
+    headers: dict[str, str]
 
 
 #: What http.client refuses in a request's target: controls and spaces (no header can be slipped in).
@@ -129,26 +122,28 @@ def _parse(url: str) -> _Url:
     target = parsed.raw_path.decode("ascii")
     if not target.startswith("/") or _TARGET_REFUSED.search(target):
         raise http.client.InvalidURL(f"the URL's path can not be sent as it is: {target!r}")
-    # accept-encoding: identity, as http.client sent it: an answer's body is never decoded.
+    # accept-encoding: identity, as http.client sends it: an answer's body is never decoded.
     common = {"host": parsed.netloc.decode("ascii"), "accept": "*/*", "accept-encoding": "identity",
               "content-type": "application/json", "user-agent": USER_AGENT}  # fmt: skip
-    head = f"POST {target} HTTP/1.1\r\n".encode("ascii") + _header_lines(common)
-    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, head)
+    return _Url(parsed.scheme, parsed.raw_host.decode("ascii"), port, target, _checked(common))
 
 
-def _header_lines(headers: Mapping[str, str]) -> bytes:
-    """`headers` as lines of a request's head; ValueError for a name or value that could not be
-    sent as it is (a value holding a line break would add a header of its own)."""
+def _checked(headers: Mapping[str, str]) -> dict[str, str]:
+    """`headers`, each checked; ValueError for a name or value that could not be sent as it is
+    (a value holding a line break would add a header of its own)."""
     for name, value in headers.items():
         if not (_NAME.fullmatch(name) and _VALUE.fullmatch(value)):
             raise ValueError(f"the webhook header {name!r} can not be sent as it is")
-    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("ascii")
+    return dict(headers)
 
 
-def _request(parsed: _Url, headers: Mapping[str, str], body: bytes) -> bytes:
-    """The whole request: the URL's head, this attempt's headers and the body's length, the body."""
-    own = _header_lines({**headers, "content-length": str(len(body))})
-    return b"".join((parsed.head, own, b"\r\n", body))
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One attempt's request: its target, every header it sends, its body."""
+
+    target: str
+    headers: dict[str, str]
+    body: bytes
 
 
 def _post_pinned(
@@ -156,7 +151,7 @@ def _post_pinned(
 ) -> int:
     """POST to each checked address in turn until one accepts the connection; its status."""
     parsed = _parse(url)
-    request = _request(parsed, headers, body)
+    request = _Request(parsed.target, {**parsed.headers, **_checked(headers)}, body)
     failure: ConnectError | None = None
     for address in addresses:
         route = Route(parsed.scheme, parsed.host, parsed.port, address.split("%", 1)[0])
@@ -167,11 +162,11 @@ def _post_pinned(
     raise failure or ConnectError("no address to connect to")
 
 
-def _send(route: Route, request: bytes, timeout_s: float) -> int:
+def _send(route: Route, request: _Request, timeout_s: float) -> int:
     """The status of one POST on a kept connection to `route`, or on a new one. A kept one the
     receiver closed as the request went out (it failed before any answer's status line) gets the
     request once more on a new connection, as a receiver that had closed it earlier would have."""
-    tls = _tls_context()
+    tls = tls_context()
     connection = _POOL.take(route, tls)
     answered = connection.answered
     try:
@@ -182,18 +177,17 @@ def _send(route: Route, request: bytes, timeout_s: float) -> int:
     return _exchange(Connection(route, tls), request, timeout_s)
 
 
-def _exchange(connection: Connection, request: bytes, timeout_s: float) -> int:
-    """Send the request on `connection` (head and body in one write), read at most the cap of its
-    answer, and give the connection back (kept only when the answer was read to its end and the
-    receiver did not ask to close)."""
+def _exchange(connection: Connection, request: _Request, timeout_s: float) -> int:
+    """Send the request on `connection`, read at most the cap of its answer, and give the
+    connection back (kept only when the answer was read to its end and the receiver did not ask
+    to close: http.client then lets go of its socket)."""
     connection.set_timeout(timeout_s)
     try:
-        response = connection.exchange(request, timeout_s)
+        response = connection.exchange(request.target, request.headers, request.body, timeout_s)
         try:
-            ended = _read_capped(response)
+            connection.reusable = _read_capped(response)
         finally:
             response.close()  # its reader, not the socket: the connection may carry the next request
-        connection.reusable = ended and not response.will_close
         return response.status
     finally:
         _POOL.give_back(connection)

@@ -1,16 +1,20 @@
 """Keep-alive connections for webhook attempts, each reused only for what it was checked for.
 
-An attempt connects to the address the SSRF guard checked for it (workers/webhooks/client.py), not
-to the URL's host name. A pool keyed by that address alone (httpx's, httpcore's) would let two
-host names on one address share a connection, and an https connection verified for one name
-carry requests for the other. So this small pool is keyed by a Route (scheme, host name, port,
-checked address) and the TLS settings it was opened with: a reused connection was verified
-against the same name, exactly as a new one would be.
+An attempt connects to the address the SSRF guard checked for it (workers/webhooks/client.py),
+not to the URL's host name. A pool keyed by that address alone (httpx's, httpcore's, urllib3's
+per-host pools) would let two host names on one address share a connection, and an https
+connection verified for one name carry requests for the other. So this small pool is keyed by a
+Route (scheme, host name, port, checked address) and the TLS settings it was opened with: a reused
+connection was verified against the same name, exactly as a new one would be.
 
-A connection is the standard library's `http.client.HTTPConnection` (connecting to the checked
-address, verifying TLS against the host name), chosen over httpcore because it costs a webhook
-worker less CPU per attempt (docs/performance.md, "Attempts over http.client"). The request is
-the caller's bytes, sent in one write (Connection.exchange).
+A connection is the standard library's `http.client.HTTPConnection`, used through its public API:
+`connect` (overridden, as HTTPSConnection does, to open a socket to the checked address and, for
+https, verify TLS for the host name), `request` (head and body in one write) and `getresponse`.
+An answer is read through the connection's own socket (BoundedSocket; for TLS, BoundedTLSSocket,
+which tls_context() installs as its SSLContext's documented `sslsocket_class`), whose reads each
+get only the time left before the attempt's deadline and stop at ANSWER_CAP_BYTES: per-read
+timeouts alone would let a receiver dripping a byte per timeout hold an attempt for hours, and
+http.client alone reads up to 100 header lines of 64 KiB.
 
 A taken connection is out of the pool until its thread gives it back, so threads never share
 one; only a connection whose answer was read to its end, and not asked to close, comes back.
@@ -20,16 +24,21 @@ connection (`answered`)."""
 
 from __future__ import annotations
 
+import functools
 import http.client
-import io
 import select
 import socket
 import ssl
 import threading
 import time
-import types
-import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 #: Most idle connections kept, all routes together (a webhook worker runs up to its task threads'
 #: attempts at once; each may leave one).
@@ -39,7 +48,7 @@ MAX_IDLE = 64
 IDLE_S = 4.0
 #: Most bytes of one answer read from its connection, head and body together: a head larger than
 #: this is an error (h11, used before, allowed 16 KiB), and the body is capped far below it
-#: (attempt.RESPONSE_CAP_BYTES).
+#: (client.RESPONSE_CAP_BYTES).
 ANSWER_CAP_BYTES = 64 * 1024
 
 
@@ -64,118 +73,92 @@ class AnswerTooLarge(OSError):
     """An answer went on past ANSWER_CAP_BYTES (its head alone, when its status had not come)."""
 
 
-class _UntilDeadline(io.RawIOBase):
-    """A socket's reads, each given only the time left before a deadline, and none past it, and
-    none past ANSWER_CAP_BYTES: an answer's status line, headers and body are all read by then,
-    however a receiver drips them (per-read timeouts alone would let a byte per timeout hold an
-    attempt for hours), and a head of endless headers costs no more memory than that (http.client
-    alone allows 100 lines of 64 KiB). It reads through the socket's own unbuffered makefile (what
-    http.client's answer reads from)."""
+class _Bounds:
+    """Where the answer being read on a socket must end: by `deadline` (time.monotonic), within
+    ANSWER_CAP_BYTES."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        super().__init__()
-        self._sock = sock
-        self._raw = sock.makefile("rb", buffering=0)
-        self._deadline = deadline
-        self._left_bytes = ANSWER_CAP_BYTES
+    __slots__ = ("deadline", "left_bytes")
 
-    def readable(self) -> bool:
-        return True
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.left_bytes = ANSWER_CAP_BYTES
 
-    def readinto(self, buffer: typing.Any) -> int | None:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
+    def next_read(self, sock: socket.socket, wanted: int) -> int:
+        """How many bytes the next read on `sock` may take, its timeout set to the time left."""
+        left_s = self.deadline - time.monotonic()
+        if left_s <= 0:
             raise TimeoutError("the answer did not come within the attempt's timeout")
-        if self._left_bytes <= 0:
+        if self.left_bytes <= 0:
             raise AnswerTooLarge(f"the answer went on past {ANSWER_CAP_BYTES} bytes")
-        self._sock.settimeout(left)
-        with memoryview(buffer) as view:
-            read = self._raw.readinto(view[: self._left_bytes])
-        self._left_bytes -= read or 0
+        sock.settimeout(left_s)
+        return min(wanted, self.left_bytes)
+
+
+class BoundedSocket(socket.socket):
+    """A TCP socket whose reads keep to its `bounds` while an answer is read (http.client reads an
+    answer through the socket's makefile, which reads with recv_into)."""
+
+    bounds: _Bounds | None = None
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        bounds = self.bounds
+        if bounds is None:
+            return super().recv_into(buffer, nbytes, flags)
+        read = super().recv_into(buffer, bounds.next_read(self, nbytes or memoryview(buffer).nbytes), flags)
+        bounds.left_bytes -= read
         return read
 
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+
+class BoundedTLSSocket(ssl.SSLSocket):
+    """BoundedSocket's TLS twin: what tls_context() wraps sockets in."""
+
+    bounds: _Bounds | None = None
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        bounds = self.bounds
+        if bounds is None:
+            return super().recv_into(buffer, nbytes, flags)
+        read = super().recv_into(buffer, bounds.next_read(self, nbytes or memoryview(buffer).nbytes), flags)
+        bounds.left_bytes -= read
+        return read
 
 
-class _DeadlineSocket:
-    """What http.client.HTTPResponse reads its answer through (it only calls makefile)."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
-
-    def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(_UntilDeadline(self._sock, self._deadline))
-
-
-#: An answer's head, as http.client reads it: most bytes in one line, most lines (its end's too).
-HEAD_LINE_BYTES = 65_536
-HEAD_LINES = 100
-
-
-def read_head(fp: typing.BinaryIO) -> http.client.HTTPMessage:
-    """An answer's header lines, read as http.client.parse_headers reads them (the same limits,
-    the same HTTPMessage) but stored without email's FeedParser, which is most of the cost of reading
-    a head. A value is the text after the colon, leading blanks dropped (email's compat32 policy); a
-    folded line continues the last value. A line that is no `name: value` (email ends the head there
-    and counts the rest as body) marks the answer `Connection: close`, so its connection is never
-    reused on a guess at framing."""
-    message = http.client.HTTPMessage()
-    pairs: list[list[str]] = []
-    for _ in range(HEAD_LINES):  # the blank line that ends the head counts, as in http.client
-        line = fp.readline(HEAD_LINE_BYTES + 1)
-        if len(line) > HEAD_LINE_BYTES:
-            raise http.client.LineTooLong("header line")
-        if line in (b"\r\n", b"\n", b""):
-            break
-        text = line.decode("iso-8859-1").rstrip("\r\n")
-        name, colon, value = text.partition(":")
-        if text[:1] in (" ", "\t") and pairs:
-            pairs[-1][1] += "\r\n" + text  # obsolete line folding, kept as email keeps it
-        elif colon and name and not any(c.isspace() for c in name):
-            pairs.append([name, value.lstrip(" \t")])
-        else:
-            pairs.append(["Connection", "close"])
-    else:
-        raise http.client.HTTPException(f"got more than {HEAD_LINES} headers")
-    for name, value in pairs:
-        message[name] = value
-    return message
-
-
-class _Answer(http.client.HTTPResponse):
-    """http.client's HTTPResponse with the head read by read_head: `begin` is the standard
-    library's own code (its status line, 100-continue, chunked, length and keep-alive rules), run
-    with read_head where it calls parse_headers (tests/workers/webhooks/test_connections.py checks
-    both read every kind of answer alike)."""
-
-    begin = types.FunctionType(
-        http.client.HTTPResponse.begin.__code__,
-        {**vars(http.client), "parse_headers": read_head},
-        "begin",
-    )
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """What httpx builds for a client by default (certifi's roots, certificates and host names
+    verified), its sockets BoundedTLSSockets, built once rather than per connection: loading the CA
+    bundle is slow enough to bound a webhook worker's delivery rate. An SSLContext may serve
+    threads at once."""
+    context = httpx.create_ssl_context(trust_env=False)
+    context.sslsocket_class = BoundedTLSSocket
+    return context
 
 
 class _Pinned(http.client.HTTPConnection):
-    """An HTTPConnection to the Route's checked address (its socket, and the TLS, for https,
-    verified for the Route's name): only its connect and close are used (Connection.exchange)."""
+    """An HTTPConnection to the Route's checked address: its socket a BoundedSocket, or for https a
+    BoundedTLSSocket verified for the Route's host name."""
 
-    def __init__(self, route: Route, tls: ssl.SSLContext | None, timeout_s: float | None) -> None:
-        super().__init__(route.address, route.port, timeout=timeout_s)
+    def __init__(self, route: Route, tls: ssl.SSLContext | None) -> None:
+        if tls is not None and not issubclass(tls.sslsocket_class, BoundedTLSSocket):
+            raise TypeError("webhook TLS connections need tls_context()'s sockets (BoundedTLSSocket)")
+        super().__init__(route.address, route.port)
         self._route = route
         self._tls = tls
 
     def connect(self) -> None:
+        route = self._route
+        sock: socket.socket = BoundedSocket(socket.AF_INET6 if ":" in route.address else socket.AF_INET)
         try:
-            sock = socket.create_connection((self.host, self.port), self.timeout)
+            sock.settimeout(self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.connect((route.address, route.port))
             if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._route.host)
+                sock = self._tls.wrap_socket(sock, server_hostname=route.host)
         except TimeoutError:
+            sock.close()
             raise
         except OSError as exc:  # ssl.SSLError is one
+            sock.close()
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
         self.sock = sock
 
@@ -193,11 +176,12 @@ class Connection:
         #: Answers whose status line was read on it so far.
         self.answered = 0
         self.idle_since = 0.0
-        self.http = _Pinned(route, tls if route.scheme == "https" else None, timeout_s=None)
+        self.http = _Pinned(route, tls if route.scheme == "https" else None)
 
     @property
     def closed(self) -> bool:
-        """Whether it holds no open socket (never opened, or closed)."""
+        """Whether it holds no open socket (never opened, closed, or handed to an answer that
+        ends it: http.client lets go of a connection whose answer will close it)."""
         return self.http.sock is None
 
     def set_timeout(self, timeout_s: float) -> None:
@@ -207,24 +191,18 @@ class Connection:
         if self.http.sock is not None:
             self.http.sock.settimeout(timeout_s)
 
-    def exchange(self, request: bytes, answer_within_s: float) -> http.client.HTTPResponse:
-        """Send `request` (its head and body, whole, in one write; connecting first when it is not
-        open) and read its answer's head, the answer (status line, headers and body) read within
-        `answer_within_s` of the request going out, or its reads raise TimeoutError. The caller builds the
-        head from what it checked once per URL (workers/webhooks/client.py), where http.client's `request()`
-        would check and encode each header again on every attempt; http.client's own code reads the
-        answer (_Answer)."""
-        if self.http.sock is None:
-            self.http.connect()
+    def exchange(
+        self, target: str, headers: Mapping[str, str], body: bytes, answer_within_s: float
+    ) -> http.client.HTTPResponse:
+        """POST `body` to `target` with `headers` (connecting first when it is not open; the head
+        and a bytes body go out in one write) and read its answer's head; the whole answer (status
+        line, headers and body) is read within `answer_within_s` of the request going out, or its
+        reads raise TimeoutError, and past ANSWER_CAP_BYTES they raise AnswerTooLarge."""
+        self.http.request("POST", target, body, dict(headers))
         sock = self.http.sock
-        sock.sendall(request)
-        reader: typing.Any = _DeadlineSocket(sock, time.monotonic() + answer_within_s)
-        answer = _Answer(reader, method="POST")
-        try:
-            answer.begin()
-        except BaseException:
-            answer.close()
-            raise
+        assert isinstance(sock, BoundedSocket | BoundedTLSSocket), "connect() opened it"
+        sock.bounds = _Bounds(time.monotonic() + answer_within_s)
+        answer = self.http.getresponse()
         self.answered += 1
         return answer
 

@@ -6,7 +6,7 @@ goes to the checked address. (The SSRF guard's address classes: tests/shared/tes
 
 from __future__ import annotations
 
-import http.client
+import re
 import socket
 import ssl
 import threading
@@ -15,15 +15,16 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
-import httpx
 import pytest
 import trustme
 
 from cli.redis_server import free_port
 from shared.ssrf import TargetPolicy
+from tests.conftest import ROOT
 from tests.workers.webhooks.conftest import CountingServer, KeptAliveReceiver, QuietServer, serve
 from workers.webhooks import client
 from workers.webhooks.client import USER_AGENT, post
+from workers.webhooks.connections import tls_context
 
 OPEN = TargetPolicy(allow_private=True, allowed_ports=frozenset())
 GUARDED = TargetPolicy(allow_private=False, allowed_ports=frozenset(range(1, 65536)))
@@ -71,51 +72,25 @@ def test_the_body_and_headers_arrive_with_the_original_host(receiver: str) -> No
     assert headers["content-type"] == "application/json"
 
 
-class _Captured:
-    """A socket that keeps what http.client sends through it."""
-
-    def __init__(self) -> None:
-        self.sent = b""
-
-    def sendall(self, data: bytes) -> None:
-        self.sent += data
-
-
-def _as_received(raw: bytes) -> tuple[str, list[tuple[str, str]], bytes]:
-    """A request as a receiver reads it: its request line, its headers (names in any case and
-    order), its body."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    line, *lines = head.decode("latin-1").split("\r\n")
-    fields = [(name.lower(), value) for name, _, value in (item.partition(": ") for item in lines)]
-    return line, sorted(fields), body
-
-
 @pytest.mark.parametrize(
-    "url",
+    ("url", "target", "host"),
     [
-        "http://receiver.example/hook",
-        "http://receiver.example:8080/a/b?x=1&y=%20z",
-        "https://receiver.example/",
-        "https://receiver.example:8443",
-        "http://[::1]:9000/hook",
-        "http://bücher.example/pfad/ä?q=é",
+        ("http://receiver.example:{port}/hook", "/hook", "receiver.example:{port}"),
+        ("http://receiver.example:{port}/a/b?x=1&y=%20z", "/a/b?x=1&y=%20z", "receiver.example:{port}"),
+        ("http://receiver.example:{port}", "/", "receiver.example:{port}"),
+        ("http://bücher.example:{port}/pfad/ä?q=é", "/pfad/%C3%A4?q=%C3%A9", "xn--bcher-kva.example:{port}"),
     ],
 )
-def test_a_request_is_the_one_http_client_sends(url: str) -> None:
-    """The head built once per URL, and each attempt's own headers, are what http.client's
-    request() sent for the same attempt: the same request line, headers and body."""
-    body, headers = b'{"a":1}', {"webhook-id": "msg_1", "webhook-timestamp": "1765000000"}
-    parsed = client._parse(url)
-    ours = client._request(parsed, headers, body)
-    stock = http.client.HTTPConnection(parsed.host, parsed.port)
-    captured = _Captured()
-    stock.sock = captured
-    host = httpx.URL(url).netloc.decode("ascii")
-    stock.request("POST", httpx.URL(url).raw_path.decode("ascii"), body=body, headers={
-        **headers, "host": host, "accept": "*/*", "content-type": "application/json",
-        "content-length": str(len(body)), "user-agent": USER_AGENT,
-    })  # fmt: skip
-    assert _as_received(ours) == _as_received(captured.sent)
+def test_the_receiver_gets_the_urls_target_and_host_as_they_travel(
+    receiver: str, url: str, target: str, host: str
+) -> None:
+    """An attempt pinned to the checked address sends the URL's path and query, percent-encoded,
+    and its host name (IDNA-encoded) with the port, whatever address it connected to."""
+    port = receiver.rsplit(":", 1)[1]
+    assert client._post_pinned(url.format(port=port), ["127.0.0.1"], b"{}", {}, 5) == 204
+    ((path, headers, _),) = Receiver.seen
+    assert (path, headers["host"]) == (target, host.format(port=port))
+    assert headers["content-length"] == "2" and headers["accept-encoding"] == "identity"
 
 
 @pytest.mark.parametrize(
@@ -227,11 +202,11 @@ def test_an_answer_whose_head_drips_is_a_timeout_at_the_attempts_timeout() -> No
 def trusted_ca() -> Iterator[trustme.CA]:
     """A throwaway CA that every attempt's TLS settings trust (beside certifi's roots), for this test
     only: the shared settings are built afresh before and after it."""
-    client._tls_context.cache_clear()
+    tls_context.cache_clear()
     ca = trustme.CA()
-    ca.configure_trust(client._tls_context())
+    ca.configure_trust(tls_context())
     yield ca
-    client._tls_context.cache_clear()
+    tls_context.cache_clear()
 
 
 def _https_receiver(
@@ -445,3 +420,19 @@ def _count_accepts(server: ThreadingHTTPServer) -> list[object]:
 
     server.get_request = counted  # type: ignore[method-assign]
     return accepted
+
+
+#: What reaching into http.client's insides looks like, in a module that uses it: its private
+#: names, a copy of its code, or a swapped helper (the webhook client once ran a copy of
+#: HTTPResponse.begin with parse_headers swapped). The client uses its public API alone.
+PRIVATE_REACH = re.compile(
+    r"http\.client\._\w+|from http\.client import [^\n]*\b_\w+|__code__|parse_headers"
+    r"|\._(?:method|safe_read|read_status|check_close|close_conn|send_output|output|buffer|tunnel)\b"
+)
+
+
+def test_the_workers_use_only_http_clients_public_api() -> None:
+    users = [path for path in sorted((ROOT / "workers").rglob("*.py")) if "http.client" in path.read_text()]
+    reaches = {str(path.relative_to(ROOT)): PRIVATE_REACH.findall(path.read_text()) for path in users}
+    assert {path: found for path, found in reaches.items() if found} == {}
+    assert users, "no module of workers/ uses http.client: this test checks nothing"
