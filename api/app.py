@@ -8,26 +8,26 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from api.batches.feeder import BatchFeeder
 from api.batches.files import Files
 from api.batches.filestore import storage_from_settings
 from api.batches.service import Batches
-from api.edge import observability
 from api.edge.anonymous import AnonymousGuard
 from api.edge.asgi import Linger
+from api.edge.autopipeline import Commands, open_commands
 from api.edge.errors import install_error_handlers
-from api.edge.hotpath import HotPaths
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
+from api.edge.observability import HttpMetrics
 from api.edge.pipeline import check_routes
 from api.edge.ratelimit import RateLimiter
-from api.edge.server import OneWriteHttpProtocol
+from api.edge.uvicorn_adapter import HeaderTimeoutProtocol
 from api.jobs.cache import ResponseCache
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
@@ -36,9 +36,8 @@ from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from api.jobs.store import JobStore, OwnerBounds
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputStreams
-from api.redis_io.client import listener_client, redis_client, sync_redis_client
-from api.redis_io.commands import Commands, open_commands
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
+from api.routes.hotpath import HotPaths, HotRoutes
 from shared import keys
 from shared.batches import BatchStore
 from shared.config import Settings
@@ -51,6 +50,26 @@ from shared.reaper import Reaper
 #: walks all of them ran every few dozen jobs, a cost per job that grew with concurrency; cycles
 #: are still collected, in rare short passes. Chosen from bench/machinery.py runs.
 GC_YOUNG_THRESHOLD = 10_000
+
+
+def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
+    # Short connect timeout and no retries: when Redis is down the API answers 503 at once
+    # instead of holding requests; the pool reconnects by itself when it is back.
+    return aioredis.Redis.from_url(
+        settings.require_redis_url(),
+        decode_responses=True,
+        socket_connect_timeout=1.0,
+        socket_timeout=5.0,
+        retry=Retry(NoBackoff(), 0),
+        max_connections=max_connections,
+    )
+
+
+def sync_redis_client(settings: Settings) -> redis.Redis:
+    """The reaper's own blocking client (it runs on a thread of its own, off the event loop)."""
+    return redis.Redis.from_url(
+        settings.require_redis_url(), decode_responses=True, socket_connect_timeout=1.0, socket_timeout=5.0
+    )
 
 
 def bounds_of(settings: Settings) -> Callable[[str], OwnerBounds]:
@@ -98,28 +117,6 @@ async def running_feeder(feeder: BatchFeeder) -> AsyncIterator[None]:
         await feeding
 
 
-class GenqAPI(FastAPI):
-    """FastAPI, with the hot requests answered before its middleware stack (api/edge/hotpath.py), and
-    the request metrics around both (so every request is observed by the same code)."""
-
-    def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        entry: ASGIApp = self._serve
-        self.hot_paths: HotPaths | None = None
-        if settings.api_hot_paths:
-            entry = self.hot_paths = HotPaths(self, entry, settings.max_body_bytes)
-        entry = observability.HttpMetrics(entry)
-        if not settings.api_key_digests:  # the guard goes first: nothing it refuses reaches either
-            entry = AnonymousGuard(entry, settings.allowed_hosts)
-        self._entry = entry
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._entry(scope, receive, send)
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
-
-
 @dataclass(slots=True)
 class Services:
     """What the lifespan opens on the app's Redis and closes when the process stops."""
@@ -143,10 +140,10 @@ class Services:
 
 async def open_services(app: FastAPI, settings: Settings) -> Services:
     """Every service the routes reach through app.state, on one Redis client; the job events'
-    and the stream hub's listeners started, each on a connection of its own."""
+    and the stream hub's readers started."""
     client = redis_client(settings)
-    events = JobEvents(listener_client(settings))
-    commands = open_commands(client, settings.api_autopipeline)
+    events = JobEvents(client)
+    commands = await open_commands(client, settings.api_autopipeline)
     app.state.settings = settings
     app.state.redis = client
     app.state.rate_limiter = RateLimiter(client, commands, settings)
@@ -178,7 +175,7 @@ def job_api(
     queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
     queue_stats = app.state.queue_stats = QueueStatsReader(client, queues)
     cache = app.state.cache = ResponseCache(settings, client)
-    hub = app.state.stream_hub = StreamHub(listener_client(settings))
+    hub = app.state.stream_hub = StreamHub(redis_client(settings, max_connections=1))
     app.state.queue = JobQueue(
         settings, store, events, OutputStreams(commands), queue_stats, cache, hub, app.state.rate_limiter
     )
@@ -212,16 +209,16 @@ def lifespan_of(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextM
 def configure_process(settings: Settings) -> None:
     """What this process takes from the settings before any app exists: logging, and the
     header timeout uvicorn's protocol objects read (they are built from uvicorn's own config;
-    api/edge/server.py)."""
+    api/edge/uvicorn_adapter.py)."""
     configure_logging(settings.log_level)
-    OneWriteHttpProtocol.header_timeout_s = settings.api_header_timeout_s
+    HeaderTimeoutProtocol.header_timeout_s = settings.api_header_timeout_s
 
 
 def install_routes(app: FastAPI) -> None:
     """The error handlers, every resource's routes, and the playground's static files."""
     install_error_handlers(app)
     routers = (jobs.router, ops.router, stream.router, openai.router, files.router, batches.router,
-               playground.router, webhooks.router, webhooks.secret_router, observability.router)  # fmt: skip
+               playground.router, webhooks.router, webhooks.secret_router)  # fmt: skip
     for router in routers:
         app.include_router(router)
     check_routes(app.routes)  # every route that serves a caller goes through serve()
@@ -229,24 +226,24 @@ def install_routes(app: FastAPI) -> None:
 
 
 def add_middleware(app: FastAPI, settings: Settings) -> None:
-    """The body size limit (uploads to /v1/files get theirs)."""
+    """The app's middleware, innermost first (each `add_middleware` wraps what was added before):
+    the hot paths (api/routes/hotpath.py; their routes checked now, not on every request later),
+    the body size limit (uploads to /v1/files get theirs), the request metrics, and, without API
+    keys, the anonymous guard, which goes first: nothing it refuses reaches the rest."""
+    if settings.api_hot_paths:
+        app.add_middleware(HotPaths, routes=HotRoutes.of(app.routes))
     uploads = {"/v1/files": settings.file_max_bytes + MULTIPART_OVERHEAD}
     linger = Linger(settings.api_linger_max_bytes, settings.api_linger_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, linger=linger, per_path=uploads)
-
-
-def check_start_up(app: GenqAPI) -> None:
-    """Fail the process now, not every request later: the hot paths must run each dependency and
-    middleware of the routes they answer for (api/edge/hotpath.py)."""
-    if app.hot_paths is not None:
-        app.hot_paths.check()
+    app.add_middleware(HttpMetrics)
+    if not settings.api_key_digests:
+        app.add_middleware(AnonymousGuard, allowed_hosts=settings.allowed_hosts)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_process(settings)
-    app = GenqAPI(
-        settings=settings,
+    app = FastAPI(
         title="genq",
         version="0.1.0",
         summary="LLM inference jobs: submit, poll, stream, cancel.",
@@ -257,6 +254,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_routes(app)
     add_middleware(app, settings)
-    check_start_up(app)
     logging.getLogger("genq.api").debug("app created")
     return app

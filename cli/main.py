@@ -42,6 +42,8 @@ def api(
     """Run the API tier."""
     import uvicorn
 
+    from api.edge.uvicorn_adapter import http_protocol
+
     settings = Settings()
     settings.require_redis_url()
     host = host or settings.api_host
@@ -59,7 +61,7 @@ def api(
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port or settings.api_port,
         workers=workers, access_log=False, log_config=None,
-        timeout_graceful_shutdown=30, http="api.edge.server:OneWriteHttpProtocol",
+        timeout_graceful_shutdown=30, http=http_protocol(),
         limit_concurrency=settings.api_limit_concurrency, timeout_keep_alive=settings.api_keep_alive_s,
     )  # fmt: skip
 

@@ -1,7 +1,10 @@
-"""The layout's promises, checked on the source (shared/STYLE.md): the tiers never import each
-other, shared/ imports no tier, the engine imports no Celery, and the worker's modules import
-each other without a circle (its runtime lives in the leaf module workers/context.py), and the
-tests mirror the source tree (one test module per source module with logic)."""
+"""The layout's promises, checked on the source. The rules are the team's style guide's
+(STYLE.md in the kit beside this repository, ../shared/STYLE.md, "The layout tells the
+architecture"), stated here so they need no other file: the tiers never import each other,
+shared/ imports no tier, the engine imports no Celery; the worker's modules import each other
+without a circle (its runtime lives in the leaf module workers/context.py); the API's rooms
+import one way (API_ROOMS); and the tests mirror the source tree (one test module per source
+module with logic)."""
 
 from __future__ import annotations
 
@@ -65,6 +68,42 @@ def test_worker_modules_import_no_circle() -> None:
 
     circles = sorted(name for name in graph if reaches(name, name, {name}))
     assert circles == [], f"modules in an import circle: {circles}"
+
+
+#: The API's rooms, each importing only rooms after it: the routes (HTTP resources, the hot path)
+#: over the services they serve (batches over OpenAI's request shapes over the job queue) over
+#: the edge (who may ask what: the request pipeline, auth, errors, rate and concurrency limits,
+#: body caps, metrics, the uvicorn adapter) over the Redis I/O it and the queue run on. api/app.py
+#: sits above them all and no room imports it. A new room takes its place here.
+API_ROOMS = ("routes", "batches", "openai", "jobs", "edge", "redis_io")
+
+
+def api_room(module: str) -> str | None:
+    """The room of an api/ module or name (`api.jobs.queue` -> "jobs"); None outside the rooms
+    (api/app.py, api/ itself, other tiers)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "api" and len(parts) > 1 and parts[1] in API_ROOMS else None
+
+
+def test_every_api_room_has_its_place_in_the_order() -> None:
+    rooms = {path.parent.name for path in (ROOT / "api").glob("*/__init__.py")}
+    assert rooms - set(API_ROOMS) == set(), "add the new room to API_ROOMS, in its place"
+
+
+def test_api_rooms_import_one_way() -> None:
+    """A room imports only rooms after it in API_ROOMS (never the app): routes -> batches ->
+    openai -> jobs -> edge -> redis_io."""
+    backwards: dict[str, list[str]] = {}
+    for path in sources("api"):
+        importer = _module(path)
+        room = api_room(importer)
+        if room is None:
+            continue
+        for name in imports_at_run_time(path):
+            target = api_room(name)
+            if name == "api.app" or (target is not None and API_ROOMS.index(target) < API_ROOMS.index(room)):
+                backwards.setdefault(importer, []).append(name)
+    assert backwards == {}, f"imports against the rooms' order {API_ROOMS}: {backwards}"
 
 
 def test_shared_holds_only_what_more_than_one_tier_uses() -> None:

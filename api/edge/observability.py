@@ -1,35 +1,21 @@
 """HTTP metrics (ASGI middleware labelled by route template, never the raw path), request ids,
-headers that api/edge/pipeline.py's serve() left in `request.state.response_headers` (rate-limit
-state), and the /metrics endpoint (multiprocess-aware)."""
+and the headers that api/edge/pipeline.py's serve() left in `request.state.response_headers`
+(rate-limit state). The /metrics endpoint that exposes them is api/routes/ops.py's."""
 
 from __future__ import annotations
 
-import hmac
 import os
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.jobs.queue_stats import QueueStatsReader
-from shared.config import Settings
-from shared.errors import Unauthorized
-from shared.metrics import (
-    HTTP_DURATION,
-    HTTP_REQUESTS,
-    REQUESTS_INFLIGHT,
-    BatchStatsCollector,
-    QueueStatsCollector,
-)
-
-router = APIRouter(tags=["ops"])
+from shared.metrics import HTTP_DURATION, HTTP_REQUESTS, REQUESTS_INFLIGHT
 
 
 class HttpMetrics:
-    """Counts and times every request, and adds its request id and the headers left for it. The
-    app (api/app.py) wraps both the hot path and FastAPI in it, so both are observed alike."""
+    """Counts and times every request, and adds its request id and the headers left for it. It
+    sits outside the hot path (api/app.py), so both ways of serving are observed alike."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -100,34 +86,3 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
-
-
-def _require_metrics_token(settings: Settings, authorization: str | None) -> None:
-    if settings.metrics_token is None:
-        return
-    scheme, _, token = (authorization or "").partition(" ")
-    expected = settings.metrics_token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-        raise Unauthorized("/metrics needs `Authorization: Bearer <GENQ_METRICS_TOKEN>`")
-
-
-def _registry() -> CollectorRegistry:
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return registry
-    return REGISTRY
-
-
-@router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    """Prometheus exposition: this process's (or all API processes') instruments plus the queue
-    statistics and Redis's memory, read from Redis at most once a second. With GENQ_METRICS_TOKEN,
-    only for a request that sends it as a Bearer token."""
-    _require_metrics_token(request.app.state.settings, request.headers.get("authorization"))
-    reader: QueueStatsReader = request.app.state.queue_stats
-    registry = CollectorRegistry()
-    registry.register(QueueStatsCollector(await reader.read()))
-    registry.register(BatchStatsCollector(await request.app.state.batches.store.snapshot()))
-    body = generate_latest(_registry()) + generate_latest(registry)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)

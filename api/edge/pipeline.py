@@ -1,7 +1,7 @@
 """One request pipeline for every route that serves a caller: `serve()`.
 
 A caller's request reaches genq one of two ways: through FastAPI's router (a `PipelineRoute`), or
-through the raw-ASGI hot path (api/edge/hotpath.py), which skips FastAPI's dependency solving. Both
+through the raw-ASGI hot path (api/routes/hotpath.py), which skips FastAPI's dependency solving. Both
 call `serve()`, which owns what the request needs besides its own work: who the caller is
 (api/edge/auth.py), the rate limit of the kind the route declares (api/edge/ratelimit.py), and the
 one mapping of errors to responses (api/edge/errors.py), rendered in the shape of the route's class
@@ -27,18 +27,19 @@ reports its own (as an SSE event).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Header, Request, Response
-from fastapi.dependencies.models import Dependant
 from fastapi.params import Depends as DependsParam
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from api.edge.auth import owner_of
+from api.edge.declarations import Need, needs_of
 from api.edge.errors import GENQ_ERRORS, ErrorRenderer, error_of
 from api.edge.json_body import StrictJsonRequest
 from api.edge.ratelimit import Kind
@@ -139,7 +140,7 @@ class PipelineRoute(APIRoute):
         self.kind: Kind = kinds[0]
         others = [d for d in declared if d.dependency not in _KINDS]
         super().__init__(path, endpoint, dependencies=others, **kwargs)
-        if not any(d.call is caller_owner for d in self.dependant.dependencies):
+        if not any(need.call is caller_owner for need in needs_of(endpoint, others)):
             raise RouteDeclarationError(f"{path}: the endpoint must take its owner as a CallerDep")
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -162,41 +163,52 @@ class PipelineRoute(APIRoute):
 def check_routes(routes: Iterable[BaseRoute]) -> None:
     """Fail at start-up when a route serves a caller but is not a PipelineRoute: one that asks for
     its caller, declares a rate limit, or reads the Authorization header (a hand-made owner
-    dependency), anywhere in its own declaration (dependencies given to include_router are not
-    looked at: the app gives none). FastAPI would run it without the caller's rate limit or its
-    routes' error shape."""
-    for route in api_routes(routes):
-        if not isinstance(route, PipelineRoute):
-            for dependant in dependants(route.dependant):
-                need = _caller_need(dependant)
-                if need is not None:
-                    raise RouteDeclarationError(f"{route.path} asks for {need} but is not a PipelineRoute")
+    dependency), anywhere in what it declares (include_router's dependencies too). FastAPI would
+    run it without the caller's rate limit or its routes' error shape."""
+    for served in api_routes(routes):
+        if not isinstance(served.route, PipelineRoute):
+            for need in served.needs():
+                asks = _caller_need(need)
+                if asks is not None:
+                    raise RouteDeclarationError(f"{served.path} asks for {asks} but is not a PipelineRoute")
 
 
-def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
-    """Every APIRoute among `routes`, however deeply included: FastAPI (0.163) keeps an included
-    router as one entry that points at it (`original_router`), not as copies of its routes."""
-    for route in routes:
+@dataclass(frozen=True, slots=True)
+class ServedRoute:
+    """A FastAPI route as the app serves it: its full path and every dependency it is given."""
+
+    path: str
+    route: APIRoute
+    dependencies: Sequence[DependsParam]
+
+    def needs(self) -> list[Need]:
+        """What it runs before its endpoint, the endpoint itself first (api/edge/declarations.py)."""
+        return needs_of(self.route.endpoint, self.dependencies)
+
+
+def api_routes(routes: Iterable[BaseRoute]) -> Iterator[ServedRoute]:
+    """Every FastAPI route among `routes`, however deeply included (FastAPI's public walk of an
+    app's routes, iter_route_contexts)."""
+    for context in iter_route_contexts(list(routes)):
+        route = context.original_route
         if isinstance(route, APIRoute):
-            yield route
-        included = getattr(route, "original_router", None)
-        if included is not None:
-            yield from api_routes(included.routes)
+            yield ServedRoute(context.path or route.path, route, list(context.dependencies))
 
 
-def dependants(dependant: Dependant) -> Iterator[Dependant]:
-    """A route's dependant and all it depends on, however deep."""
-    yield dependant
-    for sub in dependant.dependencies:
-        yield from dependants(sub)
+def pipeline_route(routes: Iterable[BaseRoute], endpoint: Callable[..., Any]) -> ServedRoute:
+    """The PipelineRoute serving `endpoint`, as served."""
+    for served in api_routes(routes):
+        if isinstance(served.route, PipelineRoute) and served.route.endpoint is endpoint:
+            return served
+    raise LookupError(f"no PipelineRoute serves {getattr(endpoint, '__name__', endpoint)}")
 
 
-def _caller_need(dependant: Dependant) -> str | None:
-    """What of a caller's `dependant` asks for, if anything."""
-    if dependant.call is caller_owner:
+def _caller_need(need: Need) -> str | None:
+    """What of a caller's `need` asks for, if anything."""
+    if need.call is caller_owner:
         return "its caller (CallerDep)"
-    if dependant.call in _KINDS:
+    if need.call in _KINDS:
         return "a rate limit"
-    if any(param.alias.lower() == "authorization" for param in dependant.header_params):
-        return f"the Authorization header (in {getattr(dependant.call, '__name__', dependant.call)})"
+    if "authorization" in need.headers:
+        return f"the Authorization header (in {need.name})"
     return None

@@ -13,10 +13,10 @@ from fastapi.responses import StreamingResponse
 
 from api.batches.service import BatchCreate, Batches
 from api.edge.concurrency import Slot
-from api.edge.deps import QueueDep
 from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.openai.errors import OPENAI_ERRORS, OpenAIRoute
+from api.routes.deps import QueueDep
 from api.routes.stream import held_stream
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=OpenAIRoute)

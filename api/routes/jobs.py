@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from api.edge.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, SubmitLimit
 from api.edge.responses import job_response, json_response
 from api.jobs.queue import JobQueue
 from api.jobs.schema_compile import SchemaChecker
+from api.routes.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from shared.config import Settings
 from shared.errors import InvalidRequest
 from shared.schemas import ErrorBody, JobCreate, JobList, JobPublic, JobStatus
@@ -72,7 +72,7 @@ async def accept_job(
     prefer: str | None,
 ) -> Response:
     """What `POST /v1/jobs` does once its inputs are parsed and its caller is known: the route
-    above and the raw-ASGI hot path (api/edge/hotpath.py) both end here. Its response format's
+    above and the raw-ASGI hot path (api/routes/hotpath.py) both end here. Its response format's
     schema is compiled only now, for an authenticated caller (api/jobs/schema_compile.py)."""
     await schemas.check(body.response_format, owner)
     wait_s = _prefer_wait(prefer)
@@ -118,7 +118,7 @@ async def read_job(
     queue: JobQueue, settings: Settings, job_id: str, owner: str, wait: float | None
 ) -> Response:
     """What `GET /v1/jobs/{id}` does once its inputs are parsed: the route above and the raw-ASGI
-    hot path (api/edge/hotpath.py) both end here."""
+    hot path (api/routes/hotpath.py) both end here."""
     if wait is not None and wait > settings.max_wait_s:
         raise InvalidRequest(f"wait is at most {settings.max_wait_s:g} s", param="wait")
     if not wait:

@@ -21,7 +21,6 @@ import redis.exceptions
 from fastapi import APIRouter, Request, Response
 
 from api.edge.concurrency import Slot
-from api.edge.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from api.edge.pipeline import CallerDep, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
 from api.jobs.follow import Done, Failure, Output, Ping, follow
@@ -33,6 +32,7 @@ from api.openai.kind import Kind
 from api.openai.requests import ChatCompletionRequest, CompletionRequest, echoes, job_create, shows_logprobs
 from api.openai.responses import completion, failure_of, samples
 from api.openai.waiting import round_s, wait_for_job
+from api.routes.deps import QueueDep, SchemaCheckerDep, SettingsDep
 from api.routes.stream import held_stream
 from shared.config import Settings
 from shared.errors import GenqError

@@ -8,7 +8,6 @@ idle connections open. Reconnect with `Last-Event-ID` to resume after the last e
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -16,15 +15,13 @@ import orjson
 from fastapi import APIRouter, Header
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
-from starlette.types import Receive, Scope, Send
 
 from api.edge.concurrency import Slot
-from api.edge.deps import QueueDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit
-from api.edge.server import CLIENT_GONE
 from api.jobs.follow import FINAL_ID, Done, Failure, Output, Ping, StreamEvent, Watched, follow, watched
 from api.jobs.queue import JobQueue
 from api.jobs.streams import START_ID, is_entry_id
+from api.routes.deps import QueueDep
 from api.routes.jobs import ERRORS, JobId
 from shared.errors import InvalidRequest
 from shared.schemas import error_body
@@ -74,42 +71,13 @@ async def _frames(events: AsyncIterator[StreamEvent], slot: Slot) -> AsyncIterat
             yield sse_frame(event)
 
 
-class EventStream(StreamingResponse):
-    """Starlette's StreamingResponse, ended when its client leaves by a callback on the
-    connection's CLIENT_GONE future (api/edge/server.py) where the server offers one, rather than
-    Starlette's task waiting on `receive` per stream, which costs CPU on every stream
-    (bench/results/machinery_sse_client_gone_ab.json). Elsewhere (other servers, in-process test
-    clients) it is Starlette's."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone: asyncio.Future[None] | None = scope.get("extensions", {}).get(CLIENT_GONE, {}).get("future")
-        if gone is None:
-            await super().__call__(scope, receive, send)
-            return
-        streaming = asyncio.ensure_future(self.stream_response(send))
-
-        def stop(_: asyncio.Future[None]) -> None:
-            streaming.cancel()
-
-        gone.add_done_callback(stop)
-        try:
-            await streaming
-        except asyncio.CancelledError:
-            if not gone.done():  # the server's own cancellation (shutdown), not the client leaving
-                raise
-        finally:
-            gone.remove_done_callback(stop)
-        if self.background is not None:
-            await self.background()
-
-
 def held_stream(
     frames: AsyncIterator[bytes], slot: Slot, headers: dict[str, str], watching: Watched | None = None
 ) -> StreamingResponse:
     """An SSE response that gives its stream slot back, and unregisters the follower's wake-ups
     it was opened with, however it ends (the body's own `finally` does not run when a client
     leaves before the first byte: the background task then does)."""
-    return EventStream(
+    return StreamingResponse(
         frames,
         media_type="text/event-stream",
         headers=SSE_HEADERS | headers,
@@ -144,7 +112,7 @@ async def stream_job(
 async def open_stream(
     queue: JobQueue, job_id: str, owner: str, last_event_id: str | None
 ) -> StreamingResponse:
-    """The stream's response (the route's work, and the hot path's: api/edge/hotpath.py)."""
+    """The stream's response (the route's work, and the hot path's: api/routes/hotpath.py)."""
     after_id = _resume_after(last_event_id)
     # Unknown or someone else's: a 404 before the stream starts. The stream starts from this read
     # (one read of the record and the stream, not one here and more in follow()).

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from api.edge.deps import QueueDep, RedisDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, SubmitLimit
 from api.edge.responses import json_response
+from api.routes.deps import QueueDep, RedisDep
 from api.routes.jobs import JobId
 from shared import key_secrets, keys
 from shared.schemas import ErrorBody

@@ -1,6 +1,6 @@
 """The real app under a real uvicorn server on a free loopback port, in a thread: for clients that
 speak real HTTP (the official openai client, a headless browser). It runs the HTTP protocol that
-`genq api` runs (api/edge/server.py)."""
+`genq api` runs (api/edge/uvicorn_adapter.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from api.edge.server import OneWriteHttpProtocol
+from api.edge.uvicorn_adapter import http_protocol
 from shared.config import Settings
 
 
@@ -36,7 +36,7 @@ def serve(app: ASGIApp, lifespan: Literal["on", "off"] = "off") -> Iterator[str]
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=2, lifespan=lifespan, http=OneWriteHttpProtocol
+        app, log_level="warning", timeout_graceful_shutdown=2, lifespan=lifespan, http=http_protocol()
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

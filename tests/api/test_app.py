@@ -3,7 +3,7 @@ serving anything; the lifespan opens its services and background work (events re
 batch feeder, reaper) and closes every one of them on shutdown; the settings that shape the app
 (hot paths, anonymous guard, header timeout, body limits) are honoured. (That a route bypassing the
 pipeline, or a dependency the hot path skips, stops start-up is tests/api/edge/test_pipeline.py's
-and test_hotpath.py's.)"""
+and tests/api/routes/test_hotpath.py's.)"""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from api.app import GC_YOUNG_THRESHOLD, create_app
-from api.edge.hotpath import HotPaths
-from api.edge.server import OneWriteHttpProtocol
+from api.edge.pipeline import caller_owner
+from api.edge.uvicorn_adapter import HeaderTimeoutProtocol
 from cli.redis_server import free_port
 from shared import scripts
 from shared.config import Settings
@@ -93,17 +93,30 @@ def test_bad_settings_stop_the_factory_naming_the_setting(monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("hot_paths", [True, False])
-def test_the_hot_path_setting_is_honoured(make_settings: Callable[..., Settings], hot_paths: bool) -> None:
-    app = create_app(make_settings(api_hot_paths=hot_paths))
-    assert isinstance(app.hot_paths, HotPaths) is hot_paths  # type: ignore[attr-defined]
+async def test_the_hot_path_setting_is_honoured(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis, hot_paths: bool
+) -> None:
+    """With FastAPI's caller dependency broken, a submission succeeds only where the hot path
+    answers it (it asks serve()'s caller itself)."""
+
+    def broken() -> str:
+        raise RuntimeError("FastAPI dependency reached")
+
+    async with api_client(make_settings(api_hot_paths=hot_paths)) as api:
+        api._transport.app.dependency_overrides[caller_owner] = broken  # type: ignore[attr-defined]
+        if hot_paths:
+            assert (await api.post("/v1/jobs", json={"prompt": "hot"})).status_code == 202
+        else:
+            with pytest.raises(RuntimeError, match="FastAPI dependency reached"):
+                await api.post("/v1/jobs", json={"prompt": "routed"})
 
 
 def test_the_header_timeout_reaches_uvicorns_protocol(
     make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(OneWriteHttpProtocol, "header_timeout_s", OneWriteHttpProtocol.header_timeout_s)
+    monkeypatch.setattr(HeaderTimeoutProtocol, "header_timeout_s", HeaderTimeoutProtocol.header_timeout_s)
     create_app(make_settings(api_header_timeout_s=2.5))
-    assert OneWriteHttpProtocol.header_timeout_s == 2.5
+    assert HeaderTimeoutProtocol.header_timeout_s == 2.5
 
 
 async def test_an_anonymous_api_answers_its_own_hosts_only(

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Header
 
 from api.app import create_app
 from api.edge.auth import owner_of
-from api.edge.deps import SettingsDep
+from api.routes.deps import SettingsDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, RouteDeclarationError
 from api.routes import ops
 from shared.batches import new_batch_id

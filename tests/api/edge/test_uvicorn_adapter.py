@@ -1,11 +1,13 @@
-"""The HTTP protocol `genq api` runs (api/edge/server.py): uvicorn's, with the writes of one event-loop
-turn sent together. Real sockets throughout: responses must arrive whole and in order, on
-keep-alive connections and on ones the server closes. (Streams, which write in many turns, run
-through the same protocol in tests/api/routes/test_stream.py.)"""
+"""The HTTP protocol `genq api` runs (api/edge/uvicorn_adapter.py): uvicorn's, with a timeout on a
+request's headers. Real sockets throughout: responses arrive whole and in order, on keep-alive
+connections and on ones the server closes; a client trickling its headers is cut off, one sending
+its body slowly is not. The adapter's contract with the pinned uvicorn, and its public fallback,
+are checked here too."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -13,11 +15,18 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis
+import uvicorn
 from starlette.background import BackgroundTask
-from starlette.types import Message, Receive, Scope, Send
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from api.edge.server import CLIENT_GONE, OneWriteTransport
-from api.routes.stream import EventStream
+from api.edge.uvicorn_adapter import (
+    PINNED_UVICORN,
+    PUBLIC_HTTP,
+    HeaderTimeoutProtocol,
+    contract_holds,
+    http_protocol,
+)
 from shared.config import Settings
 from tests.api.live_server import live_server, serve
 from tests.conftest import ApiProcess
@@ -68,41 +77,6 @@ def test_responses_arrive_whole_on_keep_alive_and_the_last_before_close(settings
             assert stream.recv(1) == b""  # closed after the whole response
 
 
-async def test_writes_of_one_turn_and_of_later_turns_arrive_in_order_and_close_flushes() -> None:
-    loop = asyncio.get_running_loop()
-    received: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    class Server(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.out = OneWriteTransport(transport, loop)  # type: ignore[arg-type]
-            self.out.write(b"status ")
-            self.out.writelines([b"headers ", b"body "])
-            loop.call_later(0.01, self.later)
-
-        def later(self) -> None:
-            self.out.write(b"chunk ")
-            self.out.write(b"last")
-            self.out.close()  # in the same turn as the writes: they still go out first
-
-    class Client(asyncio.Protocol):
-        def data_received(self, data: bytes) -> None:
-            received.put_nowait(data)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            received.put_nowait(None)
-
-    server = await loop.create_server(Server, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    transport, _ = await loop.create_connection(Client, "127.0.0.1", port)
-    data = b""
-    while (chunk := await asyncio.wait_for(received.get(), 5)) is not None:
-        data += chunk
-    assert data == b"status headers body chunk last"
-    transport.close()
-    server.close()
-    await server.wait_closed()
-
-
 def test_a_client_that_trickles_its_headers_is_cut_off(
     make_settings: Callable[..., Settings], redis_client: redis.Redis
 ) -> None:
@@ -128,7 +102,7 @@ def test_genq_api_runs_this_protocol(
     start_api: Callable[[Settings], ApiProcess],
 ) -> None:
     """`genq api` (the CLI process, not an app built in the test) serves through
-    OneWriteHttpProtocol: its header timeout, which stock uvicorn lacks, cuts a trickling client off."""
+    HeaderTimeoutProtocol: its header timeout, which stock uvicorn lacks, cuts a trickling client off."""
     api = start_api(make_settings(api_header_timeout_s=0.5))
     with socket.create_connection(("127.0.0.1", api.port), timeout=10) as slow:
         started = time.monotonic()
@@ -137,14 +111,12 @@ def test_genq_api_runs_this_protocol(
         assert 0.4 < time.monotonic() - started < 3
 
 
-def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receive() -> None:
-    """The CLIENT_GONE extension: an event stream (api/routes/stream.py EventStream) whose client
-    closes the connection mid-stream is cancelled, its body's `finally` and its background task
-    run, and `receive` was never called for it (Starlette's own way waits on `receive` in a task
-    group of its own for every stream)."""
+def test_a_stream_ends_when_its_client_leaves() -> None:
+    """An event stream (StreamingResponse, as api/routes/stream.py sends one) whose client closes
+    the connection mid-stream is cancelled: its body's `finally` and its background task (which
+    gives the key's stream slot back) run."""
     ended = threading.Event()
     released = threading.Event()
-    receive_calls: list[str] = []
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -157,17 +129,11 @@ def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receiv
         released.set()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-
-        async def counted() -> Message:
-            receive_calls.append(scope["path"])
-            return await receive()
-
-        assert CLIENT_GONE in scope["extensions"]
-        await EventStream(body(), media_type="text/event-stream", background=BackgroundTask(release))(
-            scope, counted, send
-        )
+        if scope["type"] == "http":
+            stream = StreamingResponse(
+                body(), media_type="text/event-stream", background=BackgroundTask(release)
+            )
+            await stream(scope, receive, send)
 
     with serve(app) as base_url, socket.create_connection(_address(base_url), timeout=10) as stream:
         stream.sendall(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -177,7 +143,47 @@ def test_a_stream_ends_when_its_client_leaves_without_anything_waiting_on_receiv
         assert received.startswith(b"HTTP/1.1 200 OK")
         stream.close()
         assert ended.wait(5) and released.wait(5)
-    assert receive_calls == []
+
+
+def test_a_slow_body_and_pipelined_requests_pass_the_header_watch(
+    make_settings: Callable[..., Settings], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter parses each request beside uvicorn only to time its headers: a body holding a
+    blank line, sent slowly past the header timeout, and a request pipelined after it, are
+    uvicorn's to serve as ever."""
+    monkeypatch.setattr(HeaderTimeoutProtocol, "header_timeout_s", HeaderTimeoutProtocol.header_timeout_s)
+    settings = make_settings(api_keys=["k"], api_header_timeout_s=0.3)  # no anonymous guard: any body
+    with live_server(settings) as base_url, socket.create_connection(_address(base_url), timeout=10) as conn:
+        body = b"text\r\n\r\nGET / HTTP/1.1\r\n\r\n"  # looks like a head; is a body
+        head = b"POST /nope HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n"
+        conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+        time.sleep(0.6)  # the body is slow, not the headers
+        conn.sendall(body[5:] + b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        buffered = bytearray()
+        assert read_response(conn, buffered)[0] == b"HTTP/1.1 404 Not Found"
+        assert read_response(conn, buffered)[0] == b"HTTP/1.1 200 OK"
+
+
+def test_the_adapter_holds_on_the_pinned_uvicorn_and_gives_way_to_the_public_path_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The contract: on uvicorn 0.54.0 (pyproject.toml's pin) `genq api` runs the adapter; on any
+    other version uvicorn's documented `http="httptools"`, with a warning saying the header
+    timeout is off."""
+    assert uvicorn.__version__ == PINNED_UVICORN
+    assert contract_holds()
+    assert http_protocol() == "api.edge.uvicorn_adapter:HeaderTimeoutProtocol"
+    monkeypatch.setattr(uvicorn, "__version__", "0.55.0")
+    with caplog.at_level(logging.WARNING, logger="genq.api"):
+        assert http_protocol() == PUBLIC_HTTP
+    assert [record.getMessage() for record in caplog.records] == ["header_timeout_off"]
+
+
+def test_the_public_path_serves_as_ever(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uvicorn, "__version__", "0.55.0")
+    with live_server(settings) as base_url, socket.create_connection(_address(base_url), timeout=10) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert read_response(conn, bytearray())[0] == b"HTTP/1.1 200 OK"
 
 
 def _address(base_url: str) -> tuple[str, int]:

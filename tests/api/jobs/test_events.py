@@ -23,10 +23,12 @@ JOB_B = "6f1c0a2e-8b1d-4c3e-9f00-00000000000b"
 
 @pytest.fixture
 async def events(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[JobEvents]:
-    events = JobEvents(aioredis.Redis.from_url(redis_server.url, max_connections=1))  # as listener_client
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    events = JobEvents(client)
     events.start()
     yield events
-    await events.stop()  # closes its client
+    await events.stop()
+    await client.aclose()
 
 
 async def subscribed(client: redis.Redis) -> None:

@@ -1,4 +1,4 @@
-"""api/edge/deps.py: the dependencies hand a route the running app's own services, and are all
+"""api/routes/deps.py: the dependencies hand a route the running app's own services, and are all
 `async def` (FastAPI runs a plain `def` dependency on a worker thread: a hop per request on the
 hot paths)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from fastapi import FastAPI, Request
 
-from api.edge import deps
+from api.routes import deps
 
 pytestmark = pytest.mark.anyio
 

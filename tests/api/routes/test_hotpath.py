@@ -1,4 +1,4 @@
-"""The raw-ASGI hot path (api/edge/hotpath.py) answers exactly as the FastAPI routes do, and really
+"""The raw-ASGI hot path (api/routes/hotpath.py) answers exactly as the FastAPI routes do, and really
 serves the requests it claims: every case below is sent to an app with it on and one with it off,
 and the answers compared — status, body and header values — across the request shapes, and
 across states: an idempotent replay and its 409, `Prefer: wait`, a cache hit, a long-poll, a full
@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from fastapi import Depends
+from fastapi import APIRouter, Depends
 from prometheus_client import REGISTRY
-from starlette.middleware.gzip import GZipMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.app import create_app
-from api.edge import hotpath
-from api.edge.hotpath import HotPathMismatch
 from api.edge.pipeline import PipelineRoute, ReadLimit, RouteDeclarationError, SubmitLimit, caller_owner
+from api.routes import jobs, stream
+from api.routes.hotpath import HotPathMismatch, HotRoutes
 from api.routes.jobs import get_job, submit_job
 from api.routes.stream import stream_job
 from shared import keys
@@ -357,9 +357,17 @@ def closed_port() -> int:
 
 
 # --- the hot path mirrors the routes, or the app does not start --------------------------------------
-def test_the_hot_path_takes_its_limit_kinds_from_the_routes(make_settings: Callable[..., Settings]) -> None:
-    hot = create_app(make_settings(api_hot_paths=True)).hot_paths  # type: ignore[attr-defined]
-    assert (hot.submit_route.kind, hot.read_route.kind) == ("submit", "read")
+def test_the_hot_path_takes_its_routes_and_limit_kinds_from_the_app(
+    make_settings: Callable[..., Settings],
+) -> None:
+    hot = HotRoutes.of(create_app(make_settings(api_hot_paths=True)).routes)
+    assert (hot.submit.path, hot.read.path, hot.stream.path) == (
+        "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/stream",
+    )  # fmt: skip
+    kinds = [
+        served.route.kind for served in (hot.submit, hot.read) if isinstance(served.route, PipelineRoute)
+    ]
+    assert kinds == ["submit", "read"]
     swapped = PipelineRoute("/v1/jobs/{job_id}", get_job, dependencies=[SubmitLimit])
     assert swapped.kind == "submit"
     with pytest.raises(RouteDeclarationError, match="declares 0 rate limits"):
@@ -378,37 +386,87 @@ def test_a_pipeline_route_must_ask_for_its_caller() -> None:
 
 
 async def audit() -> None:
-    """A dependency someone might add to the submit route."""
+    """A dependency someone might add to a hot route."""
+
+
+def audited_router(source: APIRouter, endpoint: Callable[..., Any], **include: Any) -> APIRouter:
+    """`source`'s routes, `endpoint`'s with an audit dependency added (or, with `include`, all of
+    them included with it, as include_router's dependencies)."""
+    router = APIRouter(route_class=PipelineRoute)
+    if include:
+        router.include_router(source, **include)
+        return router
+    for route in source.routes:
+        assert isinstance(route, PipelineRoute)
+        limit = SubmitLimit if route.kind == "submit" else ReadLimit
+        added = [Depends(audit)] if route.endpoint is endpoint else []
+        router.add_api_route(route.path, route.endpoint, methods=sorted(route.methods or ()),
+                             dependencies=[limit, *added], response_model=route.response_model)  # fmt: skip
+    return router
 
 
 @pytest.mark.parametrize(
-    ("path", "endpoint", "method", "limit"),
-    [
-        ("/v1/jobs", submit_job, "POST", SubmitLimit),
-        ("/v1/jobs/{job_id}/stream", stream_job, "GET", ReadLimit),
-    ],
-)
+    ("module", "endpoint", "path"),
+    [(jobs, submit_job, "/v1/jobs"), (jobs, get_job, "/v1/jobs/{job_id}"),
+     (stream, stream_job, "/v1/jobs/{job_id}/stream")],
+    ids=["submit", "read", "stream"],
+)  # fmt: skip
 def test_a_dependency_the_hot_path_does_not_run_stops_the_app(
     make_settings: Callable[..., Settings],
     monkeypatch: pytest.MonkeyPatch,
-    path: str,
+    module: Any,
     endpoint: Callable[..., Any],
-    method: str,
-    limit: Any,
+    path: str,
 ) -> None:
-    audited = PipelineRoute(path, endpoint, methods=[method], dependencies=[limit, Depends(audit)])
-    real = hotpath._route_of
-    monkeypatch.setattr(
-        hotpath, "_route_of", lambda found, *rest: audited if found is endpoint else real(found, *rest)
-    )
+    monkeypatch.setattr(module, "router", audited_router(module.router, endpoint))
     with pytest.raises(HotPathMismatch, match=rf"{re.escape(path)}: the hot path does not run \['audit'\]"):
         create_app(make_settings(api_hot_paths=True))
     create_app(make_settings(api_hot_paths=False))  # without the hot path there is nothing to mirror
 
 
-def test_a_middleware_the_hot_path_does_not_run_stops_the_app(make_settings: Callable[..., Settings]) -> None:
-    app = create_app(make_settings(api_hot_paths=True))
-    app.hot_paths.check()  # type: ignore[attr-defined]  # as built: every middleware mirrored
-    app.add_middleware(GZipMiddleware)
-    with pytest.raises(HotPathMismatch, match="GZipMiddleware"):
-        app.hot_paths.check()  # type: ignore[attr-defined]
+def test_a_dependency_given_to_include_router_stops_the_app_too(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        jobs, "router", audited_router(jobs.router, submit_job, dependencies=[Depends(audit)])
+    )
+    with pytest.raises(HotPathMismatch, match=r"/v1/jobs: the hot path does not run \['audit'\]"):
+        create_app(make_settings(api_hot_paths=True))
+
+
+class Tagging:
+    """A middleware someone might add to the app: it tags every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-tagged", b"yes")]
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+async def test_a_middleware_added_to_the_app_runs_for_the_hot_requests_too(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path is the innermost middleware: whatever the app adds runs before it decides."""
+    monkeypatch.setattr("api.app.create_app", lambda settings: _tagged(create_app(settings)))
+    async with api_client(make_settings(api_hot_paths=True)) as api:
+        app = api._transport.app  # type: ignore[attr-defined]
+        app.dependency_overrides[caller_owner] = _broken  # proof that the hot path answers
+        submitted = await api.post("/v1/jobs", json={"prompt": "tagged"})
+        assert submitted.status_code == 202 and submitted.headers["x-tagged"] == "yes"
+        read = await api.get(submitted.headers["location"])
+        assert read.status_code == 200 and read.headers["x-tagged"] == "yes"
+
+
+def _tagged(app: Any) -> Any:
+    app.add_middleware(Tagging)
+    return app
+
+
+def _broken() -> str:
+    raise RuntimeError("FastAPI dependency reached")
