@@ -3,6 +3,7 @@ uvicorn + FastAPI endpoint answering a constant JSON body (bench/bare_app.py), i
 
     python -m bench.gateway            # --workers 1 and 2, a rate sweep per endpoint (~7 minutes)
     python -m bench.gateway --quick    # --workers 1, one short step per endpoint: a smoke test
+    python -m bench.gateway --base /tmp/base   # and the API of another checkout beside this one
 
 Endpoints: `POST /v1/jobs` (enqueue: a new job each time, "cache": false), a cache hit (POST of a
 deterministic prompt whose response one placeholder-echo job put in the cache before the run),
@@ -14,11 +15,16 @@ the same run, and checks the targets: enqueue sustains 2,350 jobs/s with p99 < 5
 that rate runs five times; the median run decides, and all are reported), and the GET reaches half
 the bare ceiling. Each open-loop step also reports the CPU the server, Redis and the load
 generator spent per request (from /proc), since on a shared 2-core machine that is what the
-latency comes down to. Writes <out>/gateway.json and <out>/gateway.png.
+latency comes down to. With `--base DIR` (a checkout of an earlier commit, e.g. a `git worktree`),
+that checkout's `genq api` runs beside this one on the same Redis, and each of its endpoints
+(`<name>@base`) right after this one's, at the same open-loop rates: `x_base` is this code's
+ceiling over the base's, and each sweep step's p99 is given for both. Writes <out>/gateway.json
+and <out>/gateway.png.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import re
@@ -36,6 +42,7 @@ import orjson
 
 from bench.common import (
     BENCH_SETTINGS,
+    Service,
     bench_stack,
     cpu_seconds,
     latency_summary,
@@ -214,11 +221,15 @@ def _meets(point: dict[str, Any], rate: float) -> bool:
     )
 
 
-def measure_endpoint(endpoint: Endpoint, sizes: Sizes, scratch: Path) -> dict[str, Any]:
+def measure_endpoint(
+    endpoint: Endpoint, sizes: Sizes, scratch: Path, rates: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """Its ceiling, then an open-loop sweep at fractions of it (or at `rates`: another endpoint's)."""
     top = measure_max(endpoint, sizes, scratch)
-    rates = sorted({round(top["rate"] * fraction, -1) or 10.0 for fraction in sizes.fractions})
-    if endpoint.name == "enqueue" and sizes.target_step:
-        rates = sorted({*rates, TARGET_ENQUEUE_RATE})
+    if rates is None:
+        rates = sorted({round(top["rate"] * fraction, -1) or 10.0 for fraction in sizes.fractions})
+        if endpoint.name == "enqueue" and sizes.target_step:
+            rates = sorted({*rates, TARGET_ENQUEUE_RATE})
     sweep = [sweep_point(endpoint, rate, sizes) for rate in rates]
     print(f"  {endpoint.name}: max {top['rate']:,.0f}/s (p99 {top['p99_ms']} ms); sweep "
           + ", ".join(f"{p['offered_rate']:,.0f}/s p99 {p['p99_ms']} ms" for p in sweep))  # fmt: skip
@@ -272,39 +283,94 @@ def queued_job_id(port: int) -> str:
     return str(response.json()["id"])
 
 
+def api_endpoints(port: int, processes: Processes, suffix: str = "") -> list[Endpoint]:
+    """The API's endpoints on `port` (`suffix` names another checkout's)."""
+    job_path = f"/v1/jobs/{queued_job_id(port)}"
+    return [
+        Endpoint("enqueue" + suffix, port, "POST", "/v1/jobs", processes, ENQUEUE_BODY, "bare_post"),
+        Endpoint("cache_hit" + suffix, port, "POST", "/v1/jobs", processes, CACHED_BODY, "bare_post"),
+        Endpoint("get_job" + suffix, port, "GET", job_path, processes, ceiling="bare_get"),
+    ]
+
+
+def start_base_api(
+    stack: ExitStack, name: str, base: Path, settings: dict[str, str], scratch: Path, workers: int
+) -> tuple[Service, int]:
+    """`genq api` from the checkout at `base`, with this interpreter (-P: the checkout's modules,
+    not the current directory's)."""
+    argv = [sys.executable, "-P", "-m", "cli.main", "api", "--workers", str(workers)]
+    env = {**service_env(settings), "PYTHONPATH": str(base.resolve())}
+    return start_http(stack, name, argv, env, scratch, "/healthz")
+
+
 def run_config(
-    workers: int, settings: dict[str, str], sizes: Sizes, scratch: Path, redis_pid: int
+    workers: int, settings: dict[str, str], sizes: Sizes, scratch: Path, redis_pid: int, base: Path | None
 ) -> dict[str, Any]:
-    """Every endpoint against `genq api --workers N` and the bare app with N workers."""
+    """Every endpoint against `genq api --workers N` (and the base checkout's) and the bare app
+    with N workers."""
     print(f"\n--workers {workers}")
     with ExitStack() as stack:
         bare_argv = [sys.executable, "-m", "bench.bare_app", "--workers", str(workers)]
         bare, bare_port = start_http(stack, f"bare-{workers}", bare_argv, service_env({}), scratch, "/")
         api, api_port = start_api(stack, f"api-{workers}", settings, scratch, workers)
         bare_cpu = Processes(bare.process.pid)
-        api_cpu = Processes(api.process.pid, redis_pid)
-        job_path = f"/v1/jobs/{queued_job_id(api_port)}"
         endpoints = [
             Endpoint("bare_get", bare_port, "GET", "/", bare_cpu),
             Endpoint("bare_post", bare_port, "POST", "/", bare_cpu, ENQUEUE_BODY),
-            Endpoint("enqueue", api_port, "POST", "/v1/jobs", api_cpu, ENQUEUE_BODY, "bare_post"),
-            Endpoint("cache_hit", api_port, "POST", "/v1/jobs", api_cpu, CACHED_BODY, "bare_post"),
-            Endpoint("get_job", api_port, "GET", job_path, api_cpu, ceiling="bare_get"),
+            *api_endpoints(api_port, Processes(api.process.pid, redis_pid)),
         ]
-        cache_problem = probe_cache(api_port)
+        based: dict[str, Endpoint] = {}
+        if base is not None:
+            base_api, base_port = start_base_api(
+                stack, f"base-api-{workers}", base, settings, scratch, workers
+            )
+            based = {
+                e.name.removesuffix(BASE): e
+                for e in api_endpoints(base_port, Processes(base_api.process.pid, redis_pid), BASE)
+            }
         results: dict[str, Any] = {}
         for endpoint in endpoints:
-            if endpoint.name == "cache_hit" and cache_problem is not None:
-                results[endpoint.name] = {"path": "POST /v1/jobs (cached prompt)", "n/a": cache_problem}
-                print(f"  cache_hit: n/a ({cache_problem})")
-                continue
-            results[endpoint.name] = measure_endpoint(endpoint, sizes, scratch)
-            if endpoint.ceiling is not None:
-                ceiling = results[endpoint.ceiling]["max"]["rate"]
-                results[endpoint.name]["ratio_to_ceiling"] = ratio(
-                    results[endpoint.name]["max"]["rate"], ceiling
-                )
+            results[endpoint.name] = measure_one(endpoint, sizes, scratch, results)
+            twin = based.get(endpoint.name)
+            if twin is not None and "sweep" in results[endpoint.name]:
+                rates = [point["offered_rate"] for point in results[endpoint.name]["sweep"]]
+                results[twin.name] = measure_one(twin, sizes, scratch, results, rates)
+                compare_to_base(results[endpoint.name], results[twin.name])
     return {"api_workers": workers, "endpoints": results, "targets": check_targets(results)}
+
+
+#: The suffix of the base checkout's endpoints.
+BASE = "@base"
+
+
+def measure_one(
+    endpoint: Endpoint,
+    sizes: Sizes,
+    scratch: Path,
+    results: dict[str, Any],
+    rates: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """One endpoint's result, with its ratio to its bare ceiling (n/a: a cache that did not hit)."""
+    if endpoint.name.startswith("cache_hit"):
+        problem = probe_cache(endpoint.port)
+        if problem is not None:
+            print(f"  {endpoint.name}: n/a ({problem})")
+            return {"path": "POST /v1/jobs (cached prompt)", "n/a": problem}
+    result = measure_endpoint(endpoint, sizes, scratch, rates)
+    if endpoint.ceiling is not None:
+        result["ratio_to_ceiling"] = ratio(result["max"]["rate"], results[endpoint.ceiling]["max"]["rate"])
+    return result
+
+
+def compare_to_base(result: dict[str, Any], base: dict[str, Any]) -> None:
+    """This code's ceiling over the base's, and both p99s at each rate of the sweep."""
+    result["x_base"] = ratio(result["max"]["rate"], base["max"]["rate"])
+    result["p99_ms_vs_base"] = [
+        {"offered_rate": mine["offered_rate"], "p99_ms": mine["p99_ms"], "base_p99_ms": theirs["p99_ms"]}
+        for mine, theirs in zip(result["sweep"], base["sweep"], strict=True)
+    ]
+    print(f"  x base: {result['x_base']} (ceiling); p99 ms this/base: "
+          + ", ".join(f"{p['p99_ms']}/{p['base_p99_ms']}" for p in result["p99_ms_vs_base"]))  # fmt: skip
 
 
 def check_targets(results: dict[str, Any]) -> dict[str, Any]:
@@ -313,7 +379,7 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["enqueue"].get("target_runs", [])
     by_p99 = sorted(runs, key=lambda p: float("inf") if p["p99_ms"] is None else p["p99_ms"])
     median = by_p99[len(by_p99) // 2] if by_p99 else None
-    get_ratio = results["get_job"]["ratio_to_ceiling"]
+    get_ratio = results["get_job"].get("ratio_to_ceiling")
     return {
         "enqueue_at_2350": median,
         "enqueue_2350_runs_meeting": f"{sum(_meets(p, TARGET_ENQUEUE_RATE) for p in runs)} of {len(runs)}",
@@ -331,15 +397,16 @@ def print_tables(report: dict[str, Any]) -> None:
     for config in report["configs"]:
         for name, result in config["endpoints"].items():
             if "max" not in result:
-                rows.append([config["api_workers"], name, None, None, None, None, None])
+                rows.append([config["api_workers"], name, None, None, None, None, None, None])
                 continue
             top = result["max"]
-            rows.append([config["api_workers"], name, top["rate"], result.get("ratio_to_ceiling"),
+            ratios = [result.get("ratio_to_ceiling"), result.get("x_base")]
+            rows.append([config["api_workers"], name, top["rate"], *ratios,
                          top["p50_ms"], top["p99_ms"], result["sustained_rate"]])  # fmt: skip
             sweep_rows += [[config["api_workers"], name, p["offered_rate"], p["achieved_rate"], p["p50_ms"],
                             p["p99_ms"], p["errors"] + p["unfinished"], _cpu_text(p)]
                            for p in result["sweep"]]  # fmt: skip
-    print_table("Most served (wrk, closed loop)", ["api workers", "endpoint", "req/s", "x ceiling",
+    print_table("Most served (wrk, closed loop)", ["api workers", "endpoint", "req/s", "x ceiling", "x base",
                 "p50 ms", "p99 ms", "sustained/s (p99<50ms)"], rows)  # fmt: skip
     print_table("Open-loop sweep", ["api workers", "endpoint", "offered/s", "achieved/s", "p50 ms", "p99 ms",
                 "errors", "µs CPU/request: server/Redis/load gen"], sweep_rows)  # fmt: skip
@@ -386,10 +453,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base", type=Path, default=None, help="a checkout of another commit: its `genq api` runs beside"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(__doc__, "gateway", argv)
+    args = parse_args(__doc__, "gateway", argv, _options)
     sizes = QUICK if args.quick else FULL
     report: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
+                              "base": None if args.base is None else str(args.base),
                               "load_tools": {"max": "wrk" if shutil.which("wrk") else "loadgen",
                                              "sweep": "bench/loadgen.py open loop"}}  # fmt: skip
     with bench_stack("gateway") as (stack, scratch):
@@ -399,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["cache_fill_job"] = {"status": filled.get("status"), "cached": filled.get("cached")}
         assert redis.process is not None
         report["configs"] = [
-            run_config(workers, settings, sizes, scratch, redis.process.pid) for workers in sizes.api_workers
+            run_config(workers, settings, sizes, scratch, redis.process.pid, args.base)
+            for workers in sizes.api_workers
         ]
     print_tables(report)
     write_report(args.out, "gateway", report, plot)

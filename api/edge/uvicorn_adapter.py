@@ -65,6 +65,10 @@ class HeaderTimeoutProtocol(asyncio.Protocol):
         self._inner: asyncio.Protocol = _UvicornProtocol(*args, **kwargs)
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        #: When the headers now awaited are due (None: none awaited), and the one timer that
+        #: checks it: a request costs two stores, not a timer made and cancelled.
+        self._due: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,19 +105,30 @@ class HeaderTimeoutProtocol(asyncio.Protocol):
         self._disarm()
 
     def _arm(self) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(self.header_timeout_s, self._too_slow)
+        self._due = self._loop.time() + self.header_timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._due, self._check)
 
     def _disarm(self) -> None:
+        self._due = None
+
+    def _stop_watching(self) -> None:
+        self._due = self._parser = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _stop_watching(self) -> None:
-        self._disarm()
-        self._parser = None
+    def _check(self) -> None:
+        """The timer: close the connection if the awaited headers are late, else wait again for
+        whatever is awaited now (nothing: the next request's first byte arms it anew)."""
+        self._timer = None
+        if self._due is None:
+            return
+        if self._loop.time() < self._due:
+            self._timer = self._loop.call_at(self._due, self._check)
+            return
+        self._too_slow()
 
     def _too_slow(self) -> None:
-        self._timer = None
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
