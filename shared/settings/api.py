@@ -73,7 +73,7 @@ class ApiSettings(BaseModel):
     api_hot_paths: bool = True
     """Serve `POST /v1/jobs`, `GET /v1/jobs/{id}` (plain, or a long-poll `?wait=N`) and
     `GET /v1/jobs/{id}/stream` of the common shape through a raw-ASGI path that skips FastAPI's
-    per-request machinery (api/edge/hotpath.py); the answers are the same. Turn it off only to
+    per-request machinery (api/routes/hotpath.py); the answers are the same. Turn it off only to
     compare the two."""
 
     api_autopipeline: bool = True
