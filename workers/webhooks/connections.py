@@ -24,6 +24,7 @@ connection (`answered`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import select
@@ -31,7 +32,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -163,6 +164,25 @@ class _Pinned(http.client.HTTPConnection):
         self.sock = sock
 
 
+#: Linux's TCP_CORK (None elsewhere): a socket's writes held back, then sent together.
+_CORK: int | None = getattr(socket, "TCP_CORK", None)
+
+
+@contextlib.contextmanager
+def _corked(sock: socket.socket) -> Iterator[None]:
+    """The block's writes on `sock` sent together when it ends (with _CORK; elsewhere each write
+    goes as it comes)."""
+    if _CORK is None:
+        yield
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the request failed, the socket with it
+            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
+
+
 class Connection:
     """One connection to one Route (opened at its first request)."""
 
@@ -198,9 +218,12 @@ class Connection:
         and a bytes body go out in one write) and read its answer's head; the whole answer (status
         line, headers and body) is read within `answer_within_s` of the request going out, or its
         reads raise TimeoutError, and past ANSWER_CAP_BYTES they raise AnswerTooLarge."""
-        self.http.request("POST", target, body, dict(headers))
+        if self.http.sock is None:
+            self.http.connect()
         sock = self.http.sock
         assert isinstance(sock, BoundedSocket | BoundedTLSSocket), "connect() opened it"
+        with _corked(sock):  # http.client writes the head, then the body: one packet, not two
+            self.http.request("POST", target, body, dict(headers))
         sock.bounds = _Bounds(time.monotonic() + answer_within_s)
         answer = self.http.getresponse()
         self.answered += 1
