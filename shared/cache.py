@@ -2,26 +2,24 @@
 
 The key is the SHA-256 of a canonical encoding of everything that determines a generation's
 output: the model id and fingerprint (a digest of its weights and chat template), the prompt or
-the chat messages, and the sampling parameters. The API (lookups, coalescing) and the workers
-(writing results) both compute it here, from the job's input as accepted (defaults filled in), so
-they always agree. Nothing here imports FastAPI or torch.
+the chat messages, and every sampling parameter. The API (lookups, coalescing) and the workers
+(writing results) both compute it here, from the job's spec (defaults filled in), so they always
+agree. Nothing here imports FastAPI or torch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import redis
 import redis.exceptions
 
 from shared import keys
+from shared.jobspec import JobSpec, Sampling
 from shared.logging import fields
-from shared.structured import schema_of
 
 log = logging.getLogger("genq.cache")
 
@@ -41,16 +39,12 @@ class CacheEntry:
         return len(self.output.encode()) + len(self.model_label.encode())
 
 
-def is_cacheable(job_input: Mapping[str, Any]) -> bool:
+def is_cacheable(spec: JobSpec) -> bool:
     """Deterministic requests only (greedy, or sampled with a fixed seed), and not opted out."""
-    if not job_input.get("cache", True):
-        return False
-    return float(job_input["temperature"]) == 0.0 or job_input.get("seed") is not None
+    return spec.cache and (spec.temperature == 0.0 or spec.seed is not None)
 
 
-def canonical_request(
-    model_id: str, fingerprint: str, job_input: Mapping[str, Any], scope: str = ""
-) -> bytes:
+def canonical_request(model_id: str, fingerprint: str, spec: JobSpec, scope: str = "") -> bytes:
     """The bytes that are hashed: sorted keys, no whitespace, numbers in one form.
 
     `scope` (the owner, when the cache is per key) is part of the document, so one key's
@@ -60,59 +54,59 @@ def canonical_request(
     list is conservatively a different request. Text is hashed exactly as given (no trimming or
     Unicode normalisation: either can change the tokens, hence the output).
     """
-    messages = job_input.get("messages")
-    seed = job_input.get("seed")
-    document = {
+    messages = spec.messages
+    document: dict[str, object] = {
         "v": KEY_VERSION,
         "model": model_id,
         "fingerprint": fingerprint,
-        "prompt": job_input.get("prompt"),
-        "messages": None if messages is None else [[m["role"], m["content"]] for m in messages],
-        "max_tokens": int(job_input["max_tokens"]),
-        "temperature": _number(job_input["temperature"]),
-        "top_p": _number(job_input["top_p"]),
-        "seed": None if seed is None else int(seed),
-        "stop": [str(stop) for stop in job_input.get("stop") or ()],
+        "prompt": spec.prompt,
+        "messages": None if messages is None else [[m.role, m.content] for m in messages],
+        **{name: _canonical(getattr(spec, name)) for name in _FIRST_FIELDS},
     }
     if scope:
         document["scope"] = scope
-    return orjson.dumps(document | _generation_options(job_input), option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(document | _generation_options(spec), option=orjson.OPT_SORT_KEYS)
 
 
-def _generation_options(job_input: Mapping[str, Any]) -> dict[str, Any]:
-    """Fields added after KEY_VERSION 1, hashed only when they differ from their default: a request
-    that leaves them alone keeps the key it always had, one that sets them gets another."""
-    options: dict[str, Any] = {}
-    if job_input.get("template", "chat") != "chat":
-        options["template"] = job_input["template"]
-    for name, default in _ADJUSTMENT_DEFAULTS.items():
-        value = job_input.get(name, default)
-        if value != default:
-            options[name] = _number(value)
-    bias = job_input.get("logit_bias") or {}
-    if bias:
-        options["logit_bias"] = sorted([int(token), _number(value)] for token, value in bias.items())
-    if int(job_input.get("min_tokens", 0)):
-        options["min_tokens"] = int(job_input["min_tokens"])
-    for name in ("logprobs", "prompt_logprobs", "best_of"):  # they change the output
-        if job_input.get(name) is not None:
-            options[name] = int(job_input[name])
-    if int(job_input.get("n", 1)) != 1:
-        options["n"] = int(job_input["n"])
-    schema = schema_of(job_input.get("response_format"))
+#: The sampling fields of KEY_VERSION 1's document, always hashed.
+_FIRST_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+
+
+def _generation_options(spec: JobSpec) -> dict[str, object]:
+    """Every other sampling field (each one of Sampling's, so a field added to the spec is part of
+    the key), the template and the schema the response format enforces, each hashed only when it
+    differs from its default: a request that leaves a field alone keeps the key it had before the
+    field existed, one that sets it gets another."""
+    options: dict[str, object] = {}
+    if spec.template != "chat":
+        options["template"] = spec.template
+    for name, field in Sampling.model_fields.items():
+        value = getattr(spec, name)
+        if name not in _FIRST_FIELDS and value != field.get_default(call_default_factory=True):
+            options[name] = _canonical(value)
+    schema = spec.json_schema
     if schema is not None:  # what is enforced, not how it was named or described
         options["json_schema"] = orjson.loads(schema)
     return options
 
 
-_ADJUSTMENT_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+def _canonical(value: object) -> object:
+    """A field's value in one form: floats as floats (0, 0.0 and -0.0 alike), mappings as pairs
+    sorted by key (logit_bias), sequences as lists."""
+    if isinstance(value, float):
+        return value + 0.0
+    if isinstance(value, dict):
+        return sorted([_canonical(key), _canonical(item)] for key, item in value.items())
+    if isinstance(value, tuple | list):
+        return [_canonical(item) for item in value]
+    return value
 
 
-def cache_key(model_id: str, fingerprint: str, job_input: Mapping[str, Any], scope: str = "") -> str | None:
+def cache_key(model_id: str, fingerprint: str, spec: JobSpec, scope: str = "") -> str | None:
     """The request's cache key, or None when it may not be cached (or the model is unknown)."""
-    if not fingerprint or not is_cacheable(job_input):
+    if not fingerprint or not is_cacheable(spec):
         return None
-    return hashlib.sha256(canonical_request(model_id, fingerprint, job_input, scope)).hexdigest()
+    return hashlib.sha256(canonical_request(model_id, fingerprint, spec, scope)).hexdigest()
 
 
 def cache_client(url: str | None) -> redis.Redis | None:
@@ -135,8 +129,3 @@ def write_entry(client: redis.Redis, key: str, entry: CacheEntry, ttl_s: int) ->
             pipe.execute()
     except redis.exceptions.RedisError as exc:
         log.warning("cache_write_failed", extra=fields(error=type(exc).__name__))
-
-
-def _number(value: float) -> float:
-    # 0, 0.0 and -0.0 are one temperature; a float always encodes the same way in JSON.
-    return float(value) + 0.0

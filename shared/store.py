@@ -1,6 +1,7 @@
-"""Job records in Redis as both tiers read them: the codec from a job's hash to the views the
-API returns and webhooks deliver, the errors the claim and reaper scripts write, and a job's Celery
-message.
+"""Job records in Redis as both tiers read them: the codec of what a job's hash holds (its input,
+the job's spec, written by the API and read by the worker; its output and metrics, written by the
+worker), the views the API returns and webhooks deliver, the errors the claim and reaper scripts
+write, and a job's Celery message.
 
 Every move of a job is checked and set inside Redis by one script (shared/lua/): queued ->
 running -> terminal, and running -> queued only when a job is handed back (a drain, an engine
@@ -19,8 +20,9 @@ from typing import Any
 import orjson
 
 from shared import keys
+from shared.jobspec import JobSpec
 from shared.messages import task_message
-from shared.schemas import JobCoreView, JobStatus, JobSummaryView, JobView
+from shared.schemas import JobCoreView, JobOutput, JobStatus, JobSummaryView, JobView
 
 TIMEOUT_ERROR = orjson.dumps(
     {"type": "timeout", "message": "the job reached its deadline (GENQ_JOB_TIMEOUT_S) before it ran"}
@@ -32,6 +34,27 @@ WORKER_LOST_ERROR = orjson.dumps(
         "message": "the job's worker stopped (crash, kill or hang) on every attempt (GENQ_MAX_ATTEMPTS)",
     }
 )
+
+
+def encode_input(spec: JobSpec) -> bytes:
+    """A job's spec as its record's `input` field holds it: JSON of every field, defaults filled in."""
+    return spec.model_dump_json().encode()
+
+
+def decode_input(raw: str | bytes) -> JobSpec:
+    """A record's `input` field as the job's spec. An input stored before a field existed reads
+    with that field's default; pydantic.ValidationError (naming the field) when it is not one."""
+    return JobSpec.model_validate_json(raw)
+
+
+def succeeded_fields(output: JobOutput, inference_ms: float, batch_size: int) -> dict[str, str | bytes]:
+    """The record fields of a succeeded job: its status, output and the worker's metrics."""
+    metrics = {"inference_ms": round(inference_ms, 3), "batch_size": batch_size}
+    return {
+        "status": JobStatus.SUCCEEDED.value,
+        "output": orjson.dumps(output),
+        "metrics": orjson.dumps(metrics),
+    }
 
 
 def rfc3339(epoch: str | float | None) -> str | None:

@@ -87,11 +87,10 @@ def grammar_error(schema: str) -> str | None:
     return str(error) if error else None
 
 
-def schema_of(response_format: dict[str, Any] | None) -> str | None:
+def schema_of(response_format: ResponseFormat | None) -> str | None:
     """The JSON schema (serialized) a job's response_format asks for; None for free text."""
-    kind = (response_format or {}).get("type", "text")
-    if kind == "json_object":
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.json_schema is None:  # json_object
         return ANY_OBJECT
-    if kind == "json_schema":
-        return json.dumps((response_format or {})["json_schema"]["schema"])
-    return None
+    return json.dumps(response_format.json_schema.json_schema)

@@ -23,6 +23,7 @@ import redis.exceptions
 
 from shared import keys
 from shared.logging import fields
+from shared.schemas import TokenLogprob as PublicTokenLogprob
 from workers.engine.logprobs import finite
 from workers.engine.types import OutputUpdate, TokenLogprob
 
@@ -36,9 +37,8 @@ Completion = tuple[str, int]
 Delta = tuple[str, dict[str, str | int | bytes]]
 
 
-def token_entry(entry: TokenLogprob) -> dict[str, object]:
-    """A token's log-probability as the job's output and its stream store it
-    (shared.schemas.TokenLogprob)."""
+def token_entry(entry: TokenLogprob) -> PublicTokenLogprob:
+    """A token's log-probability as the job's output and its stream store it."""
     return {
         "id": entry.token_id,
         "token": entry.token,

@@ -1,17 +1,16 @@
-"""A job's record in the engine's terms and back: its stored input becomes a GenerationRequest,
-a GenerationResult becomes the record fields that end the job (with its last output deltas, a
-JobOutcome)."""
+"""A job's record in the engine's terms and back: its stored spec becomes a GenerationRequest,
+a GenerationResult becomes the job's output and the record fields that end the job (with its last
+output deltas, a JobOutcome). The record's encoding is shared/store.py's."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import orjson
-
-from shared.schemas import JobStatus
-from shared.structured import schema_of
+from shared.jobspec import JobSpec
+from shared.schemas import JobChoice, JobOutput
+from shared.store import succeeded_fields
 from workers.engine import GenerationRequest, GenerationResult, SamplingParams
 from workers.engine.types import OutputUpdate
 from workers.publish import Delta, token_entry
@@ -26,43 +25,25 @@ class JobOutcome(NamedTuple):
 
 
 def generation_request(
-    job_id: str, job_input: dict[str, Any], timeout_s: float, on_output: Callable[[OutputUpdate], None]
+    job_id: str, spec: JobSpec, timeout_s: float, on_output: Callable[[OutputUpdate], None]
 ) -> GenerationRequest:
-    """The engine's request for a job's stored input, due `timeout_s` from now."""
-    params = SamplingParams(
-        max_tokens=job_input["max_tokens"],
-        temperature=job_input["temperature"],
-        top_p=job_input["top_p"],
-        seed=job_input["seed"],
-        stop=tuple(job_input["stop"]),
-        presence_penalty=job_input.get("presence_penalty", 0.0),
-        frequency_penalty=job_input.get("frequency_penalty", 0.0),
-        repetition_penalty=job_input.get("repetition_penalty", 1.0),
-        # JSON keeps the token ids as strings; jobs stored before the field have none.
-        logit_bias=tuple(
-            (int(token), float(bias)) for token, bias in job_input.get("logit_bias", {}).items()
-        ),
-        min_tokens=job_input.get("min_tokens", 0),
-        logprobs=job_input.get("logprobs"),
-        prompt_logprobs=job_input.get("prompt_logprobs"),
-        json_schema=schema_of(job_input.get("response_format")),
-        n=job_input.get("n", 1),
-        best_of=job_input.get("best_of"),
-    )
+    """The engine's request for a job's spec, due `timeout_s` from now. Its SamplingParams are
+    read off the spec field by field (every Sampling field, and the schema its response format
+    asks for), so a field added to the spec reaches the engine with nothing written here."""
     return GenerationRequest(
         request_id=job_id,
-        params=params,
-        prompt=job_input["prompt"],
-        messages=job_input["messages"],
-        template=job_input.get("template", "chat"),
+        params=SamplingParams.model_validate(spec, from_attributes=True),
+        prompt=spec.prompt,
+        messages=None if spec.messages is None else [dict(message) for message in spec.messages],
+        template=spec.template,
         deadline=time.monotonic() + timeout_s,
         on_output=on_output,
     )
 
 
-def success_fields(result: GenerationResult) -> dict[str, str | bytes]:
-    """The record fields of a succeeded job."""
-    output: dict[str, object] = {
+def job_output(result: GenerationResult) -> JobOutput:
+    """The job's output (shared.schemas.JobOutput) of the engine's result."""
+    output: JobOutput = {
         "text": result.text,
         "finish_reason": result.finish_reason,
         "usage": {
@@ -77,18 +58,18 @@ def success_fields(result: GenerationResult) -> dict[str, str | bytes]:
         output["prompt_logprobs"] = [token_entry(entry) for entry in result.prompt_logprobs]
     if result.choices:
         output["choices"] = [choice_entry(choice) for choice in result.choices]
-    metrics = {"inference_ms": round(result.inference_ms, 3), "batch_size": result.batch_size}
-    return {
-        "status": JobStatus.SUCCEEDED.value,
-        "output": orjson.dumps(output),
-        "metrics": orjson.dumps(metrics),
-    }
+    return output
 
 
-def choice_entry(choice: GenerationResult) -> dict[str, object]:
-    """One of several samples (n or best_of), as the job's output lists them (shared.schemas.JobChoice)."""
-    entry: dict[str, object] = {"text": choice.text, "finish_reason": choice.finish_reason,
-                                "completion_tokens": choice.completion_tokens}  # fmt: skip
+def success_fields(result: GenerationResult) -> dict[str, str | bytes]:
+    """The record fields of a succeeded job."""
+    return succeeded_fields(job_output(result), result.inference_ms, result.batch_size)
+
+
+def choice_entry(choice: GenerationResult) -> JobChoice:
+    """One of several samples (n or best_of), as the job's output lists them."""
+    entry: JobChoice = {"text": choice.text, "finish_reason": choice.finish_reason,
+                        "completion_tokens": choice.completion_tokens}  # fmt: skip
     if choice.logprobs is not None:
         entry["logprobs"] = [token_entry(token) for token in choice.logprobs]
     return entry

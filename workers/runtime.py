@@ -34,7 +34,7 @@ from shared.config import Settings
 from shared.logging import fields
 from shared.reaper import Reaper
 from shared.schemas import JobStatus
-from shared.store import as_text
+from shared.store import as_text, decode_input
 from workers import scalein
 from workers.cancels import CancelListener
 from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
@@ -325,25 +325,23 @@ class WorkerRuntime:
         in the scope the API gave the job (its owner, when the cache is per key)."""
         if self.engine is None or not self.settings.cache_enabled:
             return None
-        job_input = orjson.loads(record["input"])
-        return cache_key(
-            self.engine.model_id, self.engine.fingerprint, job_input, record.get("cache_scope", "")
-        )
+        spec = decode_input(record["input"])
+        return cache_key(self.engine.model_id, self.engine.fingerprint, spec, record.get("cache_scope", ""))
 
     def _generate(self, job_id: str, record: dict[str, str]) -> JobOutcome | None:
         """The record fields that end the job and its output not yet published, or None when it
         ended elsewhere (canceled)."""
         assert self.engine is not None, "a worker without an engine received a generation job"
-        job_input = orjson.loads(record["input"])
+        spec = decode_input(record["input"])
         request = generation_request(
-            job_id, job_input, self.settings.job_timeout_s, lambda update: self.output.offer(job_id, update)
+            job_id, spec, self.settings.job_timeout_s, lambda update: self.output.offer(job_id, update)
         )
         label: dict[str, str | bytes] = {"model_label": self.engine.label}
         started: dict[str, object] = {"job_id": job_id, "model": self.engine.model_id}
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
-            started["input"] = job_input
+            started["input"] = spec.model_dump(mode="json")
         log.info("job_started", extra=fields(**started))
-        self._output_webhooks.follow(job_id, job_input)
+        self._output_webhooks.follow(job_id, spec.model_dump())  # its webhook fields
         try:
             result = self.engine.submit(request).result()
         except RequestError as exc:

@@ -13,9 +13,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -27,6 +26,7 @@ from api.jobs.store import CacheLookup, Submitted
 from shared import keys
 from shared.cache import CacheEntry, cache_key, is_cacheable
 from shared.config import Settings
+from shared.jobspec import JobSpec
 from shared.logging import fields
 
 log = logging.getLogger("genq.api")
@@ -165,17 +165,17 @@ class ResponseCache:
         if self._dedicated is not None:
             await self._dedicated.aclose()
 
-    async def key_for(self, model: str, job_input: Mapping[str, Any], scope: str = "") -> str | None:
+    async def key_for(self, model: str, spec: JobSpec, scope: str = "") -> str | None:
         """The job's cache key within `scope` (shared/cache.py); None when it is not cacheable (not
         deterministic, opted out, or the model's fingerprint is not known yet: that last one
         counts as a miss)."""
-        if not self._enabled or not is_cacheable(job_input):
+        if not self._enabled or not is_cacheable(spec):
             return None
         fingerprint = await self.fingerprints.get(model)
         if fingerprint is None:
             MISSES.inc()
             return None
-        return cache_key(model, fingerprint, job_input, scope)
+        return cache_key(model, fingerprint, spec, scope)
 
     async def lookup(self, key: str) -> Lookup:
         """What the submit script needs: a response found in level 1 (or the dedicated level 2),

@@ -17,7 +17,6 @@ import logging
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import redis.exceptions
 
@@ -26,7 +25,7 @@ from api.jobs.queue import JobQueue
 from api.jobs.streams import READ_COUNT, START_ID, OutputEntry
 from shared.errors import NotFound
 from shared.logging import fields
-from shared.schemas import JobStatus, JobView
+from shared.schemas import JobStatus, JobView, TokenLogprob
 
 log = logging.getLogger("genq.api")
 
@@ -50,7 +49,7 @@ class Output:
     delta: str
     tokens: int
     index: int = 0
-    logprobs: list[dict[str, Any]] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,13 +244,13 @@ def _missing_text(job: JobView, streamed: str) -> str:
     """The end of a succeeded job's text (its first completion's) that its stream never carried
     ('' when none, or when the stream's text is no prefix of it: then the `Done` job's output
     is the authority)."""
-    output = job.get("output") or {}
-    text = str(output.get("text") or "")
+    output = job["output"]
+    text = "" if output is None else output["text"]
     if job["status"] is not JobStatus.SUCCEEDED or not text.startswith(streamed):
         return ""
     return text[len(streamed) :]
 
 
 def _completion_tokens(job: JobView) -> int:
-    usage = (job.get("output") or {}).get("usage") or {}
-    return int(usage.get("completion_tokens") or 0)
+    output = job["output"]
+    return 0 if output is None else output["usage"]["completion_tokens"]

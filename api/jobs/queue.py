@@ -29,10 +29,11 @@ from shared import key_secrets, keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import is_job_id, new_id
+from shared.jobspec import JobSpec
 from shared.messages import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import is_terminal, public_job
+from shared.store import encode_input, is_terminal, public_job
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000
@@ -57,7 +58,11 @@ class Accepted:
 
 
 def request_digest(create: JobCreate) -> str:
-    canonical = orjson.dumps(create.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    """The body's digest an Idempotency-Key replay is compared with: the fields it sets apart from
+    their defaults, so a field added to the spec (a default every older body has) changes nothing."""
+    canonical = orjson.dumps(
+        create.model_dump(mode="json", exclude_defaults=True), option=orjson.OPT_SORT_KEYS
+    )
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -92,17 +97,12 @@ class JobQueue:
                 f"model {model!r} is not served; served models: {', '.join(served)}", param="model"
             )
         max_tokens = self._settings.default_max_tokens if create.max_tokens is None else create.max_tokens
-        if max_tokens == 0 and create.prompt_logprobs is None:
-            message = (
-                "max_tokens 0 generates nothing: it is allowed only with prompt_logprobs (scoring the prompt)"
-            )
-            raise InvalidRequest(message, param="max_tokens")
         cap = self._settings.max_tokens_cap
         if max_tokens > cap:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the most allowed is {cap}", param="max_tokens")
-        if create.min_tokens > max_tokens:
-            message = f"min_tokens ({create.min_tokens}) is more than max_tokens ({max_tokens})"
-            raise InvalidRequest(message, param="min_tokens")
+        error = create.length_error(max_tokens)
+        if error is not None:
+            raise InvalidRequest(error[1], param=error[0])
         return model, max_tokens
 
     async def submit(
@@ -145,18 +145,16 @@ class JobQueue:
         if create.webhook is not None:
             await key_secrets.require_own_secret(self._store.redis, owner, self._settings, "webhook")
             await check_url(str(create.webhook), self._settings.webhook_policy)
-        job_input = create.model_dump(mode="json", exclude={"model", "metadata"}, exclude_none=False) | {
-            "max_tokens": max_tokens
-        }
+        spec = create.spec(max_tokens)
         scope = owner if self._settings.cache_scoped_per_key else ""
-        model, lookup = await self._route(create, model, job_input, scope)
+        model, lookup = await self._route(create, model, spec, scope)
         now = time.time()
         job = NewJob(
             job_id=job_id,
             owner=owner,
             model=model,
             queue=keys.queue_for_model(model),
-            input_json=orjson.dumps(job_input),
+            input_json=encode_input(spec),
             metadata_json=orjson.dumps(create.metadata),
             created_at=now,
             deadline=now + self._settings.job_timeout_s,
@@ -190,23 +188,23 @@ class JobQueue:
         return Accepted(await self.get(submitted.job_id, owner), created=False)
 
     async def _route(
-        self, create: JobCreate, model: str, job_input: dict[str, Any], scope: str
+        self, create: JobCreate, model: str, spec: JobSpec, scope: str
     ) -> tuple[str, Lookup | None]:
         """The model the job goes to and its response-cache lookup (None: not cacheable).
 
         A response already found needs no room in the queue, so admission control is asked
         only otherwise; a fallback model has its own fingerprint, hence its own key.
         """
-        lookup = await self._lookup(model, job_input, scope)
+        lookup = await self._lookup(model, spec, scope)
         if lookup is not None and lookup.level is not None:
             return model, lookup
         admitted = await self._admit(create, model)
         if admitted != model:
-            lookup = await self._lookup(admitted, job_input, scope)
+            lookup = await self._lookup(admitted, spec, scope)
         return admitted, lookup
 
-    async def _lookup(self, model: str, job_input: dict[str, Any], scope: str) -> Lookup | None:
-        cache_key = await self._cache.key_for(model, job_input, scope)
+    async def _lookup(self, model: str, spec: JobSpec, scope: str) -> Lookup | None:
+        cache_key = await self._cache.key_for(model, spec, scope)
         return None if cache_key is None else await self._cache.lookup(cache_key)
 
     async def _admit(self, create: JobCreate, model: str) -> str:

@@ -17,6 +17,7 @@ import orjson
 
 from api.edge.autopipeline import Commands
 from shared import keys
+from shared.schemas import TokenLogprob
 
 #: The id before every entry: reading after it reads the stream from its beginning.
 START_ID = "0-0"
@@ -38,7 +39,7 @@ class OutputEntry:
     index: int = 0
     #: Log-probability entries of the tokens streamed since the completion's previous entry (in the
     #: job output's format); None when the job asked for none. Their texts may trail `delta`.
-    logprobs: list[dict[str, Any]] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 def is_entry_id(text: str) -> bool:

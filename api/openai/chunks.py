@@ -8,7 +8,7 @@ from typing import Any
 from api.jobs.follow import FINAL_ID, Output
 from api.openai.kind import Kind
 from api.openai.responses import chat_logprob, envelope, output_of, samples, text_logprobs, usage_of
-from shared.schemas import JobView
+from shared.schemas import JobView, TokenLogprob
 
 
 class LiveChunks:
@@ -43,7 +43,7 @@ class LiveChunks:
                 chunks.append(self._text(index, text[len(sent) :]))
         return chunks
 
-    def _token(self, index: int, entry: dict[str, Any]) -> dict[str, Any]:
+    def _token(self, index: int, entry: TokenLogprob) -> dict[str, Any]:
         sent = self._texts.get(index, "")
         self._texts[index] = sent + entry["text"]
         self._tokens[index] = self._tokens.get(index, 0) + 1
@@ -83,7 +83,7 @@ def _token_chunk(
     job: JobView,
     index: int,
     text: str,
-    tokens: list[dict[str, Any]] | None,
+    tokens: list[TokenLogprob] | None,
     offset: int,
     include_usage: bool,
 ) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """OpenAI's completion requests, and the genq job each asks for (`job_create`).
 
-Penalties, logit_bias (and vLLM's repetition_penalty and min_tokens), logprobs, chat's
-top_logprobs, completions' echo and best_of, n and response_format (json_object, json_schema)
-are honoured. Fields that configure OpenAI's platform (NO_EFFECT: store, service_tier, ...) are
+The spec's sampling fields OpenAI's API (or vLLM's, as extra fields) takes as genq does
+(shared/jobspec.py CommonSampling: penalties, logit_bias, vLLM's repetition_penalty and
+min_tokens, n, ...) are inherited and passed to the job as they are; logprobs, chat's
+top_logprobs, completions' echo and best_of, stop and response_format (json_object, json_schema)
+are mapped onto the job's. Fields that configure OpenAI's platform (NO_EFFECT: store, service_tier, ...) are
 accepted without effect. Those that would change the answer and are not honoured (echo or best_of
 on chat, tools, ...), and any field genq does not know, are refused with 400 naming the field.
 """
@@ -12,10 +14,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.openai.kind import Kind
 from shared import errors
+from shared.jobspec import BestOf, CommonSampling, MaxTokens, Temperature, TopLogprobs
 from shared.schemas import JobCreate, Priority
 
 #: OpenAI fields genq cannot honour, with the values that ask for nothing (so are accepted).
@@ -64,26 +67,19 @@ class OpenAIMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
-class OpenAIRequest(BaseModel):
-    """The fields both completion endpoints share. Other fields are kept to be checked."""
+class OpenAIRequest(CommonSampling):
+    """The fields both completion endpoints share: CommonSampling's (the spec's sampling fields
+    OpenAI's API takes as genq does; temperature defaults to 1, as OpenAI's), and those whose
+    shape differs. Other fields are kept to be checked."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", frozen=False)
 
     model: str | None = Field(None, min_length=1, max_length=200)
     #: 0 only with completions' echo (scoring the prompt, as lm-evaluation-harness does).
-    max_tokens: int | None = Field(None, ge=0)
+    max_tokens: MaxTokens | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    temperature: Temperature = 1.0
     stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    #: vLLM's extra sampling parameters, honoured the same way.
-    repetition_penalty: float | None = None
-    min_tokens: int | None = Field(None, ge=0, le=1_000_000)
-    n: int | None = Field(None, ge=1, le=16)
     #: Its shape is checked by JobCreate, its schema compiled once the caller is known (the routes):
     #: a bad one is a 400 naming response_format.
     response_format: dict[str, Any] | None = None
@@ -91,18 +87,30 @@ class OpenAIRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, body: Any) -> Any:
+        """A sampling field sent as null asks for its default, as OpenAI's API reads it."""
+        if not isinstance(body, dict):
+            return body
+        return {name: value for name, value in body.items() if value is not None or name not in _SAMPLING}
+
+
+#: The sampling fields the OpenAI requests take from the spec, passed to the job as they are.
+_SAMPLING = frozenset(CommonSampling.model_fields)
+
 
 class ChatCompletionRequest(OpenAIRequest):
     messages: list[OpenAIMessage] = Field(min_length=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
 
 
 class CompletionRequest(OpenAIRequest):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None
-    best_of: int | None = Field(None, ge=1, le=16)
+    best_of: BestOf | None = None
 
 
 def shows_logprobs(body: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -114,13 +122,13 @@ def echoes(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return isinstance(body, CompletionRequest) and bool(body.echo)
 
 
-def _logprob_fields(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+def _logprob_fields(body: ChatCompletionRequest | CompletionRequest) -> dict[str, int]:
     """The job's logprobs / prompt_logprobs for OpenAI's logprobs, top_logprobs and echo."""
     if isinstance(body, ChatCompletionRequest):
         if body.top_logprobs and not body.logprobs:
             raise errors.InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         return {"logprobs": body.top_logprobs or 0} if body.logprobs else {}
-    fields: dict[str, Any] = {} if body.logprobs is None else {"logprobs": body.logprobs}
+    fields = {} if body.logprobs is None else {"logprobs": body.logprobs}
     if body.echo:  # the prompt's tokens are scored too (a max_tokens 0 job needs them)
         fields["prompt_logprobs"] = body.logprobs or 0
     elif body.max_tokens == 0:
@@ -155,28 +163,18 @@ def _prompt_text(prompt: str | list[str]) -> str:
     return prompt[0]
 
 
-#: Logit adjustments passed to the job as given (JobCreate checks their bounds).
-_ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_tokens")
-
-
 def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
     """The genq job an OpenAI request asks for (OpenAI's defaults: temperature 1, top_p 1)."""
     _refuse_unsupported(body)
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {name: getattr(body, name) for name in _SAMPLING} | {
         "model": body.model,
         "max_tokens": body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "seed": body.seed,
         "stop": [body.stop] if isinstance(body.stop, str) else body.stop or [],
         "priority": Priority.INTERACTIVE,
         "metadata": {"source": (Kind.CHAT if isinstance(body, ChatCompletionRequest) else Kind.TEXT).source}
         | ({"user": body.user[:512]} if body.user else {}),
     }
-    fields |= {name: getattr(body, name) for name in _ADJUSTMENTS if getattr(body, name) is not None}
     fields |= _logprob_fields(body)
-    if body.n is not None:
-        fields["n"] = body.n
     if body.response_format is not None:
         fields["response_format"] = body.response_format
     if isinstance(body, CompletionRequest) and body.best_of is not None:
@@ -187,7 +185,7 @@ def job_create(body: ChatCompletionRequest | CompletionRequest) -> JobCreate:
         fields["prompt"] = _prompt_text(body.prompt)
         fields["template"] = "none"
     try:
-        return JobCreate(**fields)
+        return JobCreate.model_validate(fields)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None

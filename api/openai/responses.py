@@ -8,7 +8,7 @@ from typing import Any
 
 from api.openai.kind import Kind
 from shared import errors
-from shared.schemas import JobStatus, JobView
+from shared.schemas import JobChoice, JobOutput, JobStatus, JobView, TokenLogprob
 
 
 class JobNotCompleted(errors.GenqError):
@@ -27,7 +27,7 @@ def failure_of(job: JobView) -> tuple[str, str]:
     return type_, (error and error["message"]) or f"the job ended {job['status']}"
 
 
-def output_of(job: JobView) -> dict[str, Any]:
+def output_of(job: JobView) -> JobOutput:
     """A succeeded job's output (every succeeded job has one)."""
     output = job["output"]
     assert output is not None, f"succeeded job {job['id']} has no output"
@@ -41,12 +41,12 @@ def _created(job: JobView) -> int:
 def usage_of(job: JobView) -> dict[str, Any]:
     """OpenAI's usage object, prompt_tokens_details.cached_tokens included (the prefix cache's)."""
     usage = output_of(job)["usage"]
-    prompt, completion_ = int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    prompt, completion_ = usage["prompt_tokens"], usage["completion_tokens"]
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion_,
         "total_tokens": prompt + completion_,
-        "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_prompt_tokens", 0))},
+        "prompt_tokens_details": {"cached_tokens": usage.get("cached_prompt_tokens", 0)},
     }
 
 
@@ -72,13 +72,16 @@ def completion(kind: Kind, job: JobView, echo: bool = False) -> dict[str, Any]:
     return envelope(kind, job, kind.obj) | {"choices": choices, "usage": usage_of(job)}
 
 
-def samples(job: JobView) -> list[dict[str, Any]]:
+def samples(job: JobView) -> list[JobChoice | JobOutput]:
     """A succeeded job's completions: its choices (n or best_of), else its one output."""
     output = output_of(job)
-    return list(output.get("choices") or [output])
+    choices = output.get("choices")
+    return list(choices) if choices else [output]
 
 
-def _choice(kind: Kind, job: JobView, index: int, sample: dict[str, Any], echo: bool) -> dict[str, Any]:
+def _choice(
+    kind: Kind, job: JobView, index: int, sample: JobChoice | JobOutput, echo: bool
+) -> dict[str, Any]:
     tokens = _scored_tokens(job, sample, echo)
     choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": sample["finish_reason"]}
     if kind is Kind.CHAT:
@@ -92,15 +95,16 @@ def _choice(kind: Kind, job: JobView, index: int, sample: dict[str, Any], echo: 
     return choice
 
 
-def _scored_tokens(job: JobView, sample: dict[str, Any], echo: bool) -> list[dict[str, Any]] | None:
+def _scored_tokens(job: JobView, sample: JobChoice | JobOutput, echo: bool) -> list[TokenLogprob] | None:
     """A completion's token entries to show: its own, after the prompt's when echoing."""
-    if sample.get("logprobs") is None:
+    tokens = sample.get("logprobs")
+    if tokens is None:
         return None
     prompt = output_of(job).get("prompt_logprobs") or [] if echo else []
-    return [*prompt, *sample["logprobs"]]
+    return [*prompt, *tokens]
 
 
-def chat_logprob(token: dict[str, Any]) -> dict[str, Any]:
+def chat_logprob(token: TokenLogprob) -> dict[str, Any]:
     """OpenAI's ChatCompletionTokenLogprob."""
     top = [{"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode())}
            for t in token["top_logprobs"]]  # fmt: skip
@@ -108,7 +112,7 @@ def chat_logprob(token: dict[str, Any]) -> dict[str, Any]:
             "top_logprobs": top}  # fmt: skip
 
 
-def text_logprobs(tokens: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+def text_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
     """OpenAI's completions Logprobs: parallel lists; text_offset counts from `offset` in the text.
     Each top_logprobs dict also holds the chosen token (so up to logprobs + 1 entries, as OpenAI)."""
     offsets = []

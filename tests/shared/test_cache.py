@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.cache import cache_key, is_cacheable
+from shared.jobspec import JobSpec
 from shared.schemas import JobCreate
 
 MODEL, FINGERPRINT = "placeholder-echo", "abc123"
@@ -36,10 +38,7 @@ bodies = st.fixed_dictionaries(
 def _key(body: dict[str, Any], model: str = MODEL, fingerprint: str = FINGERPRINT) -> str | None:
     """The key the API computes: from the body as accepted (defaults filled, like JobQueue)."""
     create = JobCreate.model_validate_json(orjson.dumps(body))
-    job_input = create.model_dump(mode="json", exclude={"model", "metadata"}) | {
-        "max_tokens": create.max_tokens or DEFAULT_MAX_TOKENS
-    }
-    return cache_key(model, fingerprint, job_input)
+    return cache_key(model, fingerprint, create.spec(create.max_tokens or DEFAULT_MAX_TOKENS))
 
 
 def _deterministic(body: dict[str, Any]) -> dict[str, Any]:
@@ -135,10 +134,13 @@ def test_non_deterministic_or_opted_out_requests_have_no_key(body: dict[str, Any
 
 
 def test_cacheable_means_greedy_or_seeded() -> None:
-    assert is_cacheable({"temperature": 0, "seed": None})
-    assert is_cacheable({"temperature": 1.3, "seed": 0})
-    assert not is_cacheable({"temperature": 1.3, "seed": None})
-    assert not is_cacheable({"temperature": 0, "seed": 1, "cache": False})
+    def spec(**fields: Any) -> JobSpec:
+        return JobSpec(prompt="hi", max_tokens=8, **fields)
+
+    assert is_cacheable(spec(temperature=0, seed=None))
+    assert is_cacheable(spec(temperature=1.3, seed=0))
+    assert not is_cacheable(spec(temperature=1.3, seed=None))
+    assert not is_cacheable(spec(temperature=0, seed=1, cache=False))
 
 
 def test_a_raw_prompt_and_a_chat_wrapped_one_are_different_requests() -> None:
@@ -173,3 +175,56 @@ def test_a_response_format_is_keyed_by_what_it_enforces() -> None:
     renamed = {"type": "json_schema", "json_schema": {"name": "two", "schema": schema, "description": "x"}}
     assert _key({**body, "response_format": named}) == _key({**body, "response_format": renamed})
     assert _key(body) == _key({**body, "response_format": {"type": "text"}})
+
+
+#: Keys computed by the code before the job spec (commit 180958b, from the input as a dict, model
+#: "m", fingerprint "fp"): the spec's generic encoding of its sampling fields hashes the same bytes,
+#: so a response cached before an upgrade is still found after it.
+KEYS_BEFORE_THE_SPEC = [
+    ({"prompt": "hi"}, "f100df7da9100e762bab0306d07307fce1c5e4cd80d226d003af27ea2fc30b60"),
+    (
+        {"prompt": "hi", "temperature": 0.7, "seed": 3},
+        "c75ba46bae0c3e85c81c1d1b9a0c77f9a99d6e74ba81d59577b1179203a5d7fd",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "yo"}], "max_tokens": 9},
+        "c70439f52e1c4bf3f42ad1b3e3925c7bce05c99e08677804473be7aef59e2f9c",
+    ),
+    (
+        {"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2},
+        "f9cc942fb357eabfcecfe263978867e2741e8a59d9c9e5601d3b51b6dc3ca79f",
+    ),
+    (
+        {"prompt": "hi", "logit_bias": {"9": 2, "7": -1.5}},
+        "bcbe0bac3862d9ba851e712c91681045317dcaa48a85b591cb2e9645a3fe8376",
+    ),
+    (
+        {"prompt": "hi", "min_tokens": 3, "max_tokens": 5},
+        "c2bf5a377ed82c15a4fc7195ea5fa67b6fa728cc39c144c690de257f082fca2e",
+    ),
+    (
+        {"prompt": "hi", "logprobs": 2, "prompt_logprobs": 0},
+        "abaaf55e5fb4b13f6dfaa33424c5b2a6b8878260eb507369600b3e7c801604d8",
+    ),
+    (
+        {"prompt": "hi", "n": 2, "best_of": 3, "seed": 1, "temperature": 1},
+        "a18bf21cd3ce84fbc902fa06be7cd12f244cdff598b47149e52ea4b893c5410b",
+    ),
+    (
+        {"prompt": "hi", "template": "none", "stop": ["a", "b"]},
+        "cae26ad4178ec3437afa797c5df6922b682846a2da6a5390407e8993ee98c9a2",
+    ),
+    (
+        {"prompt": "hi", "response_format": {"type": "json_object"}},
+        "65957d4b8fc993559925fbce0b5e06a07fc8ebe9aad44e868a1a2746ba998726",
+    ),
+    (
+        {"prompt": "hi", "top_p": 0.9, "temperature": 0.0, "seed": 0},
+        "746ace32ddf8eb2b3da1dcafe610df130328671bf1f5ab3ee0126f9db6cb7536",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "key"), KEYS_BEFORE_THE_SPEC)
+def test_a_request_keeps_the_key_it_had_before_the_spec(body: dict[str, Any], key: str) -> None:
+    assert _key(body, "m", "fp") == key

@@ -10,14 +10,8 @@ import pydantic
 import pytest
 from pydantic_core import ErrorDetails
 
-from shared.schemas import (
-    TERMINAL_STATUSES,
-    JobCreate,
-    JobInput,
-    JobStatus,
-    Priority,
-    error_body,
-)
+from shared.jobspec import JobSpec
+from shared.schemas import TERMINAL_STATUSES, JobCreate, JobStatus, Priority, WebhookEvent, error_body
 from shared.structured import JSON_SCHEMA_MAX_BYTES, ResponseFormat
 
 
@@ -84,17 +78,17 @@ def test_response_format_needs_a_schema_exactly_when_json_schema() -> None:
 
 def test_defaults_are_fresh_per_request() -> None:
     first, second = JobCreate(prompt="a"), JobCreate(prompt="b")
-    first.stop.append("x")
+    first.webhook_events_filter.append(WebhookEvent.START)
     first.metadata["k"] = "v"
-    assert second.stop == [] and second.metadata == {}
-    assert first.webhook_events_filter == ["completed"] and first.priority is Priority.INTERACTIVE
+    assert second.webhook_events_filter == ["completed"] and second.metadata == {}
+    assert first.stop == () and first.priority is Priority.INTERACTIVE
 
 
 def test_an_input_stored_before_newer_fields_still_reads() -> None:
     old = {"prompt": "hi", "messages": None, "max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": None,
            "stop": [], "priority": "batch", "webhook": None, "webhook_events_filter": ["completed"],
            "cache": True, "allow_fallback": False}  # fmt: skip
-    read = JobInput.model_validate(old)
+    read = JobSpec.model_validate(old)
     assert (
         read.template == "chat" and read.n == 1 and read.repetition_penalty == 1.0 and read.logit_bias == {}
     )

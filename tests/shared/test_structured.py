@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 
-from shared.structured import ANY_OBJECT, grammar, schema_error, schema_of
+from shared.structured import ANY_OBJECT, ResponseFormat, grammar, schema_error, schema_of
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
 def test_schema_of_each_response_format() -> None:
     assert schema_of(None) is None
-    assert schema_of({"type": "text"}) is None
-    assert schema_of({"type": "json_object"}) == ANY_OBJECT
+    assert schema_of(ResponseFormat(type="text")) is None
+    assert schema_of(ResponseFormat(type="json_object")) == ANY_OBJECT
     asked = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    assert json.loads(schema_of(asked) or "") == PERSON
+    assert json.loads(schema_of(ResponseFormat.model_validate(asked)) or "") == PERSON
 
 
 def test_an_enforceable_schema_has_no_error_and_a_grammar() -> None:

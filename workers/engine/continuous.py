@@ -98,13 +98,8 @@ class TransformersEngine:
     # ---- caller side -----------------------------------------------------------------------------
 
     def _submit_group(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
-        """n or best_of samples: one sequence each, gathered into one future (parallel.py)."""
-        params = request.params
-        if params.n < 1 or (params.best_of is not None and params.best_of < params.n):
-            failed: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
-            message = f"n ({params.n}) must be >= 1 and at most best_of ({params.best_of})"
-            failed.set_exception(RequestError(ErrorType.INVALID_REQUEST, message))
-            return failed
+        """n or best_of samples: one sequence each, gathered into one future (parallel.py). That
+        best_of covers n SamplingParams checked as it was built."""
         group = SampleGroup(request, self.cancel)
         with self._groups_lock:
             self._groups[request.request_id] = [child.request_id for child in group.children]

@@ -38,13 +38,14 @@ def child_requests(request: GenerationRequest) -> list[GenerationRequest]:
         replace(
             request,
             request_id=f"{request.request_id}/{index}",
-            params=replace(
-                params,
-                n=1,
-                best_of=None,
-                seed=None if params.seed is None else params.seed + index,
-                logprobs=logprobs,
-                prompt_logprobs=params.prompt_logprobs if index == 0 else None,  # scored once
+            params=params.model_copy(
+                update={
+                    "n": 1,
+                    "best_of": None,
+                    "seed": None if params.seed is None else params.seed + index,
+                    "logprobs": logprobs,
+                    "prompt_logprobs": params.prompt_logprobs if index == 0 else None,  # scored once
+                }
             ),
             # Each sample streams as its own completion (OpenAI's choice index); ranked samples
             # do not: which of them are returned is known only once all have ended.

@@ -66,7 +66,9 @@ def _mask_eos(
 
 def _add_bias(logits: np.ndarray, params: list[SamplingParams]) -> None:
     entries = [
-        (row, token, bias) for row, row_params in enumerate(params) for token, bias in row_params.logit_bias
+        (row, token, bias)
+        for row, row_params in enumerate(params)
+        for token, bias in row_params.logit_bias.items()
     ]
     if not entries:
         return

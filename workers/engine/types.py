@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from shared.jobspec import PromptTemplate, Sampling
 from shared.logging import fields
 
 FinishReason = Literal["stop", "length"]
-#: How a raw `prompt` becomes tokens: "chat" wraps it as one user message of the chat template,
-#: "none" tokenizes it verbatim (OpenAI's /v1/completions), None leaves it to EngineConfig.prompt_as_chat.
-PromptTemplate = Literal["chat", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,40 +41,17 @@ class OutputUpdate:
 OutputCallback = Callable[[OutputUpdate], None]
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick tokens. temperature == 0 means greedy."""
+class SamplingParams(Sampling):
+    """How to pick tokens: the job's Sampling (shared/jobspec.py, which declares each parameter's
+    bounds and default and checks them as it is built) plus what only the engine sets.
+    temperature == 0 means greedy. Raw log-probabilities (logprobs) are before penalties and
+    temperature, as vLLM's default."""
 
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
     #: Keep generating past the end-of-sequence token (benchmarks use it to fix the work per job).
     ignore_eos: bool = False
-    #: Subtracted once from the logit of every token the completion already holds (OpenAI; -2..2).
-    presence_penalty: float = 0.0
-    #: Subtracted per occurrence in the completion so far (OpenAI; -2..2).
-    frequency_penalty: float = 0.0
-    #: Divides positive / multiplies negative logits of tokens seen in prompt or completion (vLLM; (0, 2]).
-    repetition_penalty: float = 1.0
-    #: (token id, bias) pairs added to those tokens' logits (OpenAI's logit_bias; bias -100..100).
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    #: End-of-sequence tokens and stop strings are ignored until this many tokens are generated (vLLM).
-    min_tokens: int = 0
-    #: Return each generated token's log-probability and this many most likely alternatives (0..20);
-    #: None returns none. Raw model log-probabilities, before penalties and temperature (vLLM's default).
-    logprobs: int | None = None
-    #: The same for every prompt token (the first has none); with it max_tokens may be 0 (scoring only).
-    prompt_logprobs: int | None = None
     #: A JSON schema (serialized) every completion must match, enforced by token masks
     #: (structured.py); None: free text. OpenAI's json_object is shared.structured.ANY_OBJECT.
     json_schema: str | None = None
-    #: Completions to return (OpenAI's n): each is its own sequence in the batch.
-    n: int = 1
-    #: Completions to generate, of which the n with the highest cumulative log-probability are
-    #: returned (OpenAI's best_of); None: n.
-    best_of: int | None = None
 
 
 @dataclass(slots=True)
@@ -87,15 +62,12 @@ class GenerationRequest:
     params: SamplingParams
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
-    #: For a `prompt` only: "chat" or "none" (see PromptTemplate); None: EngineConfig.prompt_as_chat.
+    #: For a `prompt` only: "chat" wraps it as one user message of the chat template, "none" tokenizes
+    #: it verbatim (OpenAI's /v1/completions); None: EngineConfig.prompt_as_chat.
     template: PromptTemplate | None = None
     #: time.monotonic() after which the engine stops the sequence with a `timeout` error.
     deadline: float | None = None
     on_output: OutputCallback | None = field(default=None, repr=False)
-
-
-#: Most alternatives a token's log-probability entry may list (OpenAI's chat top_logprobs bound).
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)

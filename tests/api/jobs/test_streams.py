@@ -15,6 +15,7 @@ from api.jobs import streams
 from api.jobs.streams import START_ID, OutputEntry, OutputStreams, is_entry_id
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from shared.schemas import TokenLogprob
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +37,7 @@ async def test_entries_read_back_with_their_fields_after_an_exclusive_cursor(
     output_streams: OutputStreams, redis_client: redis.Redis
 ) -> None:
     stream = keys.job_stream(JOB)
-    logprobs = [{"id": 7, "token": "b", "text": "b", "logprob": -0.5, "top_logprobs": []}]
+    logprobs: list[TokenLogprob] = [{"id": 7, "token": "b", "text": "b", "logprob": -0.5, "top_logprobs": []}]
     first = str(redis_client.xadd(stream, {"delta": "a", "tokens": 1}))
     fields: dict[FieldT, EncodableT] = {
         "delta": "b",

@@ -37,7 +37,7 @@ def test_a_chat_request_is_an_interactive_job_on_its_messages_with_openais_defau
     job = job_create(chat(messages=messages, model="random-tiny", stop="\n", user="u" * 600))
     assert job.messages == [ChatMessage(role="system", content="Be brief."),
                             ChatMessage(role="user", content="Hi there")]  # fmt: skip
-    assert (job.model, job.temperature, job.top_p, job.stop) == ("random-tiny", 1.0, 1.0, ["\n"])
+    assert (job.model, job.temperature, job.top_p, job.stop) == ("random-tiny", 1.0, 1.0, ("\n",))
     assert job.priority is Priority.INTERACTIVE and job.prompt is None
     assert job.metadata == {"source": "openai.chat.completions", "user": "u" * 512}
 
@@ -45,7 +45,7 @@ def test_a_chat_request_is_an_interactive_job_on_its_messages_with_openais_defau
 def test_a_completion_continues_its_prompt_verbatim() -> None:
     job = job_create(text(prompt=["Once upon"], temperature=0, stop=["."], seed=7))
     assert (job.prompt, job.template, job.messages) == ("Once upon", "none", None)
-    assert (job.temperature, job.stop, job.seed) == (0.0, ["."], 7)
+    assert (job.temperature, job.stop, job.seed) == (0.0, (".",), 7)
     assert job.metadata == {"source": "openai.completions"}
 
 

@@ -14,6 +14,7 @@ import redis
 from api.jobs.store import JobStore, NewJob, Submitted
 from shared import keys
 from shared.config import Settings
+from shared.jobspec import JobSpec
 from shared.schemas import JobList, JobPublic, JobSummary
 from tests.api.conftest import ScriptedWorker
 from tests.api.jobs.test_events import subscribed
@@ -41,13 +42,10 @@ async def test_submit_returns_202_with_location_and_the_queued_job(api: httpx.As
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
     assert job["status"] == "queued"
     assert job["model"] == "placeholder-echo"
-    assert job["input"] == {
-        "prompt": "hello world", "messages": None, "template": "chat", "max_tokens": 256, "temperature": 0.0,
-        "top_p": 1.0, "seed": None, "stop": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0, "logit_bias": {}, "min_tokens": 0, "logprobs": None,
-        "prompt_logprobs": None, "response_format": None, "n": 1, "best_of": None, "priority": "interactive",
-        "webhook": None, "webhook_events_filter": ["completed"], "cache": True, "allow_fallback": False,
-    }  # fmt: skip
+    # The input as accepted: every field of the spec, defaults filled in (max_tokens the server's).
+    assert job["input"] == JobSpec(prompt="hello world", max_tokens=256).model_dump(mode="json")
+    assert (job["input"]["template"], job["input"]["stop"], job["input"]["logit_bias"]) == ("chat", [], {})
+    assert (job["input"]["webhook_events_filter"], job["input"]["priority"]) == (["completed"], "interactive")
     assert job["output"] is None and job["error"] is None
     assert job["metadata"] == {"team": "a"}
     assert job["created_at"].endswith("Z") and job["started_at"] is None

@@ -22,7 +22,7 @@ def _decode(ids: list[int], skip_special_tokens: bool) -> str:
 
 
 def _sequence(**params: object) -> Sequence:
-    request = GenerationRequest("r", SamplingParams(**{"max_tokens": 8, **params}), prompt="x")  # type: ignore[arg-type]
+    request = GenerationRequest("r", SamplingParams(**{"max_tokens": 8, **params}), prompt="x")
     future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
     return Sequence(
         request=request, future=future, prompt_ids=[5, 6], reservation=0, generator=None,
@@ -47,7 +47,7 @@ def test_each_row_follows_its_own_parameters() -> None:
     """A logit bias on one row moves that row's choice only."""
     logits = _logits(2)
     target = int(logits[0].argmin())
-    biased, plain = _sequence(logit_bias=((target, 100.0),)), _sequence()
+    biased, plain = _sequence(logit_bias={target: 100.0}), _sequence()
     tokens = TokenChooser({EOS}).choose(logits, [biased, plain])
     assert tokens == [target, int(logits[1].argmax())]
 
@@ -62,7 +62,7 @@ def test_min_tokens_keeps_eos_out_until_reached() -> None:
 
 def test_logprobs_are_kept_only_for_rows_that_ask_and_score_the_raw_logits() -> None:
     logits = _logits(2)
-    asking, silent = _sequence(logprobs=0, logit_bias=((3, 50.0),)), _sequence()
+    asking, silent = _sequence(logprobs=0, logit_bias={3: 50.0}), _sequence()
     tokens = TokenChooser({EOS}).choose(logits, [asking, silent])
     assert tokens[0] == 3 and silent.scores == []
     (score,) = asking.scores

@@ -49,7 +49,7 @@ def _sequence(tokenizer: Tokenizer, max_tokens: int = 200, **params: object) -> 
     on_output = params.pop("on_output", None)
     request = GenerationRequest(
         "r",
-        SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
+        SamplingParams(max_tokens=max_tokens, **params),
         prompt="x",
         on_output=on_output,  # type: ignore[arg-type]
     )

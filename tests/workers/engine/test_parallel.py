@@ -23,7 +23,7 @@ from workers.engine.types import (
 
 
 def _request(**params: object) -> GenerationRequest:
-    return GenerationRequest("r1", SamplingParams(max_tokens=4, **params), prompt="hi")  # type: ignore[arg-type]
+    return GenerationRequest("r1", SamplingParams(max_tokens=4, **params), prompt="hi")
 
 
 def _result(text: str, logprob: float, tokens: int = 2, **timings: float) -> GenerationResult:

@@ -42,7 +42,7 @@ def _engine(engines: list[PlaceholderEngine], **overrides: object) -> Placeholde
 
 def _request(request_id: str, max_tokens: int = 5, **params: object) -> GenerationRequest:
     deadline = params.pop("deadline", None)
-    sampling = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
+    sampling = SamplingParams(max_tokens=max_tokens, **params)
     return GenerationRequest(request_id, sampling, prompt="hello big world", deadline=deadline)  # type: ignore[arg-type]
 
 
