@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends, Header
 
 from api.app import create_app
 from api.edge.auth import owner_of
-from api.routes.deps import SettingsDep
 from api.edge.pipeline import CallerDep, PipelineRoute, ReadLimit, RouteDeclarationError
 from api.routes import ops
+from api.routes.deps import SettingsDep
 from shared.batches import new_batch_id
 from shared.config import Settings
 from shared.files import new_file_id
