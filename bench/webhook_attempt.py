@@ -226,10 +226,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def _more(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--base", type=Path, default=None, help="another tree whose client runs beside this one"
-    )
+def add_base_option(parser: argparse.ArgumentParser) -> None:
+    """--base DIR: another tree (a `git worktree` of the commit before a change) measured beside this one."""
+    parser.add_argument("--base", type=Path, default=None, help="another tree, measured beside this one")
 
 
 def tree_commit(tree: Path) -> str:
@@ -240,7 +239,7 @@ def tree_commit(tree: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(__doc__, "webhook_attempt", argv, _more)
+    args = parse_args(__doc__, "webhook_attempt", argv, add_base_option)
     attempts, rounds = (QUICK_ATTEMPTS, QUICK_ROUNDS) if args.quick else (FULL_ATTEMPTS, FULL_ROUNDS)
     trees = {"this": ROOT} | ({"base": args.base.resolve()} if args.base else {})
     report: dict[str, Any] = {

@@ -25,7 +25,6 @@ a plot.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -55,7 +54,7 @@ from bench.common import (
     write_report,
 )
 from bench.machinery import MODEL, Receiver, submit_with_webhooks
-from bench.webhook_attempt import tree_commit
+from bench.webhook_attempt import add_base_option, tree_commit
 from workers.webhooks.delivery import WEBHOOK_LIST
 
 THREADS = (1, 16)
@@ -221,14 +220,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def _more(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--base", type=Path, default=None, help="another tree whose worker drains beside this one"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(__doc__, "webhook_drain", argv, _more)
+    args = parse_args(__doc__, "webhook_drain", argv, add_base_option)
     jobs, rounds = (QUICK_JOBS, QUICK_ROUNDS) if args.quick else (FULL_JOBS, FULL_ROUNDS)
     report: dict[str, Any] = {"quick": args.quick, "machine": machine(), "jobs": jobs, "rounds": rounds,
                               "commit": tree_commit(ROOT)}  # fmt: skip

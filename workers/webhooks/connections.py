@@ -32,7 +32,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,15 +84,25 @@ class _Bounds:
         self.deadline = deadline
         self.left_bytes = ANSWER_CAP_BYTES
 
-    def next_read(self, sock: socket.socket, wanted: int) -> int:
-        """How many bytes the next read on `sock` may take, its timeout set to the time left."""
+    def read(
+        self,
+        sock: socket.socket,
+        recv_into: Callable[[WriteableBuffer, int, int], int],
+        buffer: WriteableBuffer,
+        nbytes: int | None,
+        flags: int,
+    ) -> int:
+        """One read of the answer on `sock` through `recv_into` (the socket class's own), given the
+        time left as its timeout and no more bytes than are left."""
         left_s = self.deadline - time.monotonic()
         if left_s <= 0:
             raise TimeoutError("the answer did not come within the attempt's timeout")
         if self.left_bytes <= 0:
             raise AnswerTooLarge(f"the answer went on past {ANSWER_CAP_BYTES} bytes")
         sock.settimeout(left_s)
-        return min(wanted, self.left_bytes)
+        read = recv_into(buffer, min(nbytes or memoryview(buffer).nbytes, self.left_bytes), flags)
+        self.left_bytes -= read
+        return read
 
 
 class BoundedSocket(socket.socket):
@@ -102,12 +112,9 @@ class BoundedSocket(socket.socket):
     bounds: _Bounds | None = None
 
     def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
-        bounds = self.bounds
-        if bounds is None:
+        if self.bounds is None:
             return super().recv_into(buffer, nbytes, flags)
-        read = super().recv_into(buffer, bounds.next_read(self, nbytes or memoryview(buffer).nbytes), flags)
-        bounds.left_bytes -= read
-        return read
+        return self.bounds.read(self, super().recv_into, buffer, nbytes, flags)
 
 
 class BoundedTLSSocket(ssl.SSLSocket):
@@ -116,12 +123,9 @@ class BoundedTLSSocket(ssl.SSLSocket):
     bounds: _Bounds | None = None
 
     def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
-        bounds = self.bounds
-        if bounds is None:
+        if self.bounds is None:
             return super().recv_into(buffer, nbytes, flags)
-        read = super().recv_into(buffer, bounds.next_read(self, nbytes or memoryview(buffer).nbytes), flags)
-        bounds.left_bytes -= read
-        return read
+        return self.bounds.read(self, super().recv_into, buffer, nbytes, flags)
 
 
 @functools.cache
