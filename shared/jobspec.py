@@ -74,6 +74,9 @@ class CommonSampling(BaseModel):
     temperature: Temperature = 0.0
     #: Nucleus sampling: draw from the likeliest tokens whose probabilities add up to top_p.
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: vLLM's: draw from the top_k likeliest tokens only (before top_p); 0 or -1 (vLLM's "off",
+    #: read as 0): every token. Bounded above any vocabulary.
+    top_k: Annotated[int, Field(ge=-1, le=1 << 20), AfterValidator(lambda k: max(k, 0))] = 0
     #: A sampled job's generator seed: the same seed, prompt and model give the same text.
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     #: OpenAI's: subtracted once from the logit of every token the completion already holds.

@@ -1,4 +1,5 @@
-"""Token choice for a batch: greedy rows in one argmax, sampled rows each with their own generator.
+"""Token choice for a batch: greedy rows in one argmax, sampled rows each with their own generator
+(temperature, then top-k, then top-p).
 
 A per-request generator (numpy's PCG64, seeded from SamplingParams.seed) is drawn from exactly once
 per generated token, whatever else shares the batch, so the same seed and prompt give the same text
@@ -42,6 +43,10 @@ def choose_tokens(
 
 def _sample(logits: np.ndarray, params: SamplingParams, generator: Generator) -> int:
     scaled = logits.astype(np.float64) / params.temperature
+    if 0 < params.top_k < len(scaled):
+        # Top-k first (vLLM's order): tokens below the k-th largest logit get no probability
+        # (ties with it stay), so top_k 1 draws the greedy token.
+        scaled[scaled < np.partition(scaled, -params.top_k)[-params.top_k]] = -math.inf
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     order: np.ndarray | None = None
