@@ -146,7 +146,7 @@ class _Pinned(http.client.HTTPConnection):
     def __init__(self, route: Route, tls: ssl.SSLContext | None) -> None:
         if tls is not None and not issubclass(tls.sslsocket_class, BoundedTLSSocket):
             raise TypeError("webhook TLS connections need tls_context()'s sockets (BoundedTLSSocket)")
-        super().__init__(route.address, route.port)
+        super().__init__(route.address, route.port, timeout=None)  # Connection.set_timeout sets it
         self._route = route
         self._tls = tls
 
@@ -219,7 +219,7 @@ class Connection:
         self, target: str, headers: Mapping[str, str], body: bytes, answer_within_s: float
     ) -> http.client.HTTPResponse:
         """POST `body` to `target` with `headers` (connecting first when it is not open; the head
-        and a bytes body go out in one write) and read its answer's head; the whole answer (status
+        and the body leave in one packet) and read its answer's head; the whole answer (status
         line, headers and body) is read within `answer_within_s` of the request going out, or its
         reads raise TimeoutError, and past ANSWER_CAP_BYTES they raise AnswerTooLarge."""
         if self.http.sock is None:
