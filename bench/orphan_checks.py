@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from api.jobs.store import NewJob
+from api.jobs.store import NewJob, submit_labels
 from bench.common import bench_stack, machine, parse_args, start_redis, write_report
 from shared import keys, scripts
 from shared.reaper import BATCH, Reaper
@@ -39,7 +39,8 @@ DAY_S = 86_400
 
 def submit_jobs(client: redis.Redis, count: int) -> None:
     """Accept `count` jobs through the submit script, as JobStore.submit does (no bounds, no cache)."""
-    submit = client.register_script(scripts.source("submit"))
+    submit = scripts.Script(client, "submit")
+    client.script_load(submit.text)
     queue = keys.queue_for_model(MODEL)
     pipe = client.pipeline(transaction=False)
     for _ in range(count):
@@ -47,12 +48,13 @@ def submit_jobs(client: redis.Redis, count: int) -> None:
         job = NewJob(job_id=job_id, owner=OWNER, model=MODEL, queue=queue, input_json=b'{"prompt":"hi"}',
                      metadata_json=b"{}", created_at=now, deadline=now + DAY_S)  # fmt: skip
         message, queue_list = job_message(job_id, queue, 0)
-        submit(
+        today = int(now // DAY_S)
+        pipe.evalsha(*submit.evalsha(
             keys=[keys.job(job_id), keys.owner_jobs(OWNER), queue_list, "", "", "", keys.owner_live(OWNER)],
             args=[job_id, int(now * 1e6), DAY_S, message, 60, "", "(0", repr(now), "", "",
-                  0, 0, job.stored_bytes, int(now // DAY_S), 1, *job.fields()],
-            client=pipe,
-        )  # fmt: skip
+                  0, 0, job.stored_bytes, today, 1, *job.fields()],
+            labels=submit_labels(job, today, 1, bounded=False),
+        ))  # fmt: skip
         if len(pipe) >= 500:
             pipe.execute()
     pipe.execute()

@@ -148,13 +148,13 @@ class BatchStore:
     def __init__(self, client: aioredis.Redis, ttl_s: int) -> None:
         self._redis = client
         self._ttl_s = ttl_s
-        self._create = client.register_script(scripts.source("batch_create"))
-        self._cancel = client.register_script(scripts.source("batch_cancel"))
-        self._validated = client.register_script(scripts.source("batch_validated"))
-        self._feed = client.register_script(scripts.source("batch_feed"))
-        self._commit = client.register_script(scripts.source("batch_commit"))
-        self._finalizing = client.register_script(scripts.source("batch_finalizing"))
-        self._finish = client.register_script(scripts.source("batch_finish"))
+        self._create = client.register_script(scripts.plain("batch_create"))
+        self._cancel = client.register_script(scripts.plain("batch_cancel"))
+        self._validated = client.register_script(scripts.plain("batch_validated"))
+        self._feed = client.register_script(scripts.plain("batch_feed"))
+        self._commit = client.register_script(scripts.plain("batch_commit"))
+        self._finalizing = client.register_script(scripts.plain("batch_finalizing"))
+        self._finish = scripts.AsyncScript(client, "batch_finish")
 
     # --- the routes ------------------------------------------------------------------------------
     async def create(self, new: NewBatch, active_max: int) -> dict[str, str] | None:
@@ -306,6 +306,8 @@ class BatchStore:
                   _flat(ending.output.fields()) if ending.output else "",
                   _flat(ending.error.fields()) if ending.error else "",
                   time.time_ns() // 1000, made.expires_at if made else 0, ending.webhook_message],
+            labels=[scripts.label("owner_file_bytes_key", owner),
+                    scripts.label("batch_webhook_delivery_key", batch_id, f"batch.{ending.status.value}")],
         )  # fmt: skip
         return bool(done)
 

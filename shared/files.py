@@ -77,8 +77,8 @@ class FileRecords:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
-        self._add = client.register_script(scripts.source("file_add"))
-        self._forget = client.register_script(scripts.source("file_forget"))
+        self._add = client.register_script(scripts.plain("file_add"))
+        self._forget = client.register_script(scripts.plain("file_forget"))
 
     async def add(self, new: NewFile, quota_bytes: int = 0) -> bool:
         """Record a stored file; False (nothing written) when its bytes would take its owner's

@@ -292,6 +292,11 @@ def queue_key(queue: str, priority: int) -> str:
     return f"{queue}{PRIORITY_SEPARATOR}{priority}" if priority else queue
 
 
+def queue_of_list(queue_list: str) -> str:
+    """The queue whose messages a list of queue_key() holds."""
+    return queue_list.split(PRIORITY_SEPARATOR, 1)[0]
+
+
 def file(file_id: str) -> str:
     return FILE.format(file_id=file_id)
 

@@ -57,10 +57,10 @@ class Reaper:
         self._job_timeout_s = job_timeout_s
         self._interval_s = interval_s
         self._id = uuid.uuid4().hex
-        self._lease = client.register_script(scripts.source("reap_lease"))
-        self._deadline = client.register_script(scripts.source("reap_deadline"))
-        self._orphan = client.register_script(scripts.source("reap_orphan"))
-        self._delivery = client.register_script(scripts.source("reap_delivery"))
+        self._lease = scripts.Script(client, "reap_lease")
+        self._deadline = scripts.Script(client, "reap_deadline")
+        self._orphan = scripts.Script(client, "reap_orphan")
+        self._delivery = scripts.Script(client, "reap_delivery")
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         #: Each queue list's delivery tags, and when they were read (see _in_list()).
@@ -80,7 +80,8 @@ class Reaper:
         for job_id in self._due(keys.LEASES, now):
             self._act(done, job_id, self._reap_lease(job_id, now))
         for job_id in self._due(keys.DEADLINES, now):
-            outcome = self._deadline(keys=[keys.job(job_id)], args=[job_id, repr(now), TIMEOUT_ERROR])
+            outcome = self._deadline(keys=[keys.job(job_id)], args=[job_id, repr(now), TIMEOUT_ERROR],
+                                     labels=[scripts.label("followers_key", job_id)])  # fmt: skip
             self._act(done, job_id, as_text(outcome))
         for job_id in self._due(keys.ORPHAN_CHECKS, now):
             self._act(done, job_id, self._reap_orphan(job_id, now))
@@ -113,16 +114,14 @@ class Reaper:
         due = cast(list[str | bytes], self._redis.zrangebyscore(index, "-inf", now, start=0, num=BATCH))
         return [as_text(job_id) for job_id in due]
 
-    def _fresh_message(self, job_id: str) -> tuple[bytes, str]:
-        queue, priority = cast(list[str | None], self._redis.hmget(keys.job(job_id), "queue", "priority"))
-        return job_message(job_id, as_text(queue or ""), int(priority or 0))
-
     def _reap_lease(self, job_id: str, now: float) -> str:
-        message, queue_list = self._fresh_message(job_id)
+        queue, priority = cast(list[str | None], self._redis.hmget(keys.job(job_id), "queue", "priority"))
+        message, queue_list = job_message(job_id, as_text(queue or ""), int(priority or 0))
         outcome = self._lease(
             keys=[keys.job(job_id)],
             args=[job_id, repr(now), self._max_attempts, message, queue_list,
                   repr(now + self._job_timeout_s), WORKER_LOST_ERROR],
+            labels=[*_queue_labels(as_text(queue or "")), scripts.label(scripts.RAW, queue_list)],
         )  # fmt: skip
         return as_text(outcome)
 
@@ -133,8 +132,15 @@ class Reaper:
         message, _ = job_message(job_id, as_text(queue or ""), int(priority or 0))
         tag = _tag_of(stored) if stored else None
         listed = tag is not None and queue_key is not None and self._in_list(as_text(queue_key), tag, now)
+        labels = _queue_labels(as_text(queue or ""))
+        if queue_key is not None:
+            labels.append(scripts.label(scripts.RAW, as_text(queue_key)))
         return as_text(
-            self._orphan(keys=[keys.job(job_id)], args=[job_id, repr(now), message, "1" if listed else ""])
+            self._orphan(
+                keys=[keys.job(job_id)],
+                args=[job_id, repr(now), message, "1" if listed else ""],
+                labels=labels,
+            )
         )
 
     def _in_list(self, queue_key: str, tag: str, now: float) -> bool:
@@ -184,6 +190,10 @@ class Reaper:
         done[outcome] = done.get(outcome, 0) + 1
         metrics.REAPER_ACTIONS.labels(outcome).inc()
         log.warning("reaper_action", extra=fields(action=outcome, **{subject: job_id}))
+
+
+def _queue_labels(queue: str) -> list[str]:
+    return [scripts.label("queued_key", queue), scripts.label("running_key", queue)]
 
 
 def _tag_of(message: bytes | str) -> str | None:

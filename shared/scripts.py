@@ -1,9 +1,22 @@
 """genq's Lua scripts: each lives in shared/lua/<name>.lua; the job store's run after one prelude
-(`source`), the few that build no key names and run on every request load bare (`plain`).
+(`source`), the few that name only their KEYS load bare (`plain`).
 
-The prelude is built here from shared/keys.py, so the scripts build no key names of their own:
-`K` holds every constant key and channel, and one function per key template (`job_key(id)`,
-`owner_bytes_key(owner, day)`, ...) builds the rest. Then comes shared/lua/common.lua, the
+Every key a script touches is declared in its KEYS, so the scripts run where keys are checked (a
+Redis Cluster, a key-routing proxy, an ACL that names keys): tests/shared/script_keys.py runs
+their table-driven tests as a Redis user allowed only each call's KEYS. A script builds no key
+name: it names a key by a label, its template in shared/keys.py and the template's values
+(`job_key\\x1f<job id>`), and the prelude looks the label up among the keys the call declared.
+
+A call (`Script`, `wire`) sends its own KEYS, then the declared ones; ARGV[1] labels those, and
+the script's own ARGV follow. The caller declares what it knows a call will need; a key only the
+script can find (a follower's record, a leader named by a key) it asks for: before its first
+write, it ends with a `GENQNEED` error naming the labels, and the call is sent again with them
+(`Script`, `run_async`). A script that would ask after a write fails instead (`GENQBUG`): a state
+half written must not be retried; tests catch that.
+
+`K` names the constant keys (`K.leases`), a function per key template the others
+(`job_key(id)`, `owner_bytes_key(owner, day)`, ...), and `L.<template>(values)` their labels, for
+the checks that ask before a write (`need`, `missing`). Then comes shared/lua/common.lua, the
 functions the scripts share (enqueue, ended, coalescing).
 """
 
@@ -11,7 +24,13 @@ from __future__ import annotations
 
 import functools
 import string
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+import redis.exceptions
 
 from shared import keys
 
@@ -25,7 +44,7 @@ ORPHAN_RECHECK_S = 5
 #: (its holder died): workers claim what they take at once (prefetch multiplier 1).
 UNACKED_STALE_S = 30
 
-#: Constant keys and channels, as the scripts name them (K.<name>).
+#: Constant keys, as the scripts name them (K.<name>); every call declares them all.
 CONSTANTS = {
     "leases": keys.LEASES,
     "deadlines": keys.DEADLINES,
@@ -34,12 +53,13 @@ CONSTANTS = {
     "webhook_queue": keys.queue_key(keys.WEBHOOK_QUEUE, 0),
     "unacked": keys.KOMBU_UNACKED,
     "unacked_index": keys.KOMBU_UNACKED_INDEX,
-    "job_events": keys.JOB_EVENTS_CHANNEL,
-    "cancels": keys.CANCEL_CHANNEL,
     "files_expiring": keys.FILES_EXPIRING,
 }
 
-#: Key templates, as the scripts' builder functions name them.
+#: Pub/sub channels, as the scripts name them (CH.<name>): no keys, so nothing declares them.
+CHANNELS = {"job_events": keys.JOB_EVENTS_CHANNEL, "cancels": keys.CANCEL_CHANNEL}
+
+#: Key templates, as the scripts' functions (and labels) name them.
 TEMPLATES = {
     "job_key": keys.JOB,
     "followers_key": keys.FOLLOWERS,
@@ -56,27 +76,210 @@ TEMPLATES = {
     "webhook_previous_secret_key": keys.WEBHOOK_KEY_SECRET_PREVIOUS,
 }
 
+#: A label naming a key by its full name: one a record holds (a job's queue list).
+RAW = "key"
+#: Joins a label's template and values; starts ARGV[1] (before the labels, one a line).
+SEP, MARK = "\x1f", "\x1e"
+#: The error a script ends with to ask for keys, before it wrote anything.
+NEED = "GENQNEED "
+#: Most calls of one script in a row that may ask for more keys (each round reads one level
+#: further: a leader's followers, then their records).
+ROUNDS = 6
+
+#: Commands that write: after one, a script asks for no more keys (`GENQBUG`).
+WRITES = (
+    "HSET", "HDEL", "HINCRBY", "ZADD", "ZREM", "ZREMRANGEBYSCORE", "SADD", "SREM", "LPUSH", "RPUSH",
+    "RPOP", "LREM", "SET", "DEL", "INCRBY", "DECRBY", "EXPIRE", "PEXPIRE", "PUBLISH",
+)  # fmt: skip
+
+
+def label(template: str, *values: object) -> str:
+    """The label of a key: its template's name (TEMPLATES, CONSTANTS, or RAW with the full
+    name) and the template's values, in the template's order."""
+    texts = [str(value) for value in values]
+    for text in texts:
+        if SEP in text or MARK in text or "\n" in text:
+            raise ValueError(f"a key label's value may hold no line break or separator: {text!r}")
+    return SEP.join([template, *texts])
+
+
+@functools.cache
+def _fields(template: str) -> tuple[str, ...]:
+    return tuple(field for _, field, _, _ in string.Formatter().parse(template) if field)
+
+
+def key_of(name: str) -> str:
+    """The key a label names."""
+    template, *values = name.split(SEP)
+    if not values:
+        return CONSTANTS[template]
+    if template == RAW:
+        return values[0]
+    pattern = TEMPLATES[template]
+    return pattern.format(**dict(zip(_fields(pattern), values, strict=True)))
+
+
+def wire(
+    keys_: Sequence[Any], args: Sequence[Any], labels: Sequence[str] = ()
+) -> tuple[list[Any], list[Any]]:
+    """KEYS and ARGV of a call of a prelude script: its own keys and the declared ones (every
+    constant, then `labels`'), and its own args after the labels."""
+    declared = [*CONSTANTS, *labels]
+    return [*keys_, *(key_of(name) for name in declared)], [MARK + "\n".join(declared), *args]
+
+
+def needed(error: BaseException) -> list[str] | None:
+    """The labels a script asked for (its GENQNEED error), or None for any other error."""
+    text = str(error)
+    if not isinstance(error, redis.exceptions.ResponseError) or not text.startswith(NEED):
+        return None
+    # The labels, each ended by MARK: Redis appends " script: <sha>, on @user_script:<line>."
+    return text[len(NEED) : text.rindex(MARK)].split(MARK)
+
+
+class Script:
+    """A prelude script on a blocking client, called with its own KEYS and ARGV and the labels
+    of the keys the caller knows it needs; a call that asks for more is sent again with them."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self._script = client.register_script(source(name))
+
+    @property
+    def sha(self) -> str:
+        return str(self._script.sha)
+
+    @property
+    def text(self) -> str:
+        return str(self._script.script)
+
+    def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), labels: Sequence[str] = (),
+        client: redis.Redis | None = None,
+    ) -> Any:  # fmt: skip
+        asked = list(labels)
+        for _ in range(ROUNDS):
+            call_keys, call_args = wire(keys, args, asked)
+            try:
+                return self._script(keys=call_keys, args=call_args, client=client)
+            except redis.exceptions.ResponseError as exc:
+                more = needed(exc)
+                if not more:
+                    raise
+                asked += more
+        raise RuntimeError(f"a script asked for keys {ROUNDS} times in a row: {asked}")
+
+    def evalsha(self, keys: Sequence[Any], args: Sequence[Any], labels: Sequence[str] = ()) -> list[Any]:
+        """EVALSHA's arguments after the command's name, for a pipeline (whose reply, should the
+        script ask for keys, is an error `needed` reads: call the Script then)."""
+        call_keys, call_args = wire(keys, args, labels)
+        return [self.sha, len(call_keys), *call_keys, *call_args]
+
+
+async def run_async(
+    call: Callable[[list[Any], list[Any]], Awaitable[Any]], keys: Sequence[Any], args: Sequence[Any],
+    labels: Sequence[str] = (),
+) -> Any:  # fmt: skip
+    """A prelude script's reply through `call(keys, args)` (an asyncio client's script runner),
+    sent again with the keys it asks for."""
+    asked = list(labels)
+    for _ in range(ROUNDS):
+        call_keys, call_args = wire(keys, args, asked)
+        try:
+            return await call(call_keys, call_args)
+        except redis.exceptions.ResponseError as exc:
+            more = needed(exc)
+            if not more:
+                raise
+            asked += more
+    raise RuntimeError(f"a script asked for keys {ROUNDS} times in a row: {asked}")
+
+
+class AsyncScript:
+    """A prelude script on an asyncio client, as Script is on a blocking one."""
+
+    def __init__(self, client: aioredis.Redis, name: str) -> None:
+        self._script = client.register_script(source(name))
+
+    async def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), labels: Sequence[str] = ()
+    ) -> Any:
+        return await run_async(self._run, keys, args, labels)
+
+    async def _run(self, keys: list[Any], args: list[Any]) -> Any:
+        return await self._script(keys=keys, args=args)
+
 
 def _lua_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """A Lua string literal of `text`, control characters as decimal escapes."""
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return "'" + "".join(f"\\{ord(char):03d}" if ord(char) < 32 else char for char in escaped) + "'"
 
 
 def key_function(name: str, template: str) -> str:
-    """A Lua function building a key from one of keys.py's templates."""
-    parts: list[str] = []
-    params: list[str] = []
-    for literal, field, _, _ in string.Formatter().parse(template):
-        if literal:
-            parts.append(_lua_string(literal))
-        if field:
-            params.append(field)
-            parts.append(field)
-    return f"local function {name}({', '.join(params)}) return {' .. '.join(parts)} end\n"
+    """Lua functions for one of keys.py's templates: L.<name>(values), its label, and <name>(values),
+    the key the call declared under that label."""
+    params = ", ".join(_fields(template))
+    parts = [_lua_string(name), *_fields(template)]
+    return (
+        f"function L.{name}({params}) return {f' .. {_lua_string(SEP)} .. '.join(parts)} end\n"
+        f"local function {name}({params}) return key(L.{name}({params})) end\n"
+    )
+
+
+_DECLARE = """local KEYS, ARGV = KEYS, ARGV
+local DECLARED = {}
+if string.byte(ARGV[1] or '', 1) == 30 then
+  local labels = {}
+  for name in string.gmatch(string.sub(ARGV[1], 2), '[^\\n]+') do labels[#labels + 1] = name end
+  local own = #KEYS - #labels
+  for i = 1, #labels do DECLARED[labels[i]] = KEYS[own + i] end
+  KEYS = {unpack(KEYS, 1, own)}
+  ARGV = {unpack(ARGV, 2)}
+end
+local WROTE = false
+local server = redis
+local redis = setmetatable({call = function(command, ...)
+  if WRITES[command] then WROTE = true end
+  return server.call(command, ...)
+end}, {__index = server})
+-- Ends the script asking for the keys `labels` (GENQNEED), or, once it wrote, as a bug.
+local function undeclared(labels)
+  if WROTE then error({err = 'GENQBUG keys not declared, after a write: ' .. table.concat(labels, ' ')}) end
+  error({err = NEED .. table.concat(labels, '\\30') .. '\\30'})
+end
+-- The key the call declared under `name`.
+local function key(name)
+  local found = DECLARED[name]
+  if found then return found end
+  undeclared({name})
+end
+-- The labels of `labels` the call did not declare.
+local function missing(labels)
+  local out = {}
+  for _, name in ipairs(labels) do
+    if not DECLARED[name] then out[#out + 1] = name end
+  end
+  return out
+end
+-- Asks for the keys of `labels` not declared (a script does, before its first write).
+local function need(labels)
+  local out = missing(labels)
+  if #out > 0 then undeclared(out) end
+end
+local L = {}
+function L.key(name) return RAW .. name end
+local K = setmetatable({}, {__index = function(_, name) return key(name) end})
+"""
 
 
 @functools.cache
 def prelude() -> str:
-    constants = ", ".join(f"{name} = {_lua_string(value)}" for name, value in CONSTANTS.items())
+    writes = ", ".join(f"{command} = true" for command in WRITES)
+    channels = ", ".join(f"{name} = {_lua_string(value)}" for name, value in CHANNELS.items())
+    head = (
+        f"local WRITES = {{{writes}}}\nlocal NEED = {_lua_string(NEED)}\n"
+        f"local RAW = {_lua_string(RAW + SEP)}\nlocal CH = {{{channels}}}\n"
+    )
     builders = "".join(key_function(name, template) for name, template in TEMPLATES.items())
     tunables = (
         f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"
@@ -84,7 +287,7 @@ def prelude() -> str:
         f"local LIVE_TOTAL = {_lua_string(keys.OWNER_LIVE_TOTAL)}\n"
     )
     common = (LUA_DIR / "common.lua").read_text()
-    return f"local K = {{{constants}}}\n{builders}{tunables}{common}\n"
+    return f"{head}{_DECLARE}{builders}{tunables}{common}\n"
 
 
 @functools.cache
@@ -95,6 +298,7 @@ def source(name: str) -> str:
 
 @functools.cache
 def plain(name: str) -> str:
-    """Script `name` without the prelude: for scripts that build no key names and run so often
-    that defining the prelude's functions on each call would show (the rate limiter's bucket)."""
+    """Script `name` without the prelude: for the scripts that touch only their KEYS (a batch's,
+    a file's, the rate limiter's bucket, which runs so often that defining the prelude's functions
+    on each call would show)."""
     return (LUA_DIR / f"{name}.lua").read_text()

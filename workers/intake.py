@@ -58,7 +58,7 @@ class Intake:
             return sent.taken
         while not self._closing.is_set():
             if sent is None or not sent.done:  # else it looked already, in the finish's round trip
-                taken = self._jobs.take(self._worker_id, self._lists)
+                taken = self._jobs.take(self._worker_id, self._lists, sent.labels if sent else None)
                 if taken is not None or self._wait_s <= 0:
                     return taken
             sent = None

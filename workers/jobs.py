@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ log = logging.getLogger("genq.worker")
 #: Most messages one take looks at: messages of jobs that cannot run (canceled, taken over) are
 #: dropped on the way, and a long run of them must not make one long script.
 TAKE_LOOKS = 16
+
+#: Messages at the list's end whose jobs' keys a take names for the next take to declare.
+TAKE_HINTS = 4
 
 #: A job claimed without a delivery: its id and its record as the claim left it.
 ClaimedJob = tuple[str, dict[str, str]]
@@ -63,18 +67,52 @@ class NextTake:
     #: Whether its reply came; then `taken` is what it took (None: no job was waiting).
     done: bool = False
     taken: ClaimedJob | None = None
+    #: Labels of keys to declare in the take: those of the jobs whose messages were next in line
+    #: at the thread's last take, or those this take asked for (shared/lua/take.lua).
+    labels: list[str] = field(default_factory=list)
 
     def set_reply(self, reply: object) -> None:
-        """Keep the take's reply from the finish's pipeline (an error counts as not sent)."""
-        if not isinstance(reply, Exception):
-            self.done, self.taken = True, _taken(cast(list[bytes | str], reply))
+        """Keep the take's reply from the finish's pipeline (an error counts as not sent; one that
+        asked for keys is not done either, and keeps them for the thread's next take)."""
+        if isinstance(reply, Exception):
+            return
+        flat = cast(list[bytes | str], reply)
+        if flat and as_text(flat[0]) == NEED_REPLY:
+            self.labels = [as_text(name) for name in flat[1:]]
+            return
+        self.done, (self.taken, self.labels) = True, _taken(flat)
 
 
-def _taken(flat: list[bytes | str]) -> ClaimedJob | None:
-    """A take script's reply: (job id, the record its claim left), or None when it took nothing."""
+#: A take's reply that asks for keys (shared/lua/take.lua).
+NEED_REPLY = "!need"
+
+
+def _taken(flat: list[bytes | str]) -> tuple[ClaimedJob | None, list[str]]:
+    """A take script's reply: (job id, the record its claim left), or None when it took nothing;
+    and the labels it named for the next take."""
     if not flat:
-        return None
-    return as_text(flat[0]), flat_record(flat[1:])
+        return None, []
+    hints = as_text(flat[1])
+    return (as_text(flat[0]), flat_record(flat[2:])), hints.split("\n") if hints else []
+
+
+def _queue_labels(queue: str) -> list[str]:
+    return [scripts.label("queued_key", queue), scripts.label("running_key", queue)]
+
+
+def _finish_labels(job_id: str, record: dict[str, str] | None) -> list[str]:
+    """The keys the finish script touches (shared/lua/finish.lua), from the job's record."""
+    if record is None:
+        return []
+    labels = [
+        *_queue_labels(record.get("queue", "")),
+        scripts.label("webhook_delivery_key", job_id, "completed"),
+    ]
+    if owner := record.get("owner"):
+        labels.append(scripts.label("owner_live_key", owner))
+    if cache_key := record.get("cache_key"):
+        labels += [scripts.label("inflight_key", cache_key), scripts.label("followers_key", job_id)]
+    return labels
 
 
 class WorkerJobs:
@@ -85,46 +123,81 @@ class WorkerJobs:
         self._lease_s = lease_s
         self._max_attempts = max_attempts
         self._job_timeout_s = job_timeout_s
-        self._start = client.register_script(scripts.source("claim"))
-        self._renew = client.register_script(scripts.source("renew"))
-        self._finish = client.register_script(scripts.source("finish"))
-        self._hand_back = client.register_script(scripts.source("hand_back"))
-        self._take = client.register_script(scripts.source("take"))
+        self._start = scripts.Script(client, "claim")
+        self._renew = scripts.Script(client, "renew")
+        self._finish = scripts.Script(client, "finish")
+        self._hand_back = scripts.Script(client, "hand_back")
+        self._take = scripts.Script(client, "take")
+        #: The queues of the jobs this worker claimed: a claim declares their indexes' keys.
+        self._queues: set[str] = set()
+        #: Per task thread, `hints`: the labels its last take named for its next (take.lua).
+        self._thread = threading.local()
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
         reply, load and retry per script (+2 round trips each). After a Redis restart forgets
         them, redis-py's Script loads them again on NOSCRIPT, as before."""
         for script in (self._start, self._renew, self._finish, self._hand_back, self._take):
-            self._redis.script_load(script.script)
+            self._redis.script_load(script.text)
 
     def claim(self, job_id: str, worker_id: str) -> Claim:
+        labels = [scripts.label("webhook_delivery_key", job_id, "start")]
+        for queue in self._queues:
+            labels += _queue_labels(queue)
         outcome, status, *flat = self._start(
             keys=[keys.job(job_id)],
             args=[worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, job_id, self._max_attempts,
                   WORKER_LOST_ERROR],
+            labels=labels,
         )  # fmt: skip
-        return Claim(ClaimOutcome(as_text(outcome)), as_text(status), flat_record(flat))
+        record = flat_record(flat)
+        self._queues.add(record.get("queue", ""))
+        return Claim(ClaimOutcome(as_text(outcome)), as_text(status), record)
 
-    def take(self, worker_id: str, queue_lists: list[str]) -> ClaimedJob | None:
+    def take(
+        self, worker_id: str, queue_lists: list[str], labels: list[str] | None = None
+    ) -> ClaimedJob | None:
         """Take the next queued job off the broker's lists (highest priority first) and claim it, in
-        one step: (job id, its record as the claim left it), or None when no message waits."""
-        return _taken(self._take(keys=queue_lists, args=self._take_args(worker_id)))
+        one step: (job id, its record as the claim left it), or None when no message waits (or
+        none could be claimed in scripts.ROUNDS takes that each asked for more keys: other
+        threads took the messages meanwhile). `labels`: keys to declare (NextTake.labels)."""
+        asked = labels or self._hints()
+        for _ in range(scripts.ROUNDS):
+            flat = self._take(keys=queue_lists, args=self._take_args(worker_id),
+                              labels=self._take_labels(queue_lists, asked))  # fmt: skip
+            if not flat or as_text(flat[0]) != NEED_REPLY:
+                taken, self._thread.hints = _taken(flat)
+                return taken
+            asked = [*asked, *(as_text(name) for name in flat[1:])]
+        return None
+
+    def _hints(self) -> list[str]:
+        return cast(list[str], getattr(self._thread, "hints", []))
+
+    def _take_labels(self, queue_lists: list[str], asked: list[str]) -> list[str]:
+        labels = list(asked)
+        for queue in {keys.queue_of_list(name) for name in queue_lists} | self._queues:
+            labels += _queue_labels(queue)
+        return labels
 
     def _take_args(self, worker_id: str) -> list[str | int | float | bytes]:
         return [worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,
-                WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS]  # fmt: skip
+                WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS, TAKE_HINTS]  # fmt: skip
 
     def _take_after(self, pipe: redis.client.Pipeline, then: NextTake) -> None:
         """Add `then`'s take to a finish's pipeline (EVALSHA, as the finish script there)."""
         lists = then.queue_lists
-        pipe.evalsha(self._take.sha, len(lists), *lists, *self._take_args(then.worker_id))
+        labels = self._take_labels(lists, then.labels or self._hints())
+        pipe.evalsha(*self._take.evalsha(lists, self._take_args(then.worker_id), labels))
 
     def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
         """Extend the leases of the jobs this worker runs; the ids it no longer holds."""
         if not job_ids:
             return []
-        lost = self._renew(args=[worker_id, repr(time.time() + self._lease_s), *job_ids])
+        lost = self._renew(
+            args=[worker_id, repr(time.time() + self._lease_s), *job_ids],
+            labels=[scripts.label("job_key", job_id) for job_id in job_ids],
+        )
         return [as_text(job_id) for job_id in lost]
 
     def finish(
@@ -150,23 +223,28 @@ class WorkerJobs:
         entry_key, ttl = (keys.cache_entry(cache_entry[0]), cache_entry[1]) if cache_entry else ("", 0)
         script_keys = [keys.job(job_id), entry_key]
         args = [worker_id, job_id, ttl, hook.url if hook else "", hook.body if hook else b"", *flat]
+        labels = _finish_labels(job_id, record)
         if before is None and then is None:
-            return bool(self._finish(keys=script_keys, args=args))
+            return bool(self._finish(keys=script_keys, args=args, labels=labels))
         pipe = self._redis.pipeline(transaction=False)
         if before is not None:
             before(pipe)
         # EVALSHA itself: a Script in a pipeline costs a SCRIPT EXISTS round trip on every execute.
-        pipe.evalsha(self._finish.sha, len(script_keys), *script_keys, *args)
+        pipe.evalsha(*self._finish.evalsha(script_keys, args, labels))
         if then is not None:
             self._take_after(pipe, then)
         replies = pipe.execute(raise_on_error=False)
         if then is not None:
             then.set_reply(replies.pop())
+            if then.done:
+                self._thread.hints = then.labels
         *ahead, done = replies
         if failed := [reply for reply in ahead if isinstance(reply, Exception)]:
             log.warning("finish_ahead_failed", extra=log_fields(job_id=job_id, error=str(failed[0])))
-        if isinstance(done, redis.exceptions.NoScriptError):  # a restarted Redis forgot it
-            done = self._finish(keys=script_keys, args=args)  # the Script loads it again
+        if isinstance(done, redis.exceptions.NoScriptError) or scripts.needed(done):
+            # A restarted Redis forgot it (the Script loads it again), or it asked for keys (its
+            # followers'), before writing anything: sent again alone.
+            done = self._finish(keys=script_keys, args=args, labels=labels)
         elif isinstance(done, Exception):
             raise done
         return bool(done)
@@ -179,6 +257,7 @@ class WorkerJobs:
             keys=[keys.job(job_id)],
             args=[worker_id, job_id, message, queue_list, repr(now), repr(now + self._job_timeout_s),
                   "1" if count_attempt else "0"],
+            labels=[*_queue_labels(record["queue"]), scripts.label(scripts.RAW, queue_list)],
         )  # fmt: skip
         return bool(done)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, cast
 
 import orjson
@@ -114,6 +114,28 @@ def _submit_cache_keys(cache: CacheLookup | None) -> list[str]:
     return [keys.inflight(cache.cache_key), entry]
 
 
+def submit_labels(job: NewJob, today: int, days: int, bounded: bool) -> list[str]:
+    """The keys submit.lua touches beyond its KEYS, declared with it: the owner's stored bytes of
+    today (and, with a bound on them, of every day a record lives), the queue's index, the job's
+    webhook deliveries. A leader's keys, which only the script finds, it asks for."""
+    first = today - days if bounded else today
+    return [
+        *(scripts.label("owner_bytes_key", job.owner, day) for day in range(first, today + 1)),
+        scripts.label("queued_key", job.queue),
+        scripts.label("webhook_delivery_key", job.job_id, "start"),
+        scripts.label("webhook_delivery_key", job.job_id, "completed"),
+    ]
+
+
+def cancel_labels(job_id: str) -> list[str]:
+    """The keys cancel.lua touches beyond its KEYS that its caller knows (the rest depend on the
+    record: the script asks for them)."""
+    return [
+        scripts.label("followers_key", job_id),
+        scripts.label("webhook_delivery_key", job_id, "completed"),
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class JobHead:
     """What a list needs to know of a job before reading its summary."""
@@ -150,6 +172,9 @@ class JobStore:
         self._bounds = bounds
         self._submit = client.register_script(scripts.source("submit"))
         self._cancel = client.register_script(scripts.source("cancel"))
+        #: Each script through the pipelined runner, with the keys its call declares (shared/scripts.py).
+        self._run_submit = partial(self._commands.run_script, self._submit)
+        self._run_cancel = partial(self._commands.run_script, self._cancel)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
@@ -181,15 +206,16 @@ class JobStore:
         cache_keys = _submit_cache_keys(cache)
         today = int(job.created_at // 86_400)
         bounds = self._bounds(job.owner)
-        reply = await self._commands.run_script(
-            self._submit,
+        days = -(-self._job_ttl_s // 86_400)
+        reply = await scripts.run_async(
+            self._run_submit,
             keys=[keys.job(job.job_id), keys.owner_jobs(job.owner), queue_key, idem_key, *cache_keys,
                   keys.owner_live(job.owner)],
             args=[job.job_id, score, self._job_ttl_s, message, self._idempotency_ttl_s,
                   f"{job.job_id} {digest}", f"({trim_below}", repr(time.time()),
                   known.output if known else "", known.model_label if known else "",
-                  bounds.live_jobs, bounds.stored_bytes, job.stored_bytes, today,
-                  -(-self._job_ttl_s // 86_400), *job.fields()],
+                  bounds.live_jobs, bounds.stored_bytes, job.stored_bytes, today, days, *job.fields()],
+            labels=submit_labels(job, today, days, bounds.stored_bytes > 0),
         )  # fmt: skip
         outcome = int(reply[0])
         if outcome == SUBMIT_HIT:
@@ -247,9 +273,10 @@ class JobStore:
         return [record for record in found if "id" in record]
 
     async def cancel(self, job_id: str, owner: str) -> dict[str, str] | None:
-        flat = await self._commands.run_script(
-            self._cancel, keys=[keys.job(job_id)], args=[owner, repr(time.time()), job_id]
-        )
+        flat = await scripts.run_async(
+            self._run_cancel, keys=[keys.job(job_id)], args=[owner, repr(time.time()), job_id],
+            labels=cancel_labels(job_id),
+        )  # fmt: skip
         if not flat:
             return None
         return flat_record(flat)

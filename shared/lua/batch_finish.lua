@@ -1,15 +1,17 @@
 -- A batch ends. KEYS: batch, active batches, window, owner's active batches, parts, output
 -- file, error file, owner's files. ARGV: final status, now, errors JSON ('' for none), output
 -- file fields as a JSON array ('' for none), error file fields likewise, files' index score,
--- files' expires_at (0: none), the batch webhook's delivery message ('' for none).
+-- files' expires_at (0: none), the batch webhook's delivery message ('' for none). Declared: the
+-- owner's file bytes, the batch webhook's delivery state.
 -- The batch's files become the owner's, its webhook is enqueued, it leaves the feeder's set and
 -- frees its owner's slot in one step: the batch.<status> event is sent once, never lost. The
 -- bytes validation kept beside it (kept_bytes: the caller deleted those files) stop counting
 -- against the owner's file quota.
 -- Returns 1, or 0 (nothing written) when the batch is gone or already ended.
 local TERMINAL = {completed = true, failed = true, expired = true, cancelled = true}
-local rec = redis.call('HMGET', KEYS[1], 'status', 'id')
+local rec = redis.call('HMGET', KEYS[1], 'status', 'id', 'owner')
 if not rec[1] or TERMINAL[rec[1]] then return 0 end
+need({L.owner_file_bytes_key(rec[3] or ''), L.batch_webhook_delivery_key(rec[2], 'batch.' .. ARGV[1])})
 local function add_file(key, fields_json, field)
   if fields_json == '' then return end
   local fields = cjson.decode(fields_json)

@@ -1,7 +1,8 @@
 -- Functions every job-store script shares. The prelude before this file (shared/scripts.py)
--- defines K (every constant key name, from shared/keys.py) and the key builders job_key,
--- followers_key, inflight_key, running_key, queued_key, owner_live_key, owner_bytes_key, the
--- webhook delivery keys and batch_key.
+-- defines K (the constant keys), CH (the channels), the key functions job_key, followers_key,
+-- inflight_key, running_key, queued_key, owner_live_key, owner_bytes_key, the webhook delivery
+-- keys and batch_key, which return the keys the call declared, and L, their labels, which the
+-- *_labels functions here list for a script to ask for (need) before its first write.
 
 local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 
@@ -101,7 +102,7 @@ local function ended(job_key_, job_id, known, drop)
   local owner = known.owner
   if owner == nil then owner = redis.call('HGET', job_key_, 'owner') end
   if owner then leave_live(owner_live_key(owner), job_id) end
-  redis.call('PUBLISH', K.job_events, job_id)
+  redis.call('PUBLISH', CH.job_events, job_id)
   push_webhook(job_key_, job_id, 'completed', known.hook, known.frozen)
 end
 
@@ -121,6 +122,15 @@ end
 
 local function fail(job_key_, job_id, error_json, now)
   redis.call('HSET', job_key_, 'status', 'failed', 'error', error_json, 'completed_at', now)
+end
+
+-- Labels of the keys ended() touches for job `job_id`, whose record's queue and owner fields
+-- are `queue` and `owner` (false: absent), appended to `out`.
+local function ending_labels(out, job_id, queue, owner)
+  out[#out + 1] = L.queued_key(queue or '')
+  out[#out + 1] = L.running_key(queue or '')
+  if owner then out[#out + 1] = L.owner_live_key(owner) end
+  out[#out + 1] = L.webhook_delivery_key(job_id, 'completed')
 end
 
 -- Coalescing (docs/cache.md). A cacheable job that finds no job in flight for its cache key
@@ -143,29 +153,29 @@ local function resolve_followers(leader_key, leader_id)
   local list = followers_key(leader_id)
   local r = nil
   for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    local key = job_key(id)
-    if redis.call('HGET', key, 'status') == 'queued' then
+    local follower = job_key(id)
+    if redis.call('HGET', follower, 'status') == 'queued' then
       r = r or redis.call('HMGET', leader_key, 'status', 'output', 'error', 'model_label', 'completed_at')
-      redis.call('HSET', key, 'status', r[1], 'model_label', r[4] or '', 'started_at', r[5],
+      redis.call('HSET', follower, 'status', r[1], 'model_label', r[4] or '', 'started_at', r[5],
                  'completed_at', r[5])
       if r[1] == 'succeeded' then
-        redis.call('HSET', key, 'output', r[2], 'cached', '1', 'metrics', NO_INFERENCE_METRICS)
+        redis.call('HSET', follower, 'output', r[2], 'cached', '1', 'metrics', NO_INFERENCE_METRICS)
       else
-        redis.call('HSET', key, 'error', r[3] or '')
+        redis.call('HSET', follower, 'error', r[3] or '')
       end
-      push_webhook(key, id, 'start')
-      ended(key, id)
+      push_webhook(follower, id, 'start')
+      ended(follower, id)
     end
   end
   redis.call('DEL', list)
 end
 
 -- Make a queued follower a leader of its own: its own message goes onto its queue.
-local function lead(key, id, now)
-  local rec = redis.call('HMGET', key, 'message', 'queue_key', 'cache_key', 'deadline')
-  local ttl = math.max(redis.call('TTL', key), 1)
-  redis.call('HDEL', key, 'follows')
-  enqueue(key, id, rec[1], rec[2], rec[4], now)
+local function lead(job, id, now)
+  local rec = redis.call('HMGET', job, 'message', 'queue_key', 'cache_key', 'deadline')
+  local ttl = math.max(redis.call('TTL', job), 1)
+  redis.call('HDEL', job, 'follows')
+  enqueue(job, id, rec[1], key(L.key(rec[2])), rec[4], now)
   if rec[3] then redis.call('SET', inflight_key(rec[3]), id, 'NX', 'EX', ttl) end
   redis.call('EXPIRE', followers_key(id), ttl)
 end
@@ -177,16 +187,50 @@ local function promote_followers(leader_key, leader_id, now)
   release_inflight(leader_key, leader_id)
   local leader = nil
   for _, id in ipairs(ids) do
-    local key = job_key(id)
-    local rec = redis.call('HMGET', key, 'status', 'message')
+    local follower = job_key(id)
+    local rec = redis.call('HMGET', follower, 'status', 'message')
     if rec[1] == 'queued' and rec[2] then
       if leader == nil then
         leader = id
-        lead(key, id, now)
+        lead(follower, id, now)
       else
-        redis.call('HSET', key, 'follows', leader)
+        redis.call('HSET', follower, 'follows', leader)
         redis.call('RPUSH', followers_key(leader), id)
       end
+    end
+  end
+end
+
+-- Labels of the keys lead() touches for follower `id`, whose record's queue_key, queue and
+-- cache_key fields are given (false: absent).
+local function lead_labels(out, id, queue_list, queue, cache_key)
+  if queue_list then out[#out + 1] = L.key(queue_list) end
+  out[#out + 1] = L.queued_key(queue or '')
+  if cache_key then out[#out + 1] = L.inflight_key(cache_key) end
+  out[#out + 1] = L.followers_key(id)
+end
+
+-- Labels of the keys resolve_followers and promote_followers touch for leader `leader_id`, read
+-- as far as the call's keys allow: its followers list, then each follower's record (both leave
+-- a follower that is not queued alone). What it cannot read yet it lists, unread: the next
+-- round, with those keys, reads on.
+local function follower_labels(out, leader_id)
+  local list = L.followers_key(leader_id)
+  out[#out + 1] = list
+  if #missing({list}) > 0 then return end
+  local ids = redis.call('LRANGE', key(list), 0, -1)
+  local records = {}
+  for _, id in ipairs(ids) do
+    records[#records + 1] = L.job_key(id)
+    out[#out + 1] = L.job_key(id)
+  end
+  if #missing(records) > 0 then return end
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HMGET', job_key(id), 'status', 'queue', 'owner', 'queue_key', 'cache_key')
+    if rec[1] == 'queued' then
+      ending_labels(out, id, rec[2], rec[3])
+      out[#out + 1] = L.webhook_delivery_key(id, 'start')
+      lead_labels(out, id, rec[4], rec[2], rec[5])
     end
   end
 end
@@ -199,6 +243,15 @@ local function expire_queued(job_key_, job_id, error_json, now)
   fail(job_key_, job_id, error_json, now)
   ended(job_key_, job_id)
   promote_followers(job_key_, job_id, now)
+end
+
+-- Labels of the keys expire_queued touches for job `job_id` (its record's follows, queue, owner
+-- and cache_key fields given; false: absent).
+local function expire_labels(out, job_id, follows, queue, owner, cache_key)
+  if follows then out[#out + 1] = L.followers_key(follows) end
+  ending_labels(out, job_id, queue, owner)
+  follower_labels(out, job_id)
+  if cache_key then out[#out + 1] = L.inflight_key(cache_key) end
 end
 
 -- A task message's (kombu's JSON envelope's) string field `name` at or after `from`, by a pattern,
@@ -217,38 +270,59 @@ local function delivery_tag(message)
   return cjson.decode(message)['properties']['delivery_tag']
 end
 
--- Claim a job for worker `worker` (claim.lua: a delivered message; take.lua: one it took from
--- its queue list itself): a queued one before its deadline, or a running one whose lease lapsed
--- (its worker stopped renewing it: a takeover, which runs even past the queue deadline, since
--- the job was accepted and begun). Past max attempts a lapsed job fails instead (`worker_lost`).
--- `c` holds now, lease_s, timeout_error, max_attempts and lost_error.
--- Returns outcome, status: 'claimed' (run it), 'skip' (someone else holds it, it follows a
--- leader, or it is over), 'expired' (its queue deadline passed: failed here), 'exhausted'
--- (lapsed too often: failed here), 'missing'.
-local function claim_job(job, job_id, worker, c)
-  local now = c.now
+-- Claiming a job for worker `worker` (claim.lua: a delivered message; take.lua: one it takes from
+-- its queue list itself), in two steps: claim_plan reads the record and decides, writing nothing,
+-- and lists the keys claim_apply will touch (beyond the record and the constants), so that a
+-- script asks for them before its first write. A queued job before its deadline is claimed, and
+-- so is a running one whose lease lapsed (its worker stopped renewing it: a takeover, which runs
+-- even past the queue deadline, since the job was accepted and begun). Past max attempts a lapsed
+-- job fails instead (`worker_lost`). `c` holds now, lease_s, timeout_error, max_attempts and
+-- lost_error.
+-- The plan: {outcome = 'claim' | 'takeover' | 'exhausted' | 'expired' | 'skip' | 'missing',
+-- status = the record's, rec = what it read, labels = the keys it needs}.
+local function claim_plan(job, job_id, worker, c)
   local rec = redis.call('HMGET', job, 'status', 'worker', 'lease', 'deadline', 'attempts', 'message', 'follows',
-                         'queue', 'webhook_message:start')
+                         'queue', 'webhook_message:start', 'owner', 'cache_key')
+  local status, now = rec[1], tonumber(c.now)
+  local plan = {status = status or '', rec = rec, labels = {}}
+  if not status then plan.outcome = 'missing'
+  elseif status == 'running' then
+    if rec[2] == worker or tonumber(rec[3] or '0') >= now then plan.outcome = 'skip'
+    elseif tonumber(rec[5] or '0') >= tonumber(c.max_attempts) then plan.outcome = 'exhausted'
+    else plan.outcome = 'takeover' end
+  elseif status ~= 'queued' or rec[7] then plan.outcome = 'skip'
+  elseif tonumber(rec[4]) < now then plan.outcome = 'expired'
+  else plan.outcome = 'claim' end
+  local out = plan.labels
+  if plan.outcome == 'claim' or plan.outcome == 'takeover' then
+    out[1], out[2] = L.queued_key(rec[8] or ''), L.running_key(rec[8] or '')
+    if rec[9] then out[3] = L.webhook_delivery_key(job_id, 'start') end
+  elseif plan.outcome == 'exhausted' or plan.outcome == 'expired' then
+    expire_labels(out, job_id, false, rec[8], rec[10], rec[11])
+  end
+  return plan
+end
+
+-- Carries out a claim_plan. Returns outcome, status: 'claimed' (run it), 'skip' (someone else
+-- holds it, it follows a leader, or it is over), 'expired' (its queue deadline passed: failed
+-- here), 'exhausted' (lapsed too often: failed here), 'missing'.
+local function claim_apply(job, job_id, worker, c, plan)
+  local rec, outcome, now = plan.rec, plan.outcome, c.now
   local queue = rec[8]
-  local status = rec[1]
-  if not status then return 'missing', '' end
-  if status == 'running' then
-    if rec[2] == worker or tonumber(rec[3] or '0') >= tonumber(now) then return 'skip', status end
-    if tonumber(rec[5] or '0') >= tonumber(c.max_attempts) then
-      forget_delivery(job)
-      fail(job, job_id, c.lost_error, now)
-      ended(job, job_id, {status = 'running', queue = queue})
-      resolve_followers(job, job_id)
-      release_inflight(job, job_id)
-      return 'exhausted', 'failed'
-    end
+  if outcome == 'missing' or outcome == 'skip' then return outcome, plan.status end
+  if outcome == 'exhausted' then
     forget_delivery(job)
-  elseif status ~= 'queued' or rec[7] then
-    return 'skip', status
-  elseif tonumber(rec[4]) < tonumber(now) then
+    fail(job, job_id, c.lost_error, now)
+    ended(job, job_id, {status = 'running', queue = queue, owner = rec[10]})
+    resolve_followers(job, job_id)
+    release_inflight(job, job_id, rec[11])
+    return 'exhausted', 'failed'
+  end
+  if outcome == 'expired' then
     expire_queued(job, job_id, c.timeout_error, now)
     return 'expired', 'failed'
   end
+  if outcome == 'takeover' then forget_delivery(job) end
   local tag = ''
   if rec[6] then tag = delivery_tag(rec[6]) end
   local lease = tonumber(now) + tonumber(c.lease_s)
@@ -261,7 +335,7 @@ local function claim_job(job, job_id, worker, c)
   redis.call('ZADD', K.leases, lease, job_id)
   leave_queue(job, job_id, queue)
   push_webhook(job, job_id, 'start', rec[9])
-  return 'claimed', status
+  return 'claimed', plan.status
 end
 
 -- Claim generation `generation` of a webhook delivery (webhook_claim.lua: a delivered message;
@@ -296,8 +370,9 @@ end
 -- attempt. With a body frozen, the attempt is counted here and the owner's signing keys read, so
 -- the attempt needs no round trip of its own before it sends: {the attempt's number, the current
 -- and previous secrets} (a wait that makes no attempt sets the count back in its ending).
-local function look_delivery(delivery, record, start_delivery, start_field)
-  local frozen = redis.call('HMGET', delivery, 'url', 'body', 'owner')
+-- `frozen`, optional: the delivery's url, body and owner when the caller read them (look_labels).
+local function look_delivery(delivery, record, start_delivery, start_field, frozen)
+  frozen = frozen or redis.call('HMGET', delivery, 'url', 'body', 'owner')
   -- An attempt that sends a frozen body reads only the job's input of its record (the webhook
   -- filter, whether `completed` waits for `start`): the whole record, ~20 fields, went through
   -- Lua and the reply for nothing. A first attempt builds its body from the whole record.
@@ -321,11 +396,23 @@ local function look_delivery(delivery, record, start_delivery, start_field)
   return seen
 end
 
+-- Labels of the keys look_delivery reads beyond the delivery and its record: with a frozen url
+-- and body, the signing secrets of the owner frozen with them; and what it read (url, body,
+-- owner), for look_delivery (a claim writes none of those).
+local function look_labels(delivery)
+  local frozen = redis.call('HMGET', delivery, 'url', 'body', 'owner')
+  if not (frozen[1] and frozen[2]) then return {}, frozen end
+  local owner = frozen[3] or ''
+  return {L.webhook_secret_key(owner), L.webhook_previous_secret_key(owner)}, frozen
+end
+
 -- claim_delivery's outcome and lease, then look_delivery's reads when the claim was made.
-local function claim_and_look(delivery, record, generation, now, lease_until, ttl, start_delivery, start_field)
+-- `frozen`: as look_delivery's.
+local function claim_and_look(delivery, record, generation, now, lease_until, ttl, start_delivery, start_field,
+                              frozen)
   local outcome, lease = claim_delivery(delivery, record, generation, now, lease_until, ttl)
   if outcome ~= 'claimed' then return {outcome, lease} end
-  return {outcome, lease, look_delivery(delivery, record, start_delivery, start_field)}
+  return {outcome, lease, look_delivery(delivery, record, start_delivery, start_field, frozen)}
 end
 
 -- Ends a webhook delivery's generation (webhook_record.lua: a delivered message's; webhook_take.lua:

@@ -10,6 +10,13 @@ local job, job_id = KEYS[1], ARGV[2]
 local rec = redis.call('HMGET', job, 'status', 'worker', 'queue', 'owner', 'cache_key',
                        'webhook_message:completed', 'delivery_tag')
 if rec[1] ~= 'running' or rec[2] ~= ARGV[1] then return 0 end
+local labels = {}
+ending_labels(labels, job_id, rec[3], rec[4])
+if rec[5] then
+  labels[#labels + 1] = L.inflight_key(rec[5])
+  follower_labels(labels, job_id)
+end
+need(labels)
 -- The broker's record of the message the job was delivered with (kombu's unacked entry) is spent
 -- now: a worker that dies before Celery's ack, or whose task thread goes on taking jobs
 -- (workers/intake.py), leaves none behind to be delivered again. (A taken job's tag is in none.)

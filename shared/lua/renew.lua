@@ -1,7 +1,11 @@
--- A worker renews the leases of the jobs it runs (with each heartbeat).
+-- A worker renews the leases of the jobs it runs (with each heartbeat). KEYS: none of its own
+-- (each job's record is declared).
 -- ARGV: worker id, lease end (Unix seconds), job ids...
 -- Returns the ids this worker no longer holds (canceled, ended, or handed to another worker
 -- after a lapse): the worker stops generating them.
+local records = {}
+for i = 3, #ARGV do records[#records + 1] = L.job_key(ARGV[i]) end
+need(records)
 local lost = {}
 for i = 3, #ARGV do
   local key = job_key(ARGV[i])

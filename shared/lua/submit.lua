@@ -63,6 +63,7 @@ end
 local function live_leader()
   local leader = redis.call('GET', KEYS[5])
   if not leader then return nil end
+  need({L.job_key(leader), L.followers_key(leader)})
   local status = redis.call('HGET', job_key(leader), 'status')
   if status == 'queued' or status == 'running' then return leader end
   return nil
@@ -84,8 +85,13 @@ for i = FIELDS, #ARGV, 2 do
 end
 local bound, limit = over_bound(owner, rows)
 if bound then return {4, bound, limit} end
-redis.call('HSET', KEYS[1], unpack(ARGV, FIELDS))
+-- Everything read before the first write: a key the call did not declare is asked for first.
 local output, label = cached_response()
+local leader = nil
+if output == '' and KEYS[5] ~= '' then leader = live_leader() end
+need({L.owner_bytes_key(owner, ARGV[14]), L.queued_key(queue or ''), L.webhook_delivery_key(ARGV[1], 'start'),
+      L.webhook_delivery_key(ARGV[1], 'completed')})
+redis.call('HSET', KEYS[1], unpack(ARGV, FIELDS))
 if output ~= '' then
   redis.call('HSET', KEYS[1], 'status', 'succeeded', 'cached', '1', 'output', output, 'model_label', label,
              'metrics', NO_INFERENCE_METRICS, 'started_at', now, 'completed_at', now)
@@ -97,7 +103,6 @@ if output ~= '' then
   return record
 end
 if KEYS[5] ~= '' then
-  local leader = live_leader()
   if leader then
     redis.call('HSET', KEYS[1], 'follows', leader, 'message', ARGV[4], 'queue_key', KEYS[3])
     redis.call('RPUSH', followers_key(leader), ARGV[1])

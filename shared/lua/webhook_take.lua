@@ -10,18 +10,25 @@
 -- delivered message does (webhook_claim.lua): the attempt needs no round trip of its own to look.
 -- ARGV: now, lease until, ttl (the state's, when the record has no expiry), the job delivery
 -- task's name, the batch delivery task's name, the `output`, `completed` and `start` events'
--- names, the job record's field of a `start` message never sent, and a message the thread popped
--- itself while it waited (BRPOP), or '' to pop the next one here.
+-- names, the job record's field of a `start` message never sent, a message the thread popped
+-- itself while it waited (BRPOP) or '' to pop the next one here, and how many messages next in
+-- line a claimed take names the keys of (for the thread's next take to declare).
 -- KEYS, and ARGV past those: none, or the end of the generation the thread just made, as
 -- webhook_record.lua takes them; it is recorded first, whatever the take then finds, so a thread
 -- going on to its next delivery spends no round trip on ending the last.
--- Returns {} (the list is empty), {'untaken'} (the message went back), or {outcome, lease,
--- message} and, claimed, the look after them: claim_and_look's reply (common.lua) with the message.
-if #KEYS > 0 then record_delivery(KEYS, {unpack(ARGV, 11)}) end
+-- The keys the message names (its delivery's state, its record's, the `start` delivery's) and the
+-- signing secrets of the owner frozen with the delivery the take asks for in its reply, not by
+-- an error, since the record it made stays made: the caller takes again with them (and the same
+-- message, when the thread popped it), recording nothing.
+-- Returns {} (the list is empty), {'untaken'} (the message went back), {'!need', label, ...}, or
+-- {outcome, lease, message, labels of the next messages' keys (one a line)} and, claimed, the
+-- look after them: claim_and_look's reply (common.lua) with the message and the labels.
+if #KEYS > 0 then record_delivery(KEYS, {unpack(ARGV, 12)}) end
 
 local message = ARGV[10]
-if message == '' then
-  message = redis.call('RPOP', K.webhook_queue)
+local peeked = message == ''
+if peeked then  -- popped only once its keys are known to be declared
+  message = redis.call('LINDEX', K.webhook_queue, -1)
   if not message then return {} end
 end
 
@@ -67,9 +74,9 @@ local function args_of(headers, body)
   return args[1], args[2]
 end
 
--- The delivery a message is for: its state key, its record's key, its generation, and for a job's
--- `completed` its `start` delivery's state key ('' for any other); nil when the message is not a
--- due delivery message.
+-- The delivery a message is for, by its keys' labels: its state, its record, and for a job's
+-- `completed` its `start` delivery's state ('' for any other); and its generation. nil when the
+-- message is not a due delivery message.
 local function delivery_of(raw)
   local ok, decoded = pcall(cjson.decode, raw)
   if not ok or type(decoded) ~= 'table' then return nil end
@@ -83,18 +90,47 @@ local function delivery_of(raw)
   local owner_id, event = args_of(headers, decoded['body'])
   if not owner_id then return nil end
   if task == ARGV[5] then
-    return batch_webhook_delivery_key(owner_id, event), batch_key(owner_id), generation, ''
+    return L.batch_webhook_delivery_key(owner_id, event), L.batch_key(owner_id), '', generation
   end
   local name = event == ARGV[6] and (event .. ':' .. id) or event
-  local start = event == ARGV[7] and webhook_delivery_key(owner_id, ARGV[8]) or ''
-  return webhook_delivery_key(owner_id, name), job_key(owner_id), generation, start
+  local start = event == ARGV[7] and L.webhook_delivery_key(owner_id, ARGV[8]) or ''
+  return L.webhook_delivery_key(owner_id, name), L.job_key(owner_id), start, generation
 end
 
-local delivery, record, generation, start = delivery_of(message)
+-- Labels of the keys the next ARGV[11] messages in line name, for the thread's next take to declare.
+local function next_labels()
+  local out = {}
+  for _, raw in ipairs(redis.call('LRANGE', K.webhook_queue, -tonumber(ARGV[11]), -1)) do
+    local delivery, record, start = delivery_of(raw)
+    if delivery then
+      out[#out + 1] = delivery
+      out[#out + 1] = record
+      if start ~= '' then out[#out + 1] = start end
+    end
+  end
+  return out
+end
+
+local delivery, record, start, generation = delivery_of(message)
 if not delivery then
-  redis.call('RPUSH', K.webhook_queue, message)
+  if not peeked then redis.call('RPUSH', K.webhook_queue, message) end  -- back where the thread popped it
   return {'untaken'}
 end
-local claimed = claim_and_look(delivery, record, generation, ARGV[1], ARGV[2], ARGV[3], start, ARGV[9])
+-- The keys only the message names, then the secrets its state names, asked for before the pop.
+local absent = missing({delivery, record, start ~= '' and start or nil})
+local frozen = nil
+if #absent == 0 then
+  local secrets
+  secrets, frozen = look_labels(key(delivery))
+  absent = missing(secrets)
+end
+if #absent > 0 then
+  table.insert(absent, 1, '!need')
+  return absent
+end
+if peeked then redis.call('RPOP', K.webhook_queue) end
+local claimed = claim_and_look(key(delivery), key(record), generation, ARGV[1], ARGV[2], ARGV[3],
+                               start ~= '' and key(start) or '', ARGV[9], frozen)
 table.insert(claimed, 3, message)
+table.insert(claimed, 4, table.concat(next_labels(), '\n'))
 return claimed

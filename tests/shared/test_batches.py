@@ -1,25 +1,39 @@
 """The batch scripts (shared/lua/batch_*.lua) as state machines: each case sets a batch's state in
 a real Redis, runs one script, and checks the state after. The guards are what make two feeders
-at once (or one retried after a crash) write each line's result exactly once."""
+at once (or one retried after a crash) write each line's result exactly once. Each script call
+may touch only the keys it declares (tests/shared/script_keys.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 import redis
 
+from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.batches import BatchStatus, NewBatch, result_file_id
 from shared.files import FilePurpose, NewFile
+from tests.shared.script_keys import checked_client
 
 BATCH = "batch_" + "0" * 32
 OWNER = "key-a"
 
 
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
+    yield from checked_client(redis_server.url)
+
+
 def run(client: redis.Redis, name: str, keys_: list[str], args: list[Any]) -> Any:
-    return client.register_script(scripts.source(name))(keys=keys_, args=args)
+    """Run a batch script as shared/batches.py does: batch_finish with the prelude (it asks for the
+    keys its record names), the others bare (they touch only their KEYS)."""
+    if name == "batch_finish":
+        return scripts.Script(client, name)(keys=keys_, args=args)
+    return client.register_script(scripts.plain(name))(keys=keys_, args=args)
 
 
 def make_batch(client: redis.Redis, status: BatchStatus, **fields: str) -> None:

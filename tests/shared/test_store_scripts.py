@@ -1,13 +1,14 @@
 """The job store's Lua scripts as state machines: each case sets a job's state in a real Redis,
 runs one script, and checks the state after (record, indexes, queue list, kombu's unacked hash).
-Jobs are accepted through the real submit script, so every case starts from what the API writes."""
+Jobs are accepted through the real submit script, so every case starts from what the API writes.
+Each script call may touch only the keys it declares (tests/shared/script_keys.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import orjson
@@ -15,12 +16,14 @@ import pytest
 import redis
 import redis.client
 
-from api.jobs.store import NewJob
+from api.jobs.store import NewJob, cancel_labels, submit_labels
+from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.celery_app import queue_lists
 from shared.reaper import Reaper
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
 from tests.conftest import commands_while
+from tests.shared.script_keys import checked_client
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
@@ -34,8 +37,9 @@ Script = Callable[..., Any]
 
 
 @pytest.fixture
-def client(redis_client: redis.Redis) -> redis.Redis:
-    return redis_client
+def client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
+    yield from checked_client(redis_server.url)
 
 
 @pytest.fixture
@@ -43,8 +47,8 @@ def jobs(client: redis.Redis) -> WorkerJobs:
     return WorkerJobs(client, LEASE_S, MAX_ATTEMPTS, TIMEOUT_S)
 
 
-def script(client: redis.Redis, name: str) -> Script:
-    return client.register_script(scripts.source(name))
+def script(client: redis.Redis, name: str) -> scripts.Script:
+    return scripts.Script(client, name)
 
 
 def submit(
@@ -65,10 +69,12 @@ def submit(
                  cache_key=cache_key, webhook_messages=webhook_messages)  # fmt: skip
     message, queue_list = job_message(job_id, QUEUE, 0)
     inflight = keys.inflight(cache_key) if cache_key else ""
+    today = int(now // 86_400)
     return list(script(client, "submit")(
         keys=[keys.job(job_id), keys.owner_jobs(owner), queue_list, "", inflight, "", keys.owner_live(owner)],
         args=[job_id, int(now * 1e6), 86_400, message, 60, "", "(0", repr(now), "", "",
-              bounds[0], bounds[1], job.stored_bytes, int(now // 86_400), 1, *job.fields()],
+              bounds[0], bounds[1], job.stored_bytes, today, 1, *job.fields()],
+        labels=submit_labels(job, today, 1, bounds[1] > 0),
     ))  # fmt: skip
 
 
@@ -356,13 +362,15 @@ def test_a_command_ahead_of_a_finish_that_fails_is_logged_and_the_job_still_ends
 def test_a_finish_takes_the_next_job_in_its_round_trip(client: redis.Redis, jobs: WorkerJobs) -> None:
     """A task thread that goes on to its next job sends that take right after its finish script
     (workers/runtime.py `then`): the job ends, then the next is taken and claimed, both scripts
-    back to back on one connection."""
+    back to back on one connection. Each declares the keys it touches: the finish from the job's
+    record, the take those of the messages next in line when the thread took its job."""
     submit(client, "j1")
     submit(client, "j2")
-    assert (jobs.take("w1", queue_lists(QUEUE)) or ("",))[0] == "j1"
+    job_id, claimed = jobs.take("w1", queue_lists(QUEUE)) or ("", {})
+    assert job_id == "j1"
     then = NextTake("w1", queue_lists(QUEUE))
     outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
-    commands = commands_while(client, lambda: jobs.finish("j1", "w1", outcome, then=then))
+    commands = commands_while(client, lambda: jobs.finish("j1", "w1", outcome, record=claimed, then=then))
     outer = [command for command in commands if command.split()[0].upper() == "EVALSHA"]
     shas = [client.register_script(scripts.source(name)).sha for name in ("finish", "take")]
     assert outer == [f"EVALSHA {sha}" for sha in shas]
@@ -438,7 +446,8 @@ def test_canceling_a_leader_promotes_its_oldest_follower(client: redis.Redis) ->
     submit(client, "lead", cache_key="k")
     submit(client, "f1", cache_key="k")
     submit(client, "f2", cache_key="k")
-    script(client, "cancel")(keys=[keys.job("lead")], args=[OWNER, repr(time.time()), "lead"])
+    script(client, "cancel")(keys=[keys.job("lead")], args=[OWNER, repr(time.time()), "lead"],
+                             labels=cancel_labels("lead"))  # fmt: skip
     assert "follows" not in record(client, "f1") and messages_in_list(client, "f1") == 1
     assert "queued" in indexed(client, "f1") and "queued" not in indexed(client, "f2")
     assert record(client, "f2")["follows"] == "f1"
@@ -544,7 +553,7 @@ def test_reaper_runs_in_one_process_per_period(client: redis.Redis, jobs: Worker
 
 #: What redis-py and this test send themselves, not the scripts' inner commands.
 _OUTER_COMMANDS = {"evalsha", "eval", "script|load", "config|resetstat", "info", "ping", "hello",
-                   "client|setinfo"}  # fmt: skip
+                   "client|setinfo", "acl|setuser"}  # fmt: skip
 
 
 def inner_commands(client: redis.Redis, run: Callable[[], Any]) -> int:
@@ -568,9 +577,12 @@ def test_a_plain_job_costs_few_commands_inside_the_scripts(client: redis.Redis, 
     # over the days). The live hash costs one more write than a set would: its rows' total.
     counts["bounded submit"] = inner_commands(client, lambda: submit(client, "j2", bounds=(100, 10**9)))
     deliver(client, "j1")
-    counts["claim"] = inner_commands(client, lambda: jobs.claim("j1", "w1"))
+    claims: list[Any] = []
+    counts["claim"] = inner_commands(client, lambda: claims.append(jobs.claim("j1", "w1")))
     outcome: dict[str, str | bytes] = {"status": "succeeded", "output": "{}"}
-    counts["finish"] = inner_commands(client, lambda: jobs.finish("j1", "w1", outcome))
+    counts["finish"] = inner_commands(
+        client, lambda: jobs.finish("j1", "w1", outcome, record=claims[0].record)
+    )
     # finish: 11, two of them forgetting kombu's record of the delivery (HDEL, ZREM), three the
     # job's rows leaving its owner's live hash (HGET, HDEL, HINCRBY).
     assert counts == {"submit": 15, "bounded submit": 17, "claim": 9, "finish": 11}

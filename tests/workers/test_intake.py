@@ -93,13 +93,14 @@ def test_a_closing_worker_takes_nothing(client: redis.Redis, intake: Callable[..
 
 def _finished_with_next_take(client: redis.Redis, jobs: WorkerJobs, intake: Intake, *queued: str) -> NextTake:
     """Take j1 and finish it with the take of the thread's next job, as workers/runtime.py does;
-    `queued` are submitted meanwhile."""
+    `queued` are submitted behind j1 before it is taken (so its take names their keys for the next)."""
     submit(client, "j1")
-    assert (intake.next_job() or ("",))[0] == "j1"
     for job_id in queued:
         submit(client, job_id)
+    job_id, claimed = intake.next_job() or ("", {})
+    assert job_id == "j1"
     then = intake.next_take()
-    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"}, then=then)
+    assert jobs.finish("j1", "w1", {"status": "succeeded", "output": "{}"}, record=claimed, then=then)
     return then
 
 
@@ -114,6 +115,26 @@ def test_the_job_a_finish_took_comes_with_no_command_sent(
     closing.set()
     got: list[object] = []
     assert commands_while(client, lambda: got.append(make.next_job(then))) == []
+    assert got[0] == ("j2", record(client, "j2")) and record(client, "j2")["worker"] == "w1"
+
+
+def test_a_job_queued_after_the_thread_took_its_last_costs_one_more_take(
+    client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
+) -> None:
+    """The take sent with a finish declares the keys of the jobs that were next in line when the
+    thread took its last job (shared/lua/take.lua). A job queued after that asks for its keys
+    there, and the thread's next take, with them, claims it."""
+    make = intake(wait_s=5.0)
+    submit(client, "j1")
+    job_id, claimed = make.next_job() or ("", {})
+    submit(client, "j2")
+    then = make.next_take()
+    assert jobs.finish(job_id, "w1", {"status": "succeeded", "output": "{}"}, record=claimed, then=then)
+    assert not then.done and then.labels and record(client, "j2")["status"] == "queued"
+    got: list[object] = []
+    commands = commands_while(client, lambda: got.append(make.next_job(then)))
+    sent = [command.split()[0].upper() for command in commands]
+    assert sent.count("EVALSHA") == 1 and "BRPOP" not in sent  # one take, its inner commands aside
     assert got[0] == ("j2", record(client, "j2")) and record(client, "j2")["worker"] == "w1"
 
 

@@ -216,8 +216,8 @@ class Deliveries:
         self._delays = retry_delays(settings)
         #: The longest a delivery message waits for its eta: half the visibility timeout.
         self.max_hop_s = settings.visibility_timeout_s / 2
-        self._claim = client.register_script(scripts.source("webhook_claim"))
-        self._record = client.register_script(scripts.source("webhook_record"))
+        self._claim = scripts.Script(client, "webhook_claim")
+        self._record = scripts.Script(client, "webhook_record")
 
     # --- claims and records -------------------------------------------------------------------
     def claim_and_look(

@@ -88,7 +88,11 @@ class DeliveryIntake:
         self._deliveries = deliveries
         self._wait_s = wait_s
         self._closing = closing
-        self._take = client.register_script(scripts.source("webhook_take"))
+        self._take = scripts.Script(client, "webhook_take")
+        #: Per task thread, `hints`: the labels its last take named for its next.
+        self._thread = threading.local()
+        #: The owners of the deliveries taken last, oldest first (a dict as an ordered set).
+        self._owners: dict[str, None] = {}
 
     def next(self, attempt_record: AttemptRecord | None = None) -> ClaimedDelivery | None:
         """The next due delivery message, its generation claimed when it could be: one waiting
@@ -114,13 +118,61 @@ class DeliveryIntake:
 
     def _take_one(self, popped: str, attempt_record: AttemptRecord | None = None) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "", after
-        `attempt_record` is recorded (see shared/lua/webhook_take.lua)."""
+        `attempt_record` is recorded (see shared/lua/webhook_take.lua). A take that asks for the
+        keys its message names is made again with them, recording nothing more (scripts.ROUNDS
+        times at most: other threads took the messages meanwhile; then it took nothing)."""
         names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
-        args = [*self._deliveries.lease_args(), *names, popped]
-        if attempt_record is None:
-            return list(self._take(args=args))
-        return list(self._take(keys=attempt_record.keys, args=[*args, *attempt_record.args]))
+        labels = self._known_labels()
+        for _ in range(scripts.ROUNDS):
+            args = [*self._deliveries.lease_args(), *names, popped, TAKE_HINTS]
+            if attempt_record is None:
+                reply = list(self._take(args=args, labels=labels))
+            else:
+                reply = list(
+                    self._take(keys=attempt_record.keys, args=[*args, *attempt_record.args], labels=labels)
+                )
+            if not reply or _text(reply[0]) != NEED_REPLY:
+                return self._learn(reply)
+            attempt_record, labels = None, [*labels, *(_text(name) for name in reply[1:])]
+        if popped:  # the thread's message goes back first in line, for Celery's consumer
+            self._redis.rpush(WEBHOOK_LIST, popped)
+        return []
 
+    def _known_labels(self) -> list[str]:
+        """Keys a take declares before it asks: those of the messages next in line at this
+        thread's last take, and the signing secrets of the owners whose deliveries were taken
+        lately (a frozen delivery's owner is known only once its state is read)."""
+        labels = list(getattr(self._thread, "hints", []))
+        for owner in list(self._owners):
+            labels += [
+                scripts.label("webhook_secret_key", owner),
+                scripts.label("webhook_previous_secret_key", owner),
+            ]
+        return labels
+
+    def _learn(self, reply: list[Any]) -> list[Any]:
+        """A take's reply less the labels it named for the next take (kept for this thread), the
+        claimed delivery's owner kept among the recent ones."""
+        if len(reply) < 4:
+            return reply
+        hints = _text(reply.pop(3))
+        self._thread.hints = hints.split("\n") if hints else []
+        claimed = _claimed_delivery(reply)
+        if claimed is not None and claimed.snapshot is not None and claimed.snapshot.payload is not None:
+            owner = claimed.snapshot.payload.owner
+            self._owners.pop(owner, None)
+            self._owners[owner] = None
+            while len(self._owners) > RECENT_OWNERS:
+                self._owners.pop(next(iter(self._owners)), None)
+        return reply
+
+
+#: A take's reply that asks for keys (shared/lua/webhook_take.lua).
+NEED_REPLY = "!need"
+#: Messages next in line whose keys a claimed take names for the thread's next take.
+TAKE_HINTS = 2
+#: Owners whose signing secrets every take declares: those of the deliveries taken last.
+RECENT_OWNERS = 8
 
 #: The events the take script tells apart: `output` (a delivery per notice), `completed` (reads
 #: its job's `start` delivery) and `start`.

@@ -4,6 +4,7 @@ message may make an attempt."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -12,11 +13,18 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from tests.shared.script_keys import checked_client
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
 from workers.webhooks.delivery import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
+    yield from checked_client(redis_server.url)
 
 
 @pytest.fixture
@@ -77,7 +85,11 @@ BATCH_RECORD = {"id": "batch-1", "endpoint": "/v1/chat/completions", "input_file
 
 
 def _commands(client: redis.Redis) -> dict[str, int]:
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in client.info("commandstats").items()}
+    """Commands run so far, by name, less the key check's own (tests/shared/script_keys.py)."""
+    stats = client.info("commandstats").items()
+    return {
+        name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats if name != "cmdstat_acl|setuser"
+    }
 
 
 @pytest.mark.parametrize(

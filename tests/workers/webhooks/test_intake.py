@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -20,6 +20,7 @@ from cli.redis_server import EmbeddedRedis
 from shared import keys
 from shared.messages import task_message
 from shared.reaper import Reaper
+from tests.shared.script_keys import checked_client
 from tests.workers.webhooks.test_orphans import recheck_at
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
@@ -34,6 +35,12 @@ from workers.webhooks.delivery import (
 from workers.webhooks.intake import DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
+    yield from checked_client(redis_server.url)
 
 
 @pytest.fixture
@@ -327,9 +334,14 @@ def test_an_attempt_record_made_by_the_take_leaves_what_recording_it_alone_leave
 def test_the_attempt_record_costs_no_round_trip_of_its_own(
     redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
 ) -> None:
+    """The next delivery's message was in line when the thread took its last: that take named its
+    keys (shared/lua/webhook_take.lua), so this take declares them and asks for none."""
     taker = intake()
-    attempt_record = _claim_and_end(deliveries, taker, "delivered")
+    publish(deliveries, COMPLETED)
     publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
+    taken = taker.next()
+    assert taken is not None and taken.message.delivery == COMPLETED
+    attempt_record = deliveries.attempt_record(COMPLETED, 0, {"outcome": "delivered"}, {"attempt": 1})
     sent = ("evalsha", "eval", "script|load", "script|exists")
 
     def calls() -> dict[str, int]:
