@@ -30,8 +30,7 @@ import numpy as np
 from bench.common import machine, parse_args, percentile, print_table, write_report
 from bench.engine import prompts
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
-from workers.engine.llamacpp_executor import LlamaCppExecutor
-from workers.engine.llamacpp_model import set_token
+from workers.engine.llamacpp_executor import LlamaCppExecutor, set_token
 from workers.engine.prompts import tokenize
 from workers.engine.sampling import Generator, choose_tokens, make_generator
 from workers.engine.types import SamplingParams
@@ -75,8 +74,9 @@ def real_logits(prompt_count: int, model_cache: Path) -> tuple[np.ndarray, float
         rows = []
         for text in prompts(prompt_count):
             ids = tokenize(executor.tokenizer, "", [{"role": "user", "content": text}])
-            rows.append(executor._run_prompt(0, ids, every_position=True))  # fresh row 0 each time
-            executor._llama.llama_memory_seq_rm(executor._memory, 0, -1, -1)
+            # Fresh row 0 each time; every position's logits, a chunk at a time (a view: copied).
+            executor._run_prompt(0, ids, scored=lambda _, logits: rows.append(logits.copy()))
+            executor.kv.empty(0)
         return np.concatenate(rows), _forward_ms(executor)
     finally:
         executor.close()
@@ -86,7 +86,7 @@ def _forward_ms(executor: LlamaCppExecutor, steps: int = 8) -> float:
     """A ROWS-row decode step's forward pass (each row a one-token prompt, then decoded)."""
     times = []
     for row in range(ROWS):
-        executor._run_prompt(row, [1], every_position=False)
+        executor._run_prompt(row, [1])
     batch = executor._batch
     for step in range(steps):
         for row in range(ROWS):

@@ -13,9 +13,12 @@ accelerate: a llama.cpp worker needs none of it).
 
     python -m bench.worker_memory                       # default settings, 16 jobs of 64 tokens, 6 waves
     GENQ_LLAMACPP_SEQUENCE_TOKENS=1024 python -m bench.worker_memory
+    git worktree add /tmp/base <commit> && python -m bench.worker_memory --base /tmp/base
 
 The measured process is a fresh interpreter that imports what a worker imports (workers.worker) and
-nothing of the benchmarks', so its numbers are a worker's. Writes <out>/worker_memory.json and .png.
+nothing of the benchmarks', so its numbers are a worker's. With --base, a worker of that checkout
+(its own code, this run's settings) is measured first, the same way, as the baseline. Writes
+<out>/worker_memory.json and .png.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+#: This checkout: the measured interpreter imports the worker from here, or from --base.
+ROOT = Path(__file__).resolve().parents[1]
 #: Mappings larger than this are listed by name in the report.
 _LARGE_MAPPING_MIB = 8
 #: Modules a worker on llama.cpp has no use for; the report says which were imported.
@@ -119,6 +124,7 @@ def measure(concurrency: int, tokens: int, waves: int, long_words: int = _LONG_W
         "llamacpp_sequence_tokens": config.llamacpp_sequence_tokens,
         "llamacpp_kv_cells": config.llamacpp_kv_cells,
         "llamacpp_cache_tokens": config.llamacpp_cache_tokens,
+        "llamacpp_batch_invariant": getattr(config, "llamacpp_batch_invariant", None),
         "generated_tokens": sum(generated),
         "stages": stages,
         "peak_mib": stages[f"after {concurrency} jobs"]["VmHWM"],
@@ -156,16 +162,31 @@ def _at_once(target: Callable[..., None], jobs: Sequence[tuple[int, ...]]) -> No
         thread.join()
 
 
-def run(concurrency: int, tokens: int, waves: int, quick: bool) -> dict[str, Any]:
-    """measure() in a fresh interpreter with the caller's GENQ_* settings (plus --quick's)."""
-    env = {**os.environ, **(_QUICK_ENV if quick else {})}
+def run(concurrency: int, tokens: int, waves: int, quick: bool, tree: Path = ROOT) -> dict[str, Any]:
+    """measure() in a fresh interpreter with the caller's GENQ_* settings (plus --quick's), importing
+    the worker (and this module) from the checkout `tree`; the model cache is this checkout's unless
+    GENQ_MODEL_CACHE names one, so each tree reads the same files."""
+    env = {"GENQ_MODEL_CACHE": str(ROOT / ".genq" / "models"), **os.environ, **(_QUICK_ENV if quick else {})}
+    env["PYTHONPATH"] = str(tree)
     words = 60 if quick else _LONG_WORDS  # within --quick's 256 cells
     call = f"m.measure({concurrency}, {tokens}, {waves}, {words})"
     code = f"import json, bench.worker_memory as m; print(json.dumps({call}))"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
-        raise SystemExit(f"the measured worker failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"the measured worker ({tree}) failed:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def commit_of(tree: Path) -> str:
+    """The commit checked out at `tree` (its short hash), marked + when it has changes."""
+
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", *words], cwd=tree, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain") else "")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -183,6 +204,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
         label="file-backed (weights, libraries)",
     )
     axis.plot(names, [stages[name]["VmHWM"] for name in names], "k.--", label="peak (VmHWM)")
+    if "baseline" in report:
+        base = list(report["baseline"]["stages"].values())  # the same stages, in the same order
+        label = f"peak, baseline {report['baseline']['commit']}"
+        axis.plot(names, [stage["VmHWM"] for stage in base], "r.:", label=label)
     axis.set_ylabel("MiB resident")
     axis.set_title(f"worker memory: {report['backend']} backend, {report['max_batch_size']} rows")
     axis.legend(fontsize=8)
@@ -192,24 +217,44 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+def print_report(report: dict[str, Any]) -> None:
+    from bench.common import print_table
+
+    keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "seconds")
+    rows = [[name, *(values[key] for key in keys)] for name, values in report["stages"].items()]
+    columns = ["stage", "peak MiB", "rss", "anon", "file", "at s"]
+    print_table(f"worker memory ({report['backend']} backend, {report['commit']})", columns, rows)
+    print(
+        "largest mappings:", ", ".join(f"{m['mapping']} {m['rss_mib']}" for m in report["large_mappings"][:5])
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    from bench.common import machine, parse_args, print_table, write_report
+    from bench.common import machine, parse_args, write_report
 
     def more(parser: Any) -> None:
         parser.add_argument("--concurrency", type=int, default=16, help="jobs run at once (default 16)")
         parser.add_argument("--tokens", type=int, default=64, help="tokens each job generates (default 64)")
         parser.add_argument("--waves", type=int, default=6, help="waves of churn jobs (default 6)")
+        parser.add_argument(
+            "--base", type=Path, default=None, help="a checkout (git worktree) measured first: the baseline"
+        )
 
     args = parse_args(__doc__, "worker_memory", argv, more)
     concurrency, tokens, waves = (2, 4, 1) if args.quick else (args.concurrency, args.tokens, args.waves)
-    report = {"quick": args.quick, "machine": machine(), **run(concurrency, tokens, waves, args.quick)}
-    keys = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "seconds")
-    rows = [[name, *(values[key] for key in keys)] for name, values in report["stages"].items()]
-    columns = ["stage", "peak MiB", "rss", "anon", "file", "at s"]
-    print_table(f"worker memory ({report['backend']} backend)", columns, rows)
-    print(
-        "largest mappings:", ", ".join(f"{m['mapping']} {m['rss_mib']}" for m in report["large_mappings"][:5])
-    )
+    baseline = None
+    if args.base is not None:
+        baseline = {"commit": commit_of(args.base), **run(concurrency, tokens, waves, args.quick, args.base)}
+        print_report(baseline)
+    measured = {"commit": commit_of(ROOT), **run(concurrency, tokens, waves, args.quick)}
+    report = {"quick": args.quick, "machine": machine(), **measured}
+    print_report(report)
+    if baseline is not None:
+        report["baseline"] = baseline
+        print(
+            f"peak with a response format: {report['peak_with_response_format_mib']} MiB, "
+            f"baseline {baseline['commit']} {baseline['peak_with_response_format_mib']} MiB"
+        )
     write_report(args.out, "worker_memory", report, plot)
 
 

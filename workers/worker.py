@@ -50,6 +50,7 @@ def engine_config(
         llamacpp_kv_cells=settings.llamacpp_kv_cells,
         llamacpp_prefix_cache=settings.llamacpp_prefix_cache,
         llamacpp_cache_tokens=settings.llamacpp_cache_tokens,
+        llamacpp_batch_invariant=settings.llamacpp_batch_invariant,
         placeholder_step_s=settings.placeholder_step_s,
         on_step=_observe_step(settings.model),
         on_fatal=on_fatal,

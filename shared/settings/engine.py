@@ -38,26 +38,35 @@ class EngineSettings(BaseModel):
     when llama-cpp-python is installed, torch for safetensors/AWQ checkpoints and GPUs."""
 
     llamacpp_sequence_tokens: int = Field(2048, ge=64)
-    """Under llama.cpp: the most tokens (prompt + completion) one job holds, the KV cells of each
-    row's own stream; max_batch_size streams are allocated at start (16 x 2048 cells take 360 MiB
-    for the default model)."""
+    """Under llama.cpp: the most tokens (prompt + completion) one job holds."""
 
     llamacpp_kv_cells: Literal["q8_0", "f16"] = "q8_0"
-    """Under llama.cpp: the K and V cells' type. `q8_0` takes half f16's memory (16 x 2048 cells:
-    ~380 MiB for the default model, against ~760 in f16, resident as rows fill); `f16` decodes a
+    """Under llama.cpp: the K and V cells' type. `q8_0` takes half f16's memory (the default KV
+    cache, 8192 + 8192 cells: ~190 MiB for the default model, against ~380 in f16); `f16` decodes a
     little faster (llama.cpp's own default)."""
 
     llamacpp_prefix_cache: bool = True
     """Under llama.cpp: a finished job's row keeps its KV cells, and a later prompt that starts with
     the same tokens (the chat template's system prompt, a conversation's earlier turns) skips their
-    prefill, as llama-server's prompt cache does; its logprobs equal a whole prefill's (tested on
-    the default model). False prefills every prompt whole."""
+    prefill, as llama-server's prompt cache does; its logprobs equal a whole prefill's where its
+    cells lie in position order (always with llamacpp_batch_invariant; tested on the default
+    model). False prefills every prompt whole."""
 
     llamacpp_cache_tokens: int = Field(8192, ge=0)
     """Under llama.cpp with the prefix cache: the most KV cells finished jobs' rows keep for later
-    prompts; past it the row finished longest ago is emptied and its memory handed back. With
-    max_batch_tokens (what running jobs reserve) it bounds the KV cache's resident memory: 8192 +
-    8192 cells are ~190 MiB for the default model in q8_0."""
+    prompts; past it the row finished longest ago is emptied first. The KV cache, allocated whole at
+    start, holds these cells and max_batch_tokens (what running jobs reserve): 8192 + 8192 cells
+    are ~190 MiB for the default model in q8_0."""
+
+    llamacpp_batch_invariant: bool = False
+    """Under llama.cpp: a job's output is the same token for token whatever runs beside it (its
+    solo output). Each row then has a KV stream of its own, llamacpp_sequence_tokens cells, and all
+    max_batch_size streams are allocated at start (16 x 2048 cells: ~380 MiB for the default model
+    in q8_0, a worker above 0.6 GB). Off (the default), the rows share one KV cache sized to
+    max_batch_tokens + llamacpp_cache_tokens, and a job's cells lie where llama.cpp finds room:
+    once other jobs have come and gone, attention adds them up in another order than alone, its
+    logprobs stay near its solo run's (as near as llama.cpp's are to transformers') and a greedy
+    token may differ."""
 
     placeholder_step_s: float = Field(0.01, ge=0)
     """Seconds per step of the placeholder-echo model (it has no weights to take time); tests

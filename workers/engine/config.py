@@ -35,8 +35,7 @@ class EngineConfig:
     #: CPU only) or "auto" (llamacpp for a GGUF model on CPU when llama-cpp-python is installed,
     #: else torch). See workers/engine/__init__.py.
     backend: str = "auto"
-    #: Under llama.cpp: KV cells of each row's own stream, the most tokens (prompt + completion) one
-    #: sequence holds; all max_batch_size streams are allocated at start.
+    #: Under llama.cpp: the most tokens (prompt + completion) one sequence holds.
     llamacpp_sequence_tokens: int = 2048
     #: Under llama.cpp: the K and V cells' type, "q8_0" or "f16" (half the memory, or faster).
     llamacpp_kv_cells: str = "q8_0"
@@ -45,9 +44,13 @@ class EngineConfig:
     #: is prefilled whole.
     llamacpp_prefix_cache: bool = True
     #: Under llama.cpp with the prefix cache: the most KV cells released rows keep for later
-    #: prompts; past it the least recently released row's cells are dropped and its pages handed
-    #: back (kv_pages.py). With max_batch_tokens it bounds the cells resident at once.
+    #: prompts; past it the least recently released row's cells are dropped. With
+    #: max_batch_tokens it sizes the KV cache (llamacpp_context.py).
     llamacpp_cache_tokens: int = 8192
+    #: Under llama.cpp: each row its own KV stream of llamacpp_sequence_tokens cells, all allocated
+    #: at start, so a sequence's output equals its solo output token for token; off, one KV cache
+    #: shared by the rows, sized to max_batch_tokens + llamacpp_cache_tokens (llamacpp_context.py).
+    llamacpp_batch_invariant: bool = False
     #: torch intra-op threads; None leaves torch's default.
     torch_threads: int | None = None
     #: Least seconds between two on_output calls for one request (publishing is throttled here).

@@ -5,18 +5,15 @@ Through llama-cpp-python's low-level binding, not its `Llama` class: the engine'
 (its row) in one llama_context; a decode step is one llama_decode over one token per row; prefill
 runs one prompt alone, in chunks of BATCH_TOKENS.
 
+The context's KV cache (llamacpp_context.py) is by default one cache shared by the rows, sized to
+the tokens a batch holds; with EngineConfig.llamacpp_batch_invariant each row has its own stream,
+and batched output equals solo output token for token (with plain weight kernels: see
+llamacpp_model.py), the running rows then kept one run of consecutive seq_ids (llamacpp_rows.py).
+
 Prefix cache: a released sequence keeps its cells, and a later prompt that starts with the same
 tokens takes that seq_id and prefills only the rest (EngineConfig.llamacpp_prefix_cache, as
-llama-server's per-slot prompt cache), or gets a copy of its cells beside the run (KvStreams.copy,
-llamacpp_rows.py). The cells free seq_ids keep are bounded (llamacpp_cache_tokens).
-
-The running rows are kept one run of consecutive seq_ids (llamacpp_rows.py): llama.cpp splits a
-batch into one forward pass per run of consecutive seq_ids, so rows out of order decode much more
-slowly. When a gap opens, the fewest sequences move into it, keeping positions and contents.
-
-Batched output equals solo output token for token: one KV stream per seq_id (kv_unified=False)
-and plain weight kernels keep each sequence's attention and float sums as in a solo run. The
-price is streams sized up front; only cells held stay resident (pages.py, kv_pages.py).
+llama-server's per-slot prompt cache), or gets a copy of its cells in another seq_id
+(llamacpp_rows.PrefixMatch). The cells free seq_ids keep are bounded (llamacpp_cache_tokens).
 
 Logits are viewed in llama.cpp's buffer without a copy; token choice is choice.py's, in numpy, so
 a worker on this executor never imports torch. Tokenization and the chat template stay with the
@@ -26,24 +23,17 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from workers.engine.choice import TokenChooser
 from workers.engine.config import EngineConfig
-from workers.engine.kv_pages import KvStreams
-from workers.engine.llamacpp_model import (
-    LlamaCppModel,
-    binding,
-    context_params,
-    load_llamacpp_model,
-    physical_cores,
-    set_token,
-)
+from workers.engine.llamacpp_context import KvCells, context_params, kv_layout, sequence_tokens
+from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model, physical_cores
 from workers.engine.llamacpp_rows import SeqIds
-from workers.engine.logprobs import prompt_logprobs
-from workers.engine.pages import ZeroPageWatch, return_freed_memory
+from workers.engine.logprobs import RawLogprob, prompt_logprobs
 from workers.engine.sequence import Sequence
 from workers.engine.structured import Grammars
 from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
@@ -51,6 +41,10 @@ from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 #: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
 #: physical batch, so its compute buffers stay small.
 BATCH_TOKENS = 512
+#: Prompt tokens per llama_decode when the prompt is scored (prompt_logprobs, every position's
+#: logits): llama.cpp's logits buffers hold as many rows of the vocabulary as one call outputs, and
+#: keep their size for the context's life (512 rows of the default model's are 96 MiB each).
+SCORED_TOKENS = 64
 #: Tokens generated per row in the warm-up step.
 _WARMUP_STEPS = 2
 
@@ -63,7 +57,7 @@ class LlamaCppExecutor:
         self._model = model
         self._llama: Any = None
         self._context: Any = None  # llama_context_p
-        self._memory: Any = None  # llama_memory_t
+        self._kv: KvCells | None = None  # the context's cells (prepare)
         self._batch: Any = None  # llama_batch, BATCH_TOKENS tokens
         self._context_tokens = 0
         self._threads = 0  # fixed by prepare()
@@ -73,10 +67,8 @@ class LlamaCppExecutor:
         self._seq_ids = SeqIds(0)
         self._pending: tuple[Sequence, int] | None = None  # the last prefill's sequence and row
         self._moves = 0  # sequences moved to another seq_id by _pack_rows
-        self._copies = 0  # prefixes copied from a free seq_id's stream into a new sequence's
+        self._copies = 0  # prefixes copied from a free seq_id's cells into a new sequence's
         self._reused = 0  # prompt tokens whose KV cells a prefill found in its seq_id
-        self._pages: ZeroPageWatch | None = None  # the context's buffers (prepare)
-        self._streams: KvStreams | None = None  # copies between rows, and their pages (prepare)
         self._evicted = 0  # free seq_ids whose kept cells were dropped (llamacpp_cache_tokens)
         self._cache_taken = NO_CACHE  # the running totals at the last take_cache_stats()
         self._decode_s = 0.0  # wall seconds inside llama_decode (decode_seconds)
@@ -139,22 +131,15 @@ class LlamaCppExecutor:
         return self._moves
 
     @property
-    def released_bytes(self) -> int:
-        """Bytes of resident pages of the context's buffers that held only zeros, handed back to
-        the kernel while it was created, warmed up and once warmed up (the KV streams zeroed twice
-        count twice)."""
-        return self._pages.released if self._pages is not None else 0
-
-    @property
-    def kv_streams(self) -> KvStreams:
-        """The context's KV streams (kv_pages.py): copies between rows, and their pages."""
-        if self._streams is None:
+    def kv(self) -> KvCells:
+        """The context's KV cells, by seq_id (llamacpp_context.py)."""
+        if self._kv is None:
             raise RuntimeError("the engine is not started")
-        return self._streams
+        return self._kv
 
     @property
     def copies(self) -> int:
-        """Prompts that got a copy of a free seq_id's stream for their prefix (llamacpp_rows.Taken)."""
+        """Prompts that got a copy of a free seq_id's cells for their prefix (PrefixMatch.copy_from)."""
         return self._copies
 
     @property
@@ -165,38 +150,28 @@ class LlamaCppExecutor:
 
     def cells(self, seq_id: int) -> int:
         """KV cells a seq_id holds (0 when empty): its highest position + 1."""
-        return self.kv_streams.cells(seq_id)
+        return self.kv.held(seq_id)
 
     # ---- the Executor protocol -----------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Load the model (unless given), create the context (one KV stream per row), warm up."""
+        """Load the model (unless given), create the context (its KV cache), warm up."""
         model = self._model = self._model or load_llamacpp_model(self._config)
         llama = self._llama = binding()
         self._threads = self.threads
         self._grammars = Grammars(model.tokenizer, model.vocab_size)
         self._chooser = TokenChooser(model.eos_token_ids)
-        # Before the KV cache is allocated, so the peak holds only what stays: parsing the
-        # tokenizer's JSON leaves freed pages behind.
-        return_freed_memory()
-        # The chunks glibc maps for the context (the KV streams' buffer, compute buffers), never
-        # other memory the kernel merged beside them; the constructor zeroes the KV streams, and
-        # their pages go back as the memset passes them (pages.ZeroPageWatch).
-        pages = self._pages = ZeroPageWatch()
-        with pages.meanwhile():
-            self._context = llama.llama_init_from_model(
-                model.handle, context_params(self._config, self.threads, BATCH_TOKENS)
-            )
+        outputs = max(self._config.max_batch_size, SCORED_TOKENS)  # a decode's, a scored chunk's
+        params = context_params(llama, self._config, self.threads, BATCH_TOKENS, outputs)
+        self._context = llama.llama_init_from_model(model.handle, params)
         if not self._context:
             raise FatalEngineError(f"llama.cpp cannot create a context for {self._config.model}")
-        self._memory = llama.llama_get_memory(self._context)
-        self._streams = KvStreams(llama, self._context)
+        layout = kv_layout(self._config)
+        self._kv = KvCells(llama, self._context, layout)
         self._batch = llama.llama_batch_init(BATCH_TOKENS, 0, 1)
-        self._context_tokens = min(int(llama.llama_n_ctx_seq(self._context)), model.context_train)
-        self._seq_ids = SeqIds(self._config.max_batch_size)
+        self._context_tokens = min(sequence_tokens(llama, self._context, self._config), model.context_train)
+        self._seq_ids = SeqIds(layout.rows, one_run=not layout.shared)
         self._warm_up()
-        # Only this thread calls llama.cpp, and no call runs now: no write can race the release.
-        pages.release()
 
     def prefill(self, sequence: Sequence) -> int | None:
         self._drop_pending()
@@ -204,26 +179,27 @@ class LlamaCppExecutor:
         scored = params.prompt_logprobs
         # Scoring the prompt needs the logits at every position: nothing of it may be skipped.
         reusable = sequence.prompt_ids if self._config.llamacpp_prefix_cache and scored is None else ()
-        taken = self._seq_ids.take(self._rows.values(), reusable)
-        self._pending = (sequence, taken.row)
+        match = self._seq_ids.take(self._rows.values(), reusable)
+        self._pending = (sequence, match.row)
         try:
-            if taken.source is not None:  # the prefix's cells stay in their seq_id for a later prompt
-                self.kv_streams.copy(taken.source, taken.row)
+            if match.copy_from is not None:  # the prefix's cells stay in their seq_id for a later prompt
+                self.kv.copy(match.copy_from, match.row)
                 self._copies += 1
-            self._llama.llama_memory_seq_rm(self._memory, taken.row, taken.kept, -1)
-            logits = self._run_prompt(taken.row, sequence.prompt_ids, scored is not None, taken.kept)
+            self.kv.keep(match.row, match.cached_tokens)
+            scores: list[RawLogprob] = [RawLogprob(None)]  # the first token has none
+            scorer = None if scored is None else _scorer(sequence.prompt_ids, scored, scores)
+            logits = self._run_prompt(match.row, sequence.prompt_ids, match.cached_tokens, scorer)
         except BaseException:
             self._drop_pending(keep=False)
             raise
-        self.kv_streams.trim(taken.row, len(sequence.prompt_ids))  # copied cells, or earlier ones
-        self._reused += taken.kept
-        sequence.cached_tokens = taken.kept
+        self._reused += match.cached_tokens
+        sequence.cached_tokens = match.cached_tokens
         if scored is not None:
-            sequence.prompt_scores = prompt_logprobs(logits[:-1], sequence.prompt_ids, scored)
+            sequence.prompt_scores = scores
         if not params.max_tokens:
             self._drop_pending()
             return None
-        return self._require_chooser().choose(logits[-1:], [sequence])[0]
+        return self._require_chooser().choose(logits, [sequence])[0]
 
     def join(self, sequence: Sequence) -> None:
         if self._pending is None or self._pending[0] is not sequence:
@@ -267,29 +243,31 @@ class LlamaCppExecutor:
         if self._context:
             self._llama.llama_batch_free(self._batch)
             self._llama.llama_free(self._context)
-            self._context = self._memory = self._batch = self._streams = None
+            self._context = self._batch = self._kv = None
 
     # ---- llama.cpp calls -------------------------------------------------------------------------
 
     def _run_prompt(
-        self, row: int, prompt_ids: list[int], every_position: bool, first: int = 0
+        self, row: int, prompt_ids: list[int], first: int = 0, scored: Scorer | None = None
     ) -> np.ndarray:
         """Feed a prompt from position `first` on (the row's cells hold the ones before) to `row` in
-        chunks; its logits [1, vocab] (the next token's), or [prompt - first, vocab] (row i predicts
-        token first + i + 1) when every_position."""
-        kept: list[np.ndarray] = []
-        batch = self._batch
-        for start in range(first, len(prompt_ids), BATCH_TOKENS):
-            chunk = prompt_ids[start : start + BATCH_TOKENS]
+        chunks of BATCH_TOKENS; the next token's logits [1, vocab], valid until the next llama_decode.
+        With `scored`, every position's logits are computed, in chunks of SCORED_TOKENS, and each
+        chunk's go to scored(start, logits [chunk, vocab]) (row i predicts token start + i + 1)."""
+        size = BATCH_TOKENS if scored is None else SCORED_TOKENS
+        batch, outputs = self._batch, 1
+        for start in range(first, len(prompt_ids), size):
+            chunk = prompt_ids[start : start + size]
             last = start + len(chunk) == len(prompt_ids)
             for index, token in enumerate(chunk):
-                wanted = every_position or (last and index == len(chunk) - 1)
+                wanted = scored is not None or (last and index == len(chunk) - 1)
                 set_token(batch, index, token, start + index, row, wanted)
             batch.n_tokens = len(chunk)
             self._forward(batch)
-            if every_position:
-                kept.append(self._logits(len(chunk)).copy())  # the next chunk overwrites the buffer
-        return np.concatenate(kept) if every_position else self._logits(1)
+            if scored is not None:
+                outputs = len(chunk)
+                scored(start, self._logits(outputs))
+        return self._logits(outputs)[-1:]
 
     def _forward(self, batch: Any) -> None:
         began = time.perf_counter()
@@ -310,9 +288,8 @@ class LlamaCppExecutor:
         """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
         for source, gap in self._seq_ids.packing(self._rows.values()):
             moved = next(sequence for sequence, row in self._rows.items() if row == source)
-            self.kv_streams.wrote(source, self.cells(source))
-            self.kv_streams.copy(source, gap)
-            self._empty(source)
+            self.kv.copy(source, gap)
+            self.kv.empty(source)
             self._rows[moved] = gap
             self._moves += 1
 
@@ -327,30 +304,23 @@ class LlamaCppExecutor:
     def _free_row(self, sequence: Sequence, row: int, keep: bool) -> None:
         """Give `row` back; with `keep` (and the prefix cache on), its cells stay for a later prompt
         that starts as this sequence's prompt and completion did."""
-        cells = self.cells(row)
-        self.kv_streams.wrote(row, cells)
         if keep and self._config.llamacpp_prefix_cache:
-            self._seq_ids.give_back(row, (sequence.prompt_ids + sequence.completion)[:cells])
+            held = (sequence.prompt_ids + sequence.completion)[: self.cells(row)]
+            self._seq_ids.give_back(row, held)
             for evicted in self._seq_ids.evict(self._config.llamacpp_cache_tokens):
-                self._empty(evicted)
+                self.kv.empty(evicted)
                 self._evicted += 1
         else:
             self._seq_ids.give_back(row)
-            self._empty(row)
-
-    def _empty(self, row: int) -> None:
-        """Drop a free seq_id's cells and hand back its stream's pages."""
-        self._llama.llama_memory_seq_rm(self._memory, row, -1, -1)
-        self.kv_streams.trim(row, 0)
+            self.kv.empty(row)
 
     def _warm_up(self) -> None:
-        """Prefill every row and decode _WARMUP_STEPS tokens (the largest shape: llama.cpp sizes its
-        compute buffers now, not at the first job), find the KV streams' layout from the cells just
-        written (a prompt of its own per row, so each stream's cells differ), then empty the cache
-        and hand back the streams' pages. Refuses non-finite logits."""
+        """Prefill every row and decode _WARMUP_STEPS tokens (the largest decode shape, so the first
+        job does not pay for llama.cpp's first graphs), then empty the cache. Refuses non-finite
+        logits."""
         rows = self._config.max_batch_size
         prompts = [[int(token) for token in self.tokenizer(f"Hello {row}").input_ids] for row in range(rows)]
-        tokens = [int(self._run_prompt(row, prompts[row], False).argmax()) for row in range(rows)]
+        tokens = [int(self._run_prompt(row, prompts[row]).argmax()) for row in range(rows)]
         finite = True
         for step in range(_WARMUP_STEPS):
             for row, token in enumerate(tokens):
@@ -360,15 +330,7 @@ class LlamaCppExecutor:
             logits = self._logits(rows)
             finite = finite and bool(np.isfinite(logits).all())
             tokens = logits.argmax(axis=-1).tolist()
-        chunks = self._pages.chunks if self._pages is not None else set()
-        self.kv_streams.locate(self.model.handle, self._config, chunks)
-        # The cells' metadata only: zeroing the streams again (data=True) would make all of them
-        # resident at once. The warm-up's cells keep finite values that no row reads (a row's
-        # attention masks every cell it has not written), as the constructor's zeros were, until
-        # their pages are handed back.
-        self._llama.llama_memory_clear(self._memory, False)
-        for row in range(rows):
-            self.kv_streams.trim(row, 0)
+        self.kv.clear()
         if not finite:
             message = f"refusing to serve {self._config.model}: warm-up logits are NaN or infinite"
             raise FatalEngineError(message)
@@ -377,3 +339,28 @@ class LlamaCppExecutor:
         if self._chooser is None:
             raise RuntimeError("the engine is not started")
         return self._chooser
+
+
+#: What _run_prompt gives each chunk's logits of a scored prompt: the chunk's first position, and
+#: its logits [chunk, vocab] (a view valid during the call).
+Scorer = Callable[[int, np.ndarray], None]
+
+
+def _scorer(prompt_ids: list[int], top: int, scores: list[RawLogprob]) -> Scorer:
+    """A Scorer that appends each chunk's prompt tokens' log-probabilities to `scores`."""
+
+    def score(start: int, logits: np.ndarray) -> None:
+        ids = prompt_ids[start : start + len(logits) + 1]  # the last row predicts no prompt token
+        scores.extend(prompt_logprobs(logits[: len(ids) - 1], ids, top)[1:])
+
+    return score
+
+
+def set_token(batch: Any, index: int, token: int, position: int, row: int, logits: bool) -> None:
+    """Put `token` at `position` of seq_id `row` in slot `index` of a llama_batch (its logits
+    computed when `logits`)."""
+    batch.token[index] = token
+    batch.pos[index] = position
+    batch.n_seq_id[index] = 1
+    batch.seq_id[index][0] = row
+    batch.logits[index] = logits

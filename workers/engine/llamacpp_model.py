@@ -1,8 +1,7 @@
 """A GGUF model loaded by llama.cpp's kernels, through llama-cpp-python's low-level binding (its C
 API one to one), with the Hugging Face tokenizer built from the same file (extracted once by
 gguf.py, read by tokenizer.py's FolderTokenizer: no transformers, no torch): what LlamaCppExecutor
-(llamacpp_executor.py) runs, and the context and batch structures it fills (`context_params`,
-`set_token`). Also where llama.cpp's log goes (ours, warnings and errors only)."""
+(llamacpp_executor.py) runs. Also where llama.cpp's log goes (ours, warnings and errors only)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.logging import fields
-from workers.engine.config import DEFAULT_MODEL, KV_CELL_TYPES, EngineConfig
+from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.gguf import default_gguf_path, gguf_digest, tokenizer_folder
 from workers.engine.tokenizer import FolderTokenizer
 from workers.engine.types import FatalEngineError
@@ -116,30 +115,3 @@ def physical_cores() -> int:
         except OSError:  # no sysfs topology (a container may hide it): count what may run
             return len(cpus)
     return max(1, len(cores))
-
-
-def context_params(config: EngineConfig, threads: int, batch_tokens: int) -> Any:
-    """The llama_context_params of an executor: a row (seq_id) per running job, each with its own KV
-    stream of `llamacpp_sequence_tokens` cells, `batch_tokens` a llama_decode at most."""
-    params = binding().llama_context_default_params()
-    rows = config.max_batch_size
-    params.n_seq_max = rows
-    params.n_ctx = rows * config.llamacpp_sequence_tokens
-    params.n_batch = params.n_ubatch = batch_tokens
-    params.n_threads = params.n_threads_batch = threads
-    params.kv_unified = False
-    # By default 8-bit K and V (llama.cpp's flash attention reads them): half f16's memory for
-    # the cells, which llama.cpp allocates for every row up front.
-    params.type_k = params.type_v = KV_CELL_TYPES[config.llamacpp_kv_cells]
-    params.no_perf = True
-    return params
-
-
-def set_token(batch: Any, index: int, token: int, position: int, row: int, logits: bool) -> None:
-    """Put `token` at `position` of seq_id `row` in slot `index` of a llama_batch (its logits
-    computed when `logits`)."""
-    batch.token[index] = token
-    batch.pos[index] = position
-    batch.n_seq_id[index] = 1
-    batch.seq_id[index][0] = row
-    batch.logits[index] = logits

@@ -1,10 +1,11 @@
 """The llama.cpp backend on the real default GGUF model (one thread): continuous batching in one
-llama_decode per step, each row its own KV stream (batched == solo), rows freed and reused, the
-shared sampling step (structured outputs, logprobs), and the memory it takes."""
+llama_decode per step, rows freed and reused, the prefix cache, the shared sampling step
+(structured outputs, logprobs), and the memory it takes; in the batch-invariant layout (a KV stream
+per row), batched output equals solo output token for token, and in the default's shared KV cache
+it stays near it."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
@@ -14,17 +15,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import BATCH_TOKENS, LlamaCppExecutor
-from workers.engine.llamacpp_model import LlamaCppModel, binding, context_params, physical_cores
+from workers.engine.llamacpp_executor import SCORED_TOKENS, LlamaCppExecutor
+from workers.engine.llamacpp_model import LlamaCppModel, binding, physical_cores
 from workers.engine.loading import LoadedModel
-from workers.engine.pages import PAGE_BYTES, ZeroPageWatch, return_freed_memory
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +53,12 @@ def _executor(engine: TransformersEngine) -> LlamaCppExecutor:
     return executor
 
 
+#: The layout in which batched output equals solo output token for token (llamacpp_context.py).
+INVARIANT: dict[str, Any] = {"llamacpp_batch_invariant": True}
+
+
 def test_a_short_job_joins_long_ones_and_a_canceled_row_is_reused(llamacpp_engine: EngineFactory) -> None:
-    engine = llamacpp_engine(max_batch_size=3)
+    engine = llamacpp_engine(max_batch_size=3, **INVARIANT)
     solo = engine.submit(_chat("solo", PROMPTS[1], max_tokens=12, ignore_eos=True)).result(60)
     started = threading.Event()
     long_jobs = [
@@ -90,9 +93,9 @@ def test_a_short_job_joins_long_ones_and_a_canceled_row_is_reused(llamacpp_engin
 
 
 def test_with_f16_cells_batched_greedy_output_equals_solo(llamacpp_engine: EngineFactory) -> None:
-    """GENQ_LLAMACPP_KV_CELLS=f16 keeps what the engine guarantees: each row its own stream, so a
-    job's greedy text batched beside others is its solo text."""
-    engine = llamacpp_engine(max_batch_size=4, llamacpp_kv_cells="f16")
+    """GENQ_LLAMACPP_KV_CELLS=f16 keeps what the batch-invariant layout guarantees: each row its own
+    stream, so a job's greedy text batched beside others is its solo text."""
+    engine = llamacpp_engine(max_batch_size=4, llamacpp_kv_cells="f16", **INVARIANT)
     solo = [engine.submit(_chat(f"solo{i}", p, max_tokens=12)).result(60).text for i, p in enumerate(PROMPTS)]
     batched = [engine.submit(_chat(f"batched{i}", p, max_tokens=12)) for i, p in enumerate(PROMPTS)]
     results = [future.result(60) for future in batched]
@@ -121,13 +124,13 @@ def _story(request_id: str, number: int, **hooks: Any) -> GenerationRequest:
 def test_the_running_rows_stay_one_run_of_seq_ids_and_a_moved_row_computes_as_before(
     llamacpp_model: LlamaCppModel, model_cache: Path
 ) -> None:
-    """llama.cpp runs a batch as one forward pass per run of consecutive seq_ids (one KV stream per
-    row). A row that ends inside the run is filled by moving the last row there (its KV copied), and
+    """With a KV stream per row, llama.cpp runs a batch as one forward pass per run of consecutive
+    seq_ids. A row that ends inside the run is filled by moving the last row there (its KV copied), and
     that sequence's text is still its solo text; a new job takes the seq_id after the run."""
     # Without the prefix cache, so that which seq_id a job takes depends on the run alone.
     config = EngineConfig(
         model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=3,
-        llamacpp_prefix_cache=False,
+        llamacpp_prefix_cache=False, llamacpp_batch_invariant=True,
     )  # fmt: skip
     executor = _RecordingExecutor(config, llamacpp_model)
     engine = TransformersEngine(config, executor=executor)
@@ -164,7 +167,7 @@ def test_a_later_prompt_reuses_the_cells_of_a_released_row_and_computes_as_a_ful
     """The prefix cache: a released row keeps its KV cells (the prompt and all of the completion but
     its last token); a conversation's next turn, whose prompt starts with all of them, takes that
     row and prefills only the new tokens, and its logprobs and text equal those of an engine that
-    prefilled it whole."""
+    prefilled it whole (its cells in position order: in either layout here)."""
     engine = llamacpp_engine(max_batch_size=4)
     executor = _executor(engine)
     first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
@@ -195,11 +198,12 @@ def _verbatim(request_id: str, text: str, started: threading.Event) -> Generatio
 def test_a_conversation_whose_cells_lie_away_from_the_run_gets_a_copy_of_them(
     llamacpp_engine: EngineFactory,
 ) -> None:
-    """A conversation's next turn finds its first turn's cells in a seq_id that is not beside the
-    running ones: an empty seq_id beside the run gets a copy of that stream (far more shared tokens
-    than a copy costs), the cells stay where they were, and the turn's logprobs and text equal those
-    of an engine that prefilled it whole. Jobs that share nothing leave the conversation's cells alone."""
-    engine = llamacpp_engine(max_batch_size=5)
+    """With a KV stream per row, a conversation's next turn finds its first turn's cells in a seq_id
+    that is not beside the running ones: an empty seq_id beside the run gets a copy of that stream
+    (far more shared tokens than a copy costs), the cells stay where they were, and the turn's
+    logprobs and text equal those of an engine that prefilled it whole. Jobs that share nothing
+    leave the conversation's cells alone."""
+    engine = llamacpp_engine(max_batch_size=5, **INVARIANT)
     executor = _executor(engine)
     first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
     _wait_for(lambda: executor.rows == 0)
@@ -221,9 +225,68 @@ def test_a_conversation_whose_cells_lie_away_from_the_run_gets_a_copy_of_them(
     assert executor.cells(0) == first.prompt_tokens + 5  # and the first turn's cells are still there
     engine.cancel("long1")
     engine.cancel("long2")
-    whole = llamacpp_engine(max_batch_size=5, llamacpp_prefix_cache=False)
+    whole = llamacpp_engine(max_batch_size=5, llamacpp_prefix_cache=False, **INVARIANT)
     fresh = whole.submit(GenerationRequest("turn", params, messages=turn)).result(60)
     assert (reused.text, reused.logprobs) == (fresh.text, fresh.logprobs)
+
+
+def test_in_the_shared_cache_a_prompt_sharing_a_prefix_gets_those_cells_and_leaves_the_rest(
+    llamacpp_engine: EngineFactory,
+) -> None:
+    """The default layout's prefix cache: a new conversation shares only the chat template's system
+    prompt with a released row's cells; an empty seq_id gets a copy of them (llama.cpp marks the
+    same cells, no data moves), the released row keeps its conversation, and the new job computes as
+    an engine that prefilled it whole (its cells in position order here)."""
+    engine = llamacpp_engine(max_batch_size=4)
+    executor = _executor(engine)
+    first = engine.submit(_chat("first", PROMPTS[2], max_tokens=6, ignore_eos=True)).result(60)
+    _wait_for(lambda: executor.rows == 0)
+    params = SamplingParams(max_tokens=12, logprobs=2)
+    other = [{"role": "user", "content": PROMPTS[3]}]
+    shared = engine.submit(GenerationRequest("other", params, messages=other)).result(60)
+    assert executor.copies == 1 and 8 < shared.cached_prompt_tokens < first.prompt_tokens
+    _wait_for(lambda: executor.rows == 0)
+    assert executor.cells(0) == first.prompt_tokens + 5  # the first conversation's cells stay
+    whole = llamacpp_engine(max_batch_size=4, llamacpp_prefix_cache=False)
+    fresh = whole.submit(GenerationRequest("other", params, messages=other)).result(60)
+    assert (shared.text, shared.logprobs) == (fresh.text, fresh.logprobs)
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["batch-invariant", "shared"])
+def test_after_other_rows_come_and_go_a_job_computes_as_alone_exactly_when_batch_invariant(
+    llamacpp_engine: EngineFactory, invariant: bool
+) -> None:
+    """A job decodes beside a long one that is then cancelled, and goes on alone. With a stream per
+    row its cells stay in position order, and its tokens and logprobs equal its solo run's. In the
+    default's shared cache its next cells go where the cancelled job's were, before its own, and
+    attention sums them in that order: its logprobs stay near its solo run's (as near as llama.cpp's
+    are to transformers') until a greedy token may differ."""
+    engine = llamacpp_engine(max_batch_size=2, llamacpp_prefix_cache=False, output_interval_s=0.0,
+                             llamacpp_batch_invariant=invariant)  # fmt: skip
+    prompt = PROMPTS[2]
+    solo = engine.submit(_chat("solo", prompt, max_tokens=96, ignore_eos=True, logprobs=1)).result(60)
+    long_outputs: list[Any] = []
+    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+    long = engine.submit(
+        GenerationRequest("long", params, prompt="Once upon a time", on_output=long_outputs.append)
+    )
+    _wait_for(lambda: len(long_outputs) >= 200, timeout=60)  # its cells lie first in the cache
+    job_outputs: list[Any] = []
+    request = _chat("job", prompt, max_tokens=96, ignore_eos=True, logprobs=1)
+    job = engine.submit(replace(request, on_output=job_outputs.append))
+    _wait_for(lambda: len(job_outputs) >= 8, timeout=60)
+    engine.cancel("long")
+    with pytest.raises(RequestError, match="cancel"):
+        long.result(30)
+    result = job.result(60)
+    assert result.batch_size == 2 and result.logprobs is not None and solo.logprobs is not None
+    if invariant:
+        assert (result.text, result.logprobs) == (solo.text, solo.logprobs)
+        return
+    for mine, alone in zip(result.logprobs, solo.logprobs, strict=True):
+        assert mine.logprob == pytest.approx(alone.logprob, abs=0.25)
+        if mine.token_id != alone.token_id:
+            break
 
 
 def test_scoring_a_prompt_prefills_all_of_it(llamacpp_engine: EngineFactory) -> None:
@@ -307,7 +370,7 @@ def test_json_schema_output_is_valid_batched(llamacpp_engine: EngineFactory) -> 
 def test_logprobs_batched_equal_solo_and_near_transformers(
     llamacpp_engine: EngineFactory, default_model: LoadedModel
 ) -> None:
-    engine = llamacpp_engine(max_batch_size=4)
+    engine = llamacpp_engine(max_batch_size=4, **INVARIANT)
     params: dict[str, Any] = {"max_tokens": 6, "logprobs": 3, "prompt_logprobs": 2, "frequency_penalty": 1.0}
     prompt = "The capital of France is"
     request = GenerationRequest("p", SamplingParams(**params), prompt=prompt, template="none")
@@ -331,6 +394,35 @@ def test_logprobs_batched_equal_solo_and_near_transformers(
         assert entry.logprob == pytest.approx(float(reference[position - 1, entry.token_id]), abs=0.25)
 
 
+def test_a_long_prompt_is_scored_a_chunk_at_a_time_near_transformers_in_bounded_memory(
+    llamacpp_engine: EngineFactory, default_model: LoadedModel
+) -> None:
+    """Scoring a prompt (prompt_logprobs: what lm-eval's loglikelihood requests ask) needs every
+    position's logits: they come SCORED_TOKENS positions a llama_decode, so llama.cpp's logits
+    buffers and numpy's copies hold a chunk's rows of the vocabulary, not the prompt's (a 600-token
+    prompt took ~675 MiB more at its peak when they held all of it); the scores across the chunks'
+    boundaries stay near transformers' on the same weights."""
+    engine = llamacpp_engine(max_batch_size=2)
+    text = " ".join(PROMPTS * 12)  # ~600 tokens
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = _rss_mib()
+    result = engine.submit(GenerationRequest("scored", params, prompt=text, template="none")).result(120)
+    peak = _status_mib("VmHWM") - before
+    assert result.prompt_tokens > 8 * SCORED_TOKENS and peak < 128
+    assert result.prompt_logprobs is not None and len(result.prompt_logprobs) == result.prompt_tokens
+    ids = default_model.tokenizer(text).input_ids
+    import torch
+
+    with torch.inference_mode():
+        logits = default_model.model(torch.tensor([ids])).logits[0].float()
+    reference = torch.log_softmax(logits, dim=-1)
+    for position, entry in enumerate(result.prompt_logprobs[1:], start=1):
+        expected = float(reference[position - 1, entry.token_id])
+        assert entry.token_id == ids[position]
+        assert entry.logprob == pytest.approx(expected, abs=0.25, rel=0.05)  # unlikely tokens drift more
+
+
 def _status_mib(field: str) -> float:
     return int(Path("/proc/self/status").read_text().split(f"{field}:")[1].split()[0]) / 1024
 
@@ -344,89 +436,52 @@ CELL_BYTES = {"q8_0": 34 / 32, "f16": 2.0}
 
 
 def _kv_mib(model: LlamaCppModel, cells: int, kind: str = "q8_0") -> float:
-    """The size of llama.cpp's KV streams of cell type `kind` for `cells` cells of this model."""
+    """The size of llama.cpp's KV cache of cell type `kind` for `cells` cells of this model."""
     llama, handle = binding(), model.handle
     layers, heads_kv = llama.llama_model_n_layer(handle), llama.llama_model_n_head_kv(handle)
     head_dim = llama.llama_model_n_embd(handle) // llama.llama_model_n_head(handle)
     return float(layers * 2 * heads_kv * head_dim * cells * CELL_BYTES[kind] / 2**20)
 
 
-@pytest.mark.serial  # the zero pages are handed back as the memset passes them: it needs the CPU
-def test_a_16_row_engine_holds_the_kv_cells_it_wrote_and_no_copy_of_the_weights(
+#: MiB an engine of up to 64 rows may take beyond its KV cache: compute and logits buffers (a row's
+#: logits take 192 KiB), the engine thread's malloc arena.
+BUFFERS_MIB = 96
+
+
+def test_the_kv_cache_is_sized_to_the_tokens_a_batch_holds_and_traffic_adds_no_memory(
     llamacpp_model: LlamaCppModel, llamacpp_engine: EngineFactory
 ) -> None:
-    """The memory a worker's engine takes beyond the mapped model: llama.cpp allocates and zeroes
-    its 8-bit KV streams for every row up front, and their pages that hold only zeros go back to
-    the kernel as the constructor's memset passes them and once the engine is warmed up
-    (workers/engine/pages.py), so what stays resident is the cells written since and small
-    compute buffers (all 383 MiB of streams stayed before), and the streams were never all
-    resident at once (the peak, VmHWM, reached 383 MiB more before); the weights are never
-    dequantized (fp32 would add ~520 MiB for this model's 135M parameters)."""
-    kv_mib = _kv_mib(llamacpp_model, 16 * 2048)
-    return_freed_memory()  # as the engine's start does: what earlier tests freed is not counted
+    """What bounds a worker's memory (bench/worker_memory.py measures a whole worker): llama.cpp
+    allocates and zeroes its whole KV cache at start, so the default cache holds the tokens a batch
+    may hold (max_batch_tokens + llamacpp_cache_tokens cells, llamacpp_context.py), not a stream
+    of llamacpp_sequence_tokens cells per row: 64 rows take what 16 do. Jobs, long prompts among
+    them, then add no more than buffers, and the cells the rows keep are the tokens the jobs wrote,
+    within the cache's bound. The weights are never dequantized (fp32 would add ~520 MiB)."""
+    config = EngineConfig()
+    shared_mib = _kv_mib(llamacpp_model, config.max_batch_tokens + config.llamacpp_cache_tokens)
+    streams_mib = _kv_mib(llamacpp_model, 16 * config.llamacpp_sequence_tokens)
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = _rss_mib()
-    engine = llamacpp_engine(max_batch_size=16, llamacpp_sequence_tokens=2048)
-    peak = _status_mib("VmHWM") - before
-    released_mib = _executor(engine).released_bytes / 2**20
-    for future in [engine.submit(_chat(f"m{i}", PROMPTS[i % 4], max_tokens=8)) for i in range(8)]:
-        future.result(60)
-    grown = _rss_mib() - before
-    print(f"a 16-row llama.cpp engine: +{grown:.0f} MiB resident, +{peak:.0f} MiB at its peak "
-          f"(KV streams {kv_mib:.0f} MiB, {released_mib:.0f} MiB handed back)")  # fmt: skip
-    assert kv_mib * 0.95 < released_mib
-    assert grown < kv_mib / 4
-    assert peak < kv_mib / 2
-
-
-@pytest.mark.parametrize("cells", ["q8_0", "f16"])
-def test_creating_a_context_writes_nothing_but_zeros_into_the_memory_it_maps(
-    llamacpp_model: LlamaCppModel, model_cache: Path, cells: str
-) -> None:
-    """What makes handing back zero pages while llama.cpp creates a context safe (ZeroPageWatch
-    .meanwhile in LlamaCppExecutor.prepare): the constructor writes nothing but zeros into the
-    large chunks it maps (the KV streams, compute buffers), so a zero page handed back while it
-    runs loses no write. Checked here on a context created the engine's way with no page handed
-    back: every chunk holds only zeros past its first page (glibc's header). A llama.cpp that
-    initialises its buffers otherwise fails this test, and must not be run with that release. For
-    each K/V cell type (GENQ_LLAMACPP_KV_CELLS), whose streams take the size that type has."""
-    config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache, torch_threads=1, max_batch_size=4)
-    config = replace(config, llamacpp_sequence_tokens=2048, llamacpp_kv_cells=cells)
-    executor = LlamaCppExecutor(config, llamacpp_model)
-    llama = binding()
-    watch = ZeroPageWatch()
-    params = context_params(config, executor.threads, BATCH_TOKENS)
-    context = llama.llama_init_from_model(llamacpp_model.handle, params)
-    try:
-        watch.look()
-        mapped_mib = sum(chunk.size for chunk in watch.chunks) / 2**20
-        kv_mib = _kv_mib(llamacpp_model, 4 * 2048, cells)
-        assert kv_mib < mapped_mib < kv_mib + 128  # streams of that type, and compute buffers (~100 MiB)
-        for chunk in watch.chunks:
-            past_header = chunk.start + PAGE_BYTES
-            words = (ctypes.c_uint64 * ((chunk.end - past_header) // 8)).from_address(past_header)
-            assert not np.ctypeslib.as_array(words).any(), f"non-zero bytes in {chunk}"
-    finally:
-        llama.llama_free(context)
-
-
-def test_native_memory_freed_before_the_kv_cache_goes_back_to_the_kernel() -> None:
-    """60 MB of small native blocks freed below one still held (so glibc's automatic trim of the
-    heap's top cannot return them) stay resident until return_freed_memory()."""
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    blocks = [libc.malloc(1024) for _ in range(60_000)]
-    for block in blocks:
-        ctypes.memset(block, 1, 1024)
-    kept = libc.malloc(1024)
-    for block in blocks:
-        libc.free(block)
-    held = _rss_mib()
-    return_freed_memory()
-    assert held - _rss_mib() > 40
-    libc.free(kept)
+    engine = llamacpp_engine(max_batch_size=16)
+    started, start_peak = _rss_mib() - before, _status_mib("VmHWM") - before
+    long_prompt = " ".join(["alpha beta gamma delta"] * 150)  # ~600 tokens: a full physical batch
+    jobs = [_chat(f"m{i}", PROMPTS[i % 4], max_tokens=8) for i in range(14)]
+    jobs += [_chat(f"long{i}", f"{i}: {long_prompt}", max_tokens=4) for i in range(2)]
+    results = [future.result(120) for future in [engine.submit(job) for job in jobs]]
+    executor = _executor(engine)
+    _wait_for(lambda: executor.rows == 0)
+    grown, peak = _rss_mib() - before, _status_mib("VmHWM") - before
+    print(f"a 16-row llama.cpp engine: +{started:.0f} MiB started, +{grown:.0f} after jobs, peak "
+          f"+{peak:.0f} (shared cache {shared_mib:.0f} MiB, a stream per row {streams_mib:.0f})")  # fmt: skip
+    assert start_peak < shared_mib + BUFFERS_MIB < streams_mib
+    assert peak < shared_mib + BUFFERS_MIB
+    kept = [executor.cells(row) for row in range(16)]
+    assert sum(kept) <= config.llamacpp_cache_tokens
+    written = [result.prompt_tokens + result.completion_tokens - 1 for result in results]
+    assert all(cells in written for cells in kept if cells)  # a job's prompt and all but its last token
+    before_wide = _rss_mib()
+    llamacpp_engine(max_batch_size=64)
+    assert _rss_mib() - before_wide < shared_mib + BUFFERS_MIB  # rows add seq_ids, not cells
 
 
 def test_the_default_threads_are_the_physical_cores() -> None:
