@@ -9,9 +9,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Literal
 
 import httpx
+import redis
 import uvicorn
 from starlette.types import ASGIApp
 
@@ -26,6 +28,23 @@ def live_server(settings: Settings) -> Iterator[str]:
 
     with serve(create_app(settings), lifespan="on") as base_url:
         yield base_url
+
+
+@contextmanager
+def served_model(redis_url: str, tmp: Path, model: str) -> Iterator[str]:
+    """A live API and one worker process on `model` over a flushed Redis, response cache off (the
+    tests see each generation); yields the API's base URL. A worker takes seconds to start: a
+    module of tests shares one."""
+    from tests.conftest import WorkerProcess, suite_settings
+
+    redis.Redis.from_url(redis_url).flushall()
+    settings = suite_settings(redis_url, tmp / "genq", model=model, cache_enabled=False)
+    worker = WorkerProcess(settings, tmp / "worker.log").wait_ready()
+    try:
+        with live_server(settings) as url:
+            yield url
+    finally:
+        worker.close()
 
 
 @contextmanager

@@ -12,12 +12,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import redis
 from openai.types.shared_params import ResponseFormatJSONSchema
 
 from cli.redis_server import EmbeddedRedis
-from tests.api.live_server import live_server
-from tests.conftest import WorkerProcess, suite_settings
+from tests.api.live_server import served_model
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +28,8 @@ CAT = 2644
 @pytest.fixture(scope="module")
 def base_url(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One worker on random-tiny and one live API for the module (a worker takes seconds to start)."""
-    redis.Redis.from_url(redis_server.url).flushall()
-    tmp = tmp_path_factory.mktemp("openai-sampling")
-    settings = suite_settings(redis_server.url, tmp / "genq", model=MODEL, cache_enabled=False)
-    worker = WorkerProcess(settings, tmp / "worker.log").wait_ready()
-    try:
-        with live_server(settings) as url:
-            yield url
-    finally:
-        worker.close()
+    with served_model(redis_server.url, tmp_path_factory.mktemp("openai-sampling"), MODEL) as url:
+        yield url
 
 
 def test_penalties_logit_bias_and_raw_prompts_reach_the_model(base_url: str) -> None:

@@ -12,13 +12,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared.cache import cache_key
 from shared.schemas import JobCreate
-from tests.api.live_server import live_server
-from tests.conftest import WorkerProcess, suite_settings
+from tests.api.live_server import served_model
 from workers.engine.sampling import choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
@@ -50,15 +48,8 @@ def test_top_k_is_part_of_the_cache_key_and_off_is_one_key() -> None:
 @pytest.fixture(scope="module")
 def base_url(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One worker on the default model and one live API for the module."""
-    redis.Redis.from_url(redis_server.url).flushall()
-    tmp = tmp_path_factory.mktemp("top-k")
-    settings = suite_settings(redis_server.url, tmp / "genq", model=MODEL, cache_enabled=False)
-    worker = WorkerProcess(settings, tmp / "worker.log").wait_ready()
-    try:
-        with live_server(settings) as url:
-            yield url
-    finally:
-        worker.close()
+    with served_model(redis_server.url, tmp_path_factory.mktemp("top-k"), MODEL) as url:
+        yield url
 
 
 def _job_text(base_url: str, **fields: Any) -> str:
@@ -77,16 +68,15 @@ def test_top_k_1_draws_the_greedy_text_through_every_route(base_url: str) -> Non
     assert _job_text(base_url, **SAMPLED, top_k=1) == greedy
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=90)
     chat = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        extra_body={"top_k": 1},
-        **SAMPLED,  # type: ignore[arg-type]
-    )
+        model=MODEL, messages=[{"role": "user", "content": MESSAGES[0]["content"]}], max_tokens=24,
+        temperature=1.0, seed=7, extra_body={"top_k": 1},
+    )  # fmt: skip
     assert chat.choices[0].message.content == greedy
-    ask = {"model": MODEL, "prompt": "The moon is", "max_tokens": 16}
-    text_greedy = client.completions.create(**ask, temperature=0).choices[0].text  # type: ignore[call-overload]
-    text_top1 = client.completions.create(**ask, temperature=1.0, seed=7, extra_body={"top_k": 1})  # type: ignore[call-overload]
-    assert text_top1.choices[0].text == text_greedy
+    text_greedy = client.completions.create(model=MODEL, prompt="The moon is", max_tokens=16, temperature=0)
+    text_top1 = client.completions.create(
+        model=MODEL, prompt="The moon is", max_tokens=16, temperature=1.0, seed=7, extra_body={"top_k": 1}
+    )
+    assert text_top1.choices[0].text == text_greedy.choices[0].text
 
 
 @pytest.mark.slow
