@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from api.batches.feeder import BatchFeeder
 from api.batches.files import Files
@@ -21,7 +19,6 @@ from api.batches.filestore import storage_from_settings
 from api.batches.service import Batches
 from api.edge.anonymous import AnonymousGuard
 from api.edge.asgi import Linger
-from api.edge.autopipeline import Commands, open_commands
 from api.edge.errors import install_error_handlers
 from api.edge.limits import MULTIPART_OVERHEAD, BodySizeLimit
 from api.edge.observability import HttpMetrics
@@ -36,6 +33,8 @@ from api.jobs.schema_compile import CompileBudget, SchemaChecker
 from api.jobs.store import JobStore, OwnerBounds
 from api.jobs.stream_hub import StreamHub
 from api.jobs.streams import OutputStreams
+from api.redis_io.client import listener_client, redis_client, sync_redis_client
+from api.redis_io.commands import Commands, open_commands
 from api.routes import batches, files, jobs, openai, ops, playground, stream, webhooks
 from api.routes.hotpath import HotPaths, HotRoutes
 from shared import keys
@@ -50,26 +49,6 @@ from shared.reaper import Reaper
 #: walks all of them ran every few dozen jobs, a cost per job that grew with concurrency; cycles
 #: are still collected, in rare short passes. Chosen from bench/machinery.py runs.
 GC_YOUNG_THRESHOLD = 10_000
-
-
-def redis_client(settings: Settings, max_connections: int = 512) -> aioredis.Redis:
-    # Short connect timeout and no retries: when Redis is down the API answers 503 at once
-    # instead of holding requests; the pool reconnects by itself when it is back.
-    return aioredis.Redis.from_url(
-        settings.require_redis_url(),
-        decode_responses=True,
-        socket_connect_timeout=1.0,
-        socket_timeout=5.0,
-        retry=Retry(NoBackoff(), 0),
-        max_connections=max_connections,
-    )
-
-
-def sync_redis_client(settings: Settings) -> redis.Redis:
-    """The reaper's own blocking client (it runs on a thread of its own, off the event loop)."""
-    return redis.Redis.from_url(
-        settings.require_redis_url(), decode_responses=True, socket_connect_timeout=1.0, socket_timeout=5.0
-    )
 
 
 def bounds_of(settings: Settings) -> Callable[[str], OwnerBounds]:
@@ -140,10 +119,10 @@ class Services:
 
 async def open_services(app: FastAPI, settings: Settings) -> Services:
     """Every service the routes reach through app.state, on one Redis client; the job events'
-    and the stream hub's readers started."""
+    and the stream hub's listeners started, each on a connection of its own."""
     client = redis_client(settings)
-    events = JobEvents(client)
-    commands = await open_commands(client, settings.api_autopipeline)
+    events = JobEvents(listener_client(settings))
+    commands = open_commands(client, settings.api_autopipeline)
     app.state.settings = settings
     app.state.redis = client
     app.state.rate_limiter = RateLimiter(client, commands, settings)
@@ -175,7 +154,7 @@ def job_api(
     queues = [keys.queue_for_model(m) for m in settings.served_models] + [keys.WEBHOOK_QUEUE]
     queue_stats = app.state.queue_stats = QueueStatsReader(client, queues)
     cache = app.state.cache = ResponseCache(settings, client)
-    hub = app.state.stream_hub = StreamHub(redis_client(settings, max_connections=1))
+    hub = app.state.stream_hub = StreamHub(listener_client(settings))
     app.state.queue = JobQueue(
         settings, store, events, OutputStreams(commands), queue_stats, cache, hub, app.state.rate_limiter
     )

@@ -26,7 +26,7 @@ REQUESTS_INFLIGHT = Gauge(
 HTTP_REQUESTS = Counter("genq_http_requests_total", "HTTP requests answered.", ["route", "method", "status"])
 REDIS_BATCH = Histogram(
     "genq_api_redis_batch_commands",
-    "Commands the API sent to Redis per round trip (automatic pipelining, api/edge/autopipeline.py).",
+    "Commands the API sent to Redis per pipeline (automatic pipelining, api/redis_io/batching.py).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 HTTP_DURATION = Histogram(

@@ -17,7 +17,7 @@ from typing import Literal
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from api.edge.autopipeline import Commands
+from api.redis_io.commands import Commands
 from shared import keys, metrics, scripts
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal

@@ -3,7 +3,7 @@
 Workers publish a job id on JOB_EVENTS_CHANNEL when the job ends; each waiting request holds an
 asyncio.Event here. Waiters also re-read the record at least every `recheck_s`, so a message
 lost while the subscription was reconnecting delays an answer by at most that, never forever.
-What it shares with the stream hub is in api/jobs/wakes.py.
+What it shares with the stream hub is in api/jobs/notifications.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from api.jobs.wakes import Wakes
+from api.jobs.notifications import JobNotifications
 from shared import keys
 
 
-class JobEvents(Wakes):
+class JobEvents(JobNotifications):
     name = "job_events"
     channel = keys.JOB_EVENTS_CHANNEL
 

@@ -13,7 +13,7 @@ from typing import Any, cast
 import orjson
 import redis.asyncio as aioredis
 
-from api.edge.autopipeline import Commands
+from api.redis_io.commands import Commands
 from shared import keys, scripts
 from shared.cache import CacheEntry
 from shared.errors import QuotaExceeded
@@ -236,7 +236,7 @@ class JobStore:
         self, job_id: str, owner: str, then: Sequence[Any]
     ) -> tuple[dict[str, str] | None, Any]:
         """get(), and the reply to `then`, a command Redis runs right after reading the record
-        (api/edge/autopipeline.py execute_in_order): one round trip for both."""
+        (api/redis_io/batching.py execute_in_order): one round trip for both."""
         record, reply = await self._commands.execute_in_order(("HGETALL", keys.job(job_id)), then)
         return _owned(record, owner), reply
 

@@ -8,7 +8,7 @@ only, and an idle stream costs nothing in Redis.
 
 Pub/sub delivers only while subscribed: right after (re)subscribing the hub wakes every follower,
 and follow.py re-reads on its own every RECHECK_S, which bounds the delay of anything lost. What
-it shares with the job-events listener is in api/jobs/wakes.py."""
+it shares with the job-events listener is in api/jobs/notifications.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import redis.asyncio as aioredis
 
-from api.jobs.wakes import Wakes
+from api.jobs.notifications import JobNotifications
 from shared import keys
 
 #: The subscription is kept this long after the last follower left, so a process that serves
@@ -26,20 +26,15 @@ from shared import keys
 LINGER_S = 10.0
 
 
-class StreamHub(Wakes):
+class StreamHub(JobNotifications):
     name = "stream_hub"
     channel = keys.JOB_OUTPUT_CHANNEL
 
     def __init__(self, client: aioredis.Redis) -> None:
-        #: A client of its own (one connection): the subscription never takes a pooled one.
         super().__init__(client)
         self._someone = asyncio.Event()
         #: When the last follower left (loop time): the subscription ends LINGER_S later.
         self._idle_since = 0.0
-
-    async def stop(self) -> None:
-        await super().stop()
-        await self._redis.aclose()
 
     @property
     def subscribed(self) -> bool:

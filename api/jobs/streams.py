@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from api.edge.autopipeline import Commands
+from api.redis_io.commands import Commands
 from shared import keys
 from shared.schemas import TokenLogprob
 
@@ -48,9 +48,10 @@ def is_entry_id(text: str) -> bool:
 
 
 class OutputStreams:
-    """The API's reader of job output streams (asyncio). Reads go through the API's AutoPipeline:
-    thousands of followers woken together (a hub reconnect wakes them all) share its one
-    connection instead of each taking one from the pool, which ran dry at 512."""
+    """The API's reader of job output streams (asyncio). Reads go through the API's batched
+    commands (api/redis_io/batching.py): thousands of followers woken together (a hub reconnect
+    wakes them all) share a few pipelines' connections instead of each taking one from the pool,
+    which ran dry at 512."""
 
     def __init__(self, commands: Commands) -> None:
         self._commands = commands

@@ -77,9 +77,9 @@ class ApiSettings(BaseModel):
     compare the two."""
 
     api_autopipeline: bool = True
-    """Send the Redis commands that concurrent requests issue in one event-loop turn as one write
-    on one connection (api/edge/autopipeline.py). Off, or should its start-up check fail (logged as
-    `autopipeline_off`): each command goes through redis-py's own connection pool."""
+    """Send the Redis commands that concurrent requests issue in one event-loop turn together, as
+    one redis-py pipeline (api/redis_io/batching.py). Off: each command goes to Redis on its own,
+    through redis-py's connection pool. Turn it off only to compare the two."""
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413."""

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
-from api.edge.autopipeline import DirectCommands
+from api.redis_io.commands import DirectCommands
 from fastapi import FastAPI
 
 from api.app import job_api

@@ -83,11 +83,11 @@ async def test_redis_down_fails_reads_open_and_submissions_closed(
     server = EmbeddedRedis(tmp_path / "down")
     server.start()
     settings = make_settings(redis_url=server.url, rate_limit_submit="5/1", rate_limit_read="5/1")
-    from api.app import redis_client as make_client
-    from api.edge.autopipeline import AutoPipeline
+    from api.redis_io.batching import BatchedCommands
+    from api.redis_io.client import redis_client as make_client
 
     client = make_client(settings)
-    limiter = RateLimiter(client, AutoPipeline(client), settings)
+    limiter = RateLimiter(client, BatchedCommands(client), settings)
     assert (await limiter.check("someone", "read"))["X-RateLimit-Remaining"] == "4"
     server.stop()
     assert await limiter.check("someone", "read") == {}

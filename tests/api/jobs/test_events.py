@@ -23,12 +23,10 @@ JOB_B = "6f1c0a2e-8b1d-4c3e-9f00-00000000000b"
 
 @pytest.fixture
 async def events(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[JobEvents]:
-    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    events = JobEvents(client)
+    events = JobEvents(aioredis.Redis.from_url(redis_server.url, max_connections=1))  # as listener_client
     events.start()
     yield events
-    await events.stop()
-    await client.aclose()
+    await events.stop()  # closes its client
 
 
 async def subscribed(client: redis.Redis) -> None:

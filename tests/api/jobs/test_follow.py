@@ -115,7 +115,7 @@ def calls(client: redis.Redis, command: str) -> int:
 
 
 def round_trips() -> float:
-    """Round trips the API's AutoPipeline made so far (the app's queue reads through it)."""
+    """Pipelines the API's batched commands sent so far (the app's queue reads through them)."""
     return REGISTRY.get_sample_value("genq_api_redis_batch_commands_count") or 0.0
 
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.edge.autopipeline import DirectCommands
 from api.jobs.store import JobStore, NewJob, OwnerBounds
+from api.redis_io.commands import DirectCommands
 from shared import keys
 from shared.config import Settings
 from shared.errors import QuotaExceeded

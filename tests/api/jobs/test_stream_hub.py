@@ -12,7 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.jobs import stream_hub, wakes
+from api.jobs import notifications, stream_hub
 from api.jobs.stream_hub import StreamHub
 from cli.redis_server import EmbeddedRedis
 from shared import keys
@@ -26,7 +26,7 @@ JOB_B = "6f1c0a2e-8b1d-4c3e-9f00-00000000000b"
 
 @pytest.fixture
 async def hub(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[StreamHub]:
-    hub = StreamHub(aioredis.Redis.from_url(redis_server.url, decode_responses=True, max_connections=1))
+    hub = StreamHub(aioredis.Redis.from_url(redis_server.url, max_connections=1))  # as listener_client
     hub.start()
     yield hub
     await hub.stop()
@@ -122,7 +122,7 @@ async def test_with_redis_down_followers_are_woken_and_retries_end_with_the_last
     has followed for LINGER_S the hub stops trying, instead of logging a retry twice a second for
     as long as Redis is away."""
     monkeypatch.setattr(stream_hub, "LINGER_S", 0.3)
-    monkeypatch.setattr(wakes, "RECONNECT_S", 0.05)
+    monkeypatch.setattr(notifications, "RECONNECT_S", 0.05)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]

@@ -10,9 +10,9 @@ import redis
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from api.edge.autopipeline import open_commands
 from api.jobs import streams
 from api.jobs.streams import START_ID, OutputEntry, OutputStreams, is_entry_id
+from api.redis_io.commands import open_commands
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from shared.schemas import TokenLogprob
@@ -27,7 +27,7 @@ async def output_streams(
     redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> AsyncIterator[OutputStreams]:
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    commands = await open_commands(client)  # the API's AutoPipeline, as the app opens it
+    commands = open_commands(client)  # batched, as the app opens them
     yield OutputStreams(commands)
     await commands.aclose()
     await client.aclose()

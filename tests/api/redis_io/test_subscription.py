@@ -1,9 +1,9 @@
-"""The API's pub/sub subscription read by its own Protocol (api/edge/subscription.py), against the
-suite's real Redis: every message published after the confirmation reaches the callback, in
-order and as bytes (whatever the client decodes); a lost connection, a SUBSCRIBE that Redis
-refuses and a Redis out of reach each end it with redis-py's error at once; close() leaves no
-connection behind. How the listeners use it, and their fallback on redis-py's PubSub, is
-tested in tests/api/jobs/test_wakes.py."""
+"""The API's pub/sub subscription (api/redis_io/subscription.py) against the suite's real Redis:
+every message published after the confirmation reaches the callback, in order and as bytes; a
+subscription redis-py renews after a lost connection is confirmed again; a connection lost for
+good, a SUBSCRIBE that Redis refuses and a Redis out of reach each end it with redis-py's error;
+aclose() leaves no connection behind. How the listeners use it is tested in
+tests/api/jobs/test_notifications.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from api.edge.subscription import Subscription
+from api.redis_io.subscription import Subscription
 from cli.redis_server import EmbeddedRedis
 
 pytestmark = pytest.mark.anyio
@@ -26,8 +28,8 @@ CHANNEL = "genq:test:subscription"
 
 @pytest.fixture
 async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[aioredis.Redis]:
-    # decode_responses as the API's client: the subscription still hands over bytes
-    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    # As the API's listener_client: one connection, no retries, replies as bytes.
+    client = aioredis.Redis.from_url(redis_server.url, max_connections=1, retry=Retry(NoBackoff(), 0))
     yield client
     await client.aclose()
 
@@ -55,7 +57,16 @@ async def test_every_message_reaches_the_callback_in_order_as_bytes(
             await subscription.held_for(0.02)
         assert got == sent
     finally:
-        subscription.close()
+        await subscription.aclose()
+
+
+async def test_a_client_that_decodes_is_refused(redis_server: EmbeddedRedis) -> None:
+    """Its PubSub would fail on the first message that is no UTF-8, which anyone who can PUBLISH
+    can send."""
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses"):
+        await Subscription.open(client, CHANNEL, lambda data: None)
+    await client.aclose()
 
 
 async def test_held_for_returns_while_the_subscription_holds(aclient: aioredis.Redis) -> None:
@@ -64,24 +75,54 @@ async def test_held_for_returns_while_the_subscription_holds(aclient: aioredis.R
         await subscription.confirmed(5.0)
         await subscription.held_for(0.05)
     finally:
-        subscription.close()
+        await subscription.aclose()
 
 
 async def test_a_lost_connection_ends_it_with_redis_pys_connection_error(
     aclient: aioredis.Redis, redis_client: redis.Redis
 ) -> None:
     subscription = await Subscription.open(aclient, CHANNEL, lambda data: None)
-    await subscription.confirmed(5.0)
-    assert redis_client.client_kill_filter(_type="pubsub", skipme=True) == 1
-    async with asyncio.timeout(5.0):  # at once: not at the end of the 60 s it was asked to hold
-        with pytest.raises(redis.exceptions.ConnectionError):
-            await subscription.held_for(60.0)
+    try:
+        await subscription.confirmed(5.0)
+        assert redis_client.client_kill_filter(_type="pubsub", skipme=True) == 1
+        async with asyncio.timeout(5.0):  # at once: not at the end of the 60 s it was asked to hold
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await subscription.held_for(60.0)
+    finally:
+        await subscription.aclose()
+
+
+async def test_a_subscription_redis_py_renews_is_confirmed_again(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """A client that retries: redis-py reconnects and subscribes again by itself, and messages
+    published meanwhile were lost, so the holder is told (on_subscribed) and messages flow again."""
+    client = aioredis.Redis(port=redis_server.port, max_connections=1)  # redis-py retries by default
+    got: list[bytes] = []
+    confirmations = asyncio.Queue[None]()
+    subscription = await Subscription.open(
+        client, CHANNEL, got.append, lambda: confirmations.put_nowait(None)
+    )
+    try:
+        await subscription.confirmed(5.0)
+        await asyncio.wait_for(confirmations.get(), 5.0)
+        assert redis_client.client_kill_filter(_type="pubsub", skipme=True) == 1
+        await asyncio.wait_for(confirmations.get(), 5.0)
+        redis_client.publish(CHANNEL, b"after")
+        for _ in range(100):
+            if got:
+                break
+            await subscription.held_for(0.02)
+        assert got == [b"after"]
+    finally:
+        await subscription.aclose()
+        await client.aclose()
 
 
 async def test_a_subscribe_redis_refuses_ends_it_with_redis_pys_error(
     redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> None:
-    """An ACL user who may not subscribe: Redis's -NOPERM answer, as redis-py would raise it."""
+    """An ACL user who may not subscribe: Redis's -NOPERM answer, as redis-py raises it."""
     redis_client.acl_setuser(
         "nosub", enabled=True, passwords=["+pw"], keys=["~*"], commands=["+@all", "-subscribe"]
     )
@@ -92,6 +133,7 @@ async def test_a_subscribe_redis_refuses_ends_it_with_redis_pys_error(
             await subscription.confirmed(5.0)
         with pytest.raises(redis.exceptions.NoPermissionError):
             await subscription.held_for(5.0)
+        await subscription.aclose()
         assert [c for c in redis_client.client_list() if c["user"] == "nosub"] == []  # closed
     finally:
         await client.aclose()
@@ -108,12 +150,12 @@ async def test_redis_out_of_reach_fails_the_open_with_redis_pys_error() -> None:
     await client.aclose()
 
 
-async def test_close_unsubscribes_and_ends_its_waits(
+async def test_aclose_unsubscribes_and_ends_its_waits(
     aclient: aioredis.Redis, redis_client: redis.Redis
 ) -> None:
     subscription = await Subscription.open(aclient, CHANNEL, lambda data: None)
     await subscription.confirmed(5.0)
-    subscription.close()
+    await subscription.aclose()
     async with asyncio.timeout(5.0):
         await subscription.held_for(60.0)  # returns at once: closed by us, no error
     for _ in range(100):

@@ -1,11 +1,10 @@
-"""What the API's two pub/sub listeners share (api/jobs/events.py: jobs that may have ended;
-api/jobs/stream_hub.py: job streams that got entries): one subscription per process, whose
-messages name a job, fanned out to the asyncio.Events that local requests registered for that
-job; and a listening task that outlives Redis going away. Pub/sub delivers only while
-subscribed, so every waiter is woken whenever the subscription is lost, and once Redis has
-confirmed it again: each then reads for itself what it may have missed. The subscription is
-read by api/edge/subscription.py (each message straight from the socket to `_wake`), or by
-redis-py's PubSub should that module's take-over of a redis-py connection fail.
+"""Job notifications: what the API's two pub/sub listeners share (api/jobs/events.py: jobs that may
+have ended; api/jobs/stream_hub.py: job streams that got entries). One subscription per process,
+whose messages name a job, fanned out to the asyncio.Events that local requests registered for
+that job; and a listening task that outlives Redis going away. Pub/sub delivers only while
+subscribed, so every waiter is woken whenever the subscription is lost, and whenever Redis has
+confirmed it (again): each then reads for itself what it may have missed. The subscription is
+redis-py's PubSub, held by api/redis_io/subscription.py.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ from collections.abc import Iterator
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from redis.asyncio.client import PubSub
 
-from api.edge.resp import TakeOverFailed
-from api.edge.subscription import Subscription
+from api.redis_io.subscription import Subscription
 from shared.logging import fields
 
 log = logging.getLogger("genq.api")
@@ -31,13 +28,14 @@ RECONNECT_S = 0.5
 CONFIRM_S = 5.0
 
 
-class Wakes:
+class JobNotifications:
     """A job id's waiters, woken by the messages on `channel` (each names a job). `name` prefixes
-    the log events `<name>_reconnect` and `<name>_failed` and names the task."""
+    the log events `<name>_reconnect` and `<name>_failed` and names the task. The client is the
+    listener's own (api/redis_io/client.py's listener_client), closed by stop()."""
 
-    name = "wakes"
+    name = "job_notifications"
     channel = ""
-    #: Longest wait for a message, between checks of whether the subscription is still wanted.
+    #: How often the listener asks whether its subscription is still wanted (and still held).
     poll_s = 1.0
 
     def __init__(self, client: aioredis.Redis) -> None:
@@ -46,9 +44,6 @@ class Wakes:
         self._task: asyncio.Task[None] | None = None
         #: Set by stop(): the task ends at its next turn even if redis-py lost the cancel.
         self._stopping = False
-        #: Whether the subscription is read by api/edge/subscription.py (False once its take-over
-        #: of a redis-py connection failed: redis-py changed underneath).
-        self._raw = True
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen_forever(), name=f"genq-{self.name}")
@@ -60,6 +55,7 @@ class Wakes:
             # Bounded: a cancel that lands mid-subscribe can leave redis-py's pubsub close waiting
             # on a reply that never comes; the client is closed right after anyway.
             await asyncio.wait({self._task}, timeout=1.0)
+        await self._redis.aclose()
 
     @contextlib.contextmanager
     def _registered(self, job_id: str, event: asyncio.Event) -> Iterator[None]:
@@ -120,55 +116,17 @@ class Wakes:
         """The subscription ended (it was no longer wanted, or it was lost)."""
 
     async def _listen(self) -> None:
-        """Hold the subscription, waking the waiters its messages name, until it is not wanted."""
-        if self._raw:
-            try:
-                subscription = await Subscription.open(self._redis, self.channel, self._on_message)
-            except TakeOverFailed as exc:
-                self._raw = False
-                log.warning(
-                    "subscription_raw_off",
-                    extra=fields(
-                        error=repr(exc.__cause__ or exc), message="listening through redis-py's PubSub"
-                    ),
-                )
-            else:
-                try:
-                    await self._hold(subscription)
-                finally:
-                    subscription.close()
-                return
-        await self._listen_through_pubsub()
-
-    async def _hold(self, subscription: Subscription) -> None:
-        await subscription.confirmed(CONFIRM_S)
-        # Only now: a waiter's read sent before Redis ran the SUBSCRIBE may have missed news.
-        self._wake_all()
-        while self._still_wanted() and not self._stopping:
-            await subscription.held_for(self.poll_s)
-
-    def _on_message(self, data: bytes | str) -> None:
-        # Anyone who can PUBLISH can send bytes that are no UTF-8: they name no job, wake nobody.
-        self._wake(data.decode(errors="replace") if isinstance(data, bytes) else data)
-
-    async def _listen_through_pubsub(self) -> None:
-        """`_listen` through redis-py's PubSub, should the take-over fail (api/edge/subscription.py)."""
-        pubsub = self._redis.pubsub()
+        """Hold the subscription, waking the waiters its messages name, until it is not wanted.
+        Each confirmation wakes everyone: a waiter's read sent before Redis ran the SUBSCRIBE (or
+        while redis-py subscribed again after a lost connection) may have missed news."""
+        subscription = await Subscription.open(self._redis, self.channel, self._on_message, self._wake_all)
         try:
-            await pubsub.subscribe(self.channel)
-            await self._confirmed(pubsub)
-            self._wake_all()
+            await subscription.confirmed(CONFIRM_S)
             while self._still_wanted() and not self._stopping:
-                message = await pubsub.get_message(timeout=self.poll_s)
-                if message is not None and message["type"] == "message":
-                    self._on_message(message["data"])
+                await subscription.held_for(self.poll_s)
         finally:
-            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+            await subscription.aclose()
 
-    async def _confirmed(self, pubsub: PubSub) -> None:
-        """Wait for Redis's confirmation of the subscription (TimeoutError after CONFIRM_S)."""
-        async with asyncio.timeout(CONFIRM_S):
-            while True:
-                message = await pubsub.get_message(timeout=self.poll_s)
-                if message is not None and message["type"] == "subscribe":
-                    return
+    def _on_message(self, data: bytes) -> None:
+        # Anyone who can PUBLISH can send bytes that are no UTF-8: they name no job, wake nobody.
+        self._wake(data.decode(errors="replace"))
