@@ -341,7 +341,7 @@ class WorkerRuntime:
         if self.settings.log_prompts:  # prompts are the users' data: logged only when asked for
             started["input"] = spec.model_dump(mode="json")
         log.info("job_started", extra=fields(**started))
-        self._output_webhooks.follow(job_id, spec.model_dump())  # its webhook fields
+        self._output_webhooks.follow(job_id, spec)
         try:
             result = self.engine.submit(request).result()
         except RequestError as exc:

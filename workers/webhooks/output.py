@@ -8,13 +8,12 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
 
 import redis
 
 from shared.config import Settings
 from shared.ids import new_id
+from shared.jobspec import JobSpec
 from shared.logging import fields
 from shared.schemas import WebhookEvent
 from workers.webhooks.delivery import Delivery, publish
@@ -25,11 +24,9 @@ log = logging.getLogger("genq.webhooks")
 OUTPUT_INTERVAL_S = 1.0
 
 
-def wants_output(job_input: Mapping[str, Any]) -> bool:
-    """Whether a job (its input, as stored) has a webhook whose filter holds `output`."""
-    return bool(job_input.get("webhook")) and WebhookEvent.OUTPUT in (
-        job_input.get("webhook_events_filter") or []
-    )
+def wants_output(spec: JobSpec) -> bool:
+    """Whether a job (its spec, as stored) has a webhook whose filter holds `output`."""
+    return spec.webhook is not None and WebhookEvent.OUTPUT in spec.webhook_events_filter
 
 
 class OutputWebhooks:
@@ -56,8 +53,8 @@ class OutputWebhooks:
         #: The followed jobs that want `output` deliveries.
         self._hooked: set[str] = set()
 
-    def follow(self, job_id: str, job_input: Mapping[str, Any]) -> None:
-        if wants_output(job_input):
+    def follow(self, job_id: str, spec: JobSpec) -> None:
+        if wants_output(spec):
             self._hooked.add(job_id)
 
     def forget(self, job_id: str) -> None:

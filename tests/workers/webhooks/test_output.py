@@ -15,11 +15,19 @@ import redis
 
 from cli.redis_server import EmbeddedRedis, free_port
 from shared.config import Settings
+from shared.jobspec import JobSpec
 from tests.conftest import suite_settings
 from workers.webhooks.output import OutputWebhooks, wants_output
 
-#: The input of a job whose webhook asks for `output` (what OutputWebhooks.follow reads of it).
-OUTPUT_HOOKED = {"webhook": "https://receiver.example/hook", "webhook_events_filter": ["output"]}
+#: The spec of a job whose webhook asks for `output` (what OutputWebhooks.follow reads of it).
+OUTPUT_HOOKED = JobSpec.model_validate(
+    {
+        "prompt": "hi",
+        "max_tokens": 1,
+        "webhook": "https://receiver.example/hook",
+        "webhook_events_filter": ["output"],
+    }
+)
 
 
 def test_output_notices_are_throttled_to_one_per_second_per_job(
@@ -58,9 +66,12 @@ def test_on_output_never_blocks_or_raises_when_redis_is_down(make_settings: Call
 
 
 def test_wants_output_reads_the_webhook_and_its_filter() -> None:
+    def spec(**fields: object) -> JobSpec:
+        return JobSpec.model_validate({"prompt": "hi", "max_tokens": 1} | fields)
+
     hook = "http://127.0.0.1:9/"
-    assert wants_output({"webhook": hook, "webhook_events_filter": ["start", "output"]})
-    assert not wants_output({"webhook": hook, "webhook_events_filter": ["completed"]})
-    assert not wants_output({"webhook": hook, "webhook_events_filter": None})
-    assert not wants_output({"webhook": None, "webhook_events_filter": ["output"]})
-    assert not wants_output({"prompt": "no webhook fields at all"})
+    assert wants_output(spec(webhook=hook, webhook_events_filter=["start", "output"]))
+    assert not wants_output(spec(webhook=hook, webhook_events_filter=["completed"]))
+    assert not wants_output(spec(webhook=hook))  # the default filter: completed
+    assert not wants_output(spec(webhook_events_filter=["output"]))  # no webhook
+    assert not wants_output(spec())
