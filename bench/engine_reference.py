@@ -14,9 +14,10 @@ after the chat template, about 40 as in the issue) and 64 generated tokens per s
   - llama-batched-bench `-npp P -ntg 64 -npl 1,4,16,32`: C random prompts prefilled in one batch,
     then 64 decode steps of C tokens. Twice: with llama.cpp's defaults (repacked weights, f16 K
     and V, a context of the model's training length) and with the context genq gives llama.cpp
-    (`-nr` no repacking, `-ctk`/`-ctv` genq's K/V cell type (`--kv-cells`, default q8_0), `-no-kvu`
-    one KV stream per sequence, genq's cells and batch), so the report separates what llama.cpp's
-    defaults give from what genq's settings cost.
+    (`-nr` no repacking, `-ctk`/`-ctv` genq's K/V cell type (`--kv-cells`, default q8_0), `-kvu`
+    genq's shared KV cache or `-no-kvu` a stream per sequence as its layout is (llamacpp_context.py),
+    genq's cells and batch), so the report separates what llama.cpp's defaults give from what
+    genq's settings cost.
   - genq's engine, the llama.cpp backend (EngineConfig as `--backends` builds it): the C prompts
     submitted at once, 64 tokens each (ignore_eos), so the shapes match batched-bench's.
 Per run: the generation rate (llama.cpp's S_TG; genq's tokens of the steps after its last prefill
@@ -51,6 +52,7 @@ from bench.llamacpp_reference import REPACK_CRASHED, Reference, ReferenceError, 
 from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import EngineConfig
 from workers.engine.continuous import TransformersEngine
+from workers.engine.llamacpp_context import kv_layout
 from workers.engine.llamacpp_executor import BATCH_TOKENS, LlamaCppExecutor
 from workers.engine.llamacpp_model import gguf_file, load_llamacpp_model
 from workers.engine.prompts import tokenize
@@ -122,9 +124,9 @@ def batched_bench_argv(
     argv = [str(reference.batched_bench), "-m", gguf, "-t", threads, "-tb", threads, "-npp", str(prompt),
             "-ntg", str(sizes.tokens), "-npl", batches, "--output-format", "jsonl", "-lv", "4"]  # fmt: skip
     if run == "llamacpp_genq_settings":
-        cells = config.max_batch_size * config.llamacpp_sequence_tokens
-        kv = config.llamacpp_kv_cells
-        argv += ["-nr", "-ctk", kv, "-ctv", kv, "-no-kvu", "-c", str(cells),
+        layout, kv = kv_layout(config), config.llamacpp_kv_cells
+        unified = "-kvu" if layout.shared else "-no-kvu"
+        argv += ["-nr", "-ctk", kv, "-ctv", kv, unified, "-c", str(layout.cells),
                  "-b", str(BATCH_TOKENS), "-ub", str(BATCH_TOKENS)]  # fmt: skip
     return argv
 
