@@ -259,7 +259,10 @@ end
 -- (shared/messages.py) and Celery write, in either's JSON spacing; nil otherwise, and the caller
 -- decodes the whole envelope, which cost ~10 us more of Redis's time each time.
 local function word_field(message, name, from)
-  return string.match(message, '"' .. name .. '":%s*"([%w_%.%-]+)"[,}]', from)
+  -- A plain find (a memory search) for the name, then a pattern anchored there: a pattern searched
+  -- through the whole message cost several times more.
+  local at = string.find(message, '"' .. name .. '":', from or 1, true)
+  return at and string.match(message, '^%s*"([%w_%.%-]+)"[,}]', at + #name + 3)
 end
 
 -- The delivery tag of a task message, in its `properties`.

@@ -158,3 +158,13 @@ def test_pubsub_quick(tmp_path: Path) -> None:
             # a real CPU cost: not the ~0.2 us of a run whose wait ended before its messages came
             assert run[way]["cpu_us_per_message_median"] > 1.0, run
         assert run["raw_over_pubsub"] > 0
+
+
+def test_take_path_quick(tmp_path: Path) -> None:
+    """bench/take_path.py: the take path and kombu's public consumer on this tree, side by side."""
+    report = run_quick("take_path", tmp_path)
+    assert set(report["medians"]) == {"take", "public"} and set(report["take_vs"]) == {"public"}
+    for runs in report["runs"].values():
+        for run in runs:
+            assert run["failed_or_unfinished"] == 0 and run["jobs_per_s"] > 0 and run["rate_ratio"] > 0
+            assert run["worker_cpu_ms"] >= 0 and 0 < run["latency_p50_ms"] <= run["latency_p99_ms"]
