@@ -121,8 +121,8 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"echo": True})
     assert echo_error.value.param == "echo"
     with pytest.raises(openai.BadRequestError) as unknown_error:  # never silently dropped
-        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"top_k": 5})
-    assert unknown_error.value.param == "top_k"
+        client.chat.completions.create(model=TEST_MODEL, messages=messages, extra_body={"mirostat_tau": 5.0})
+    assert unknown_error.value.param == "mirostat_tau"
     with pytest.raises(openai.BadRequestError) as top_error:
         client.chat.completions.create(model=TEST_MODEL, messages=messages, top_logprobs=2)
     assert top_error.value.param == "top_logprobs"
