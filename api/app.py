@@ -122,7 +122,7 @@ async def open_services(app: FastAPI, settings: Settings) -> Services:
     and the stream hub's listeners started, each on a connection of its own."""
     client = redis_client(settings)
     events = JobEvents(listener_client(settings))
-    commands = open_commands(client, settings.api_autopipeline)
+    commands = await open_commands(client, settings.api_autopipeline, settings.api_redis_wire)
     app.state.settings = settings
     app.state.redis = client
     app.state.rate_limiter = RateLimiter(client, commands, settings)

@@ -100,7 +100,9 @@ async def one_round(url: str, port: int, tree: Path, count: int, batch: int) -> 
     return spent / (count + 1)
 
 
-async def measure(url: str, port: int, trees: dict[str, Path], count: int, rounds: int) -> list[dict[str, Any]]:
+async def measure(
+    url: str, port: int, trees: dict[str, Path], count: int, rounds: int
+) -> list[dict[str, Any]]:
     runs = []
     for batch in BATCHES:
         spent: dict[str, list[float]] = {name: [] for name in trees}
@@ -136,7 +138,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for index, name in enumerate(trees):
         offset = (index - (len(trees) - 1) / 2) * width
         axes.bar(
-            [i + offset for i in spots], [r[name]["cpu_us_per_message_median"] for r in runs], width, label=name
+            [i + offset for i in spots],
+            [r[name]["cpu_us_per_message_median"] for r in runs],
+            width,
+            label=name,
         )
     axes.set_xticks(list(spots), [f"{r['batch']} a read" for r in runs])
     axes.set(ylabel="listener CPU per message (us)", title="Pub/sub listener, per message")
@@ -148,7 +153,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", type=Path, default=None,
-                        help="another checkout of genq whose listener to measure beside this tree's")  # fmt: skip
+                        help="another checkout of genq, its listener measured beside this one")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

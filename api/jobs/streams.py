@@ -50,8 +50,8 @@ def is_entry_id(text: str) -> bool:
 class OutputStreams:
     """The API's reader of job output streams (asyncio). Reads go through the API's batched
     commands (api/redis_io/batching.py): thousands of followers woken together (a hub reconnect
-    wakes them all) share a few pipelines' connections instead of each taking one from the pool,
-    which ran dry at 512."""
+    wakes them all) share its connection (or a few, as redis-py pipelines) instead of each taking
+    one from the pool, which ran dry at 512."""
 
     def __init__(self, commands: Commands) -> None:
         self._commands = commands

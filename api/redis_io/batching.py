@@ -1,27 +1,26 @@
-"""Automatic pipelining on redis-py's public asyncio client: the commands that concurrent requests
-issue in the same event-loop turn go to Redis together, as one `pipeline(transaction=False)`,
-and each reply (or error) goes back to its own caller (what ioredis's `enableAutoPipelining`
-does).
+"""Automatic pipelining: the commands that concurrent requests issue in the same event-loop turn go
+to Redis together, and each reply (or error) goes back to its own caller (what ioredis's
+`enableAutoPipelining` does).
 
 Why: redis-py spends as much CPU on each command sent alone (pool checkout, connect check, a
 timeout context around each read) as uvicorn does on a whole request, and the API has dozens of
-requests in flight, each waiting on one command. A pipeline pays that once for all of its commands.
+requests in flight, each waiting on one command. A batch pays that once for all of its commands.
 
-How: each command is queued with a future; at the end of the turn the queue goes out as one
-pipeline (MAX_BATCH commands at most). At most MAX_IN_FLIGHT pipelines are out at a time: the
-commands issued meanwhile wait for one to come back and go out together, so a busier API sends
-fuller pipelines rather than more of them. Each command keeps its own reply or error reply (this
-is no transaction); an argument redis-py refuses to encode fails its own command only. What ends
-a pipeline's read (a lost connection, `socket_timeout`, a LOADING reply, a reply that is no
-UTF-8) fails every command of that pipeline, as it would fail a single command; redis-py's pool
-connects again for the next. Never send blocking commands (BLPOP, XREAD BLOCK) here: they would
-hold up the replies of everyone in their pipeline."""
+How: each command is queued with a future; at the end of the turn the queue goes out as one batch
+(MAX_BATCH commands at most) through a `Link`: one connection the API reads itself (wire.py, the
+fenced adapter, while redis-py allows it), or redis-py's own `pipeline(transaction=False)`
+(`PipelineLink`, its public API). A link may bound the batches out at once (pipelines: each holds
+a pooled connection); the commands issued meanwhile wait and go out together, so a busier API
+sends fuller batches rather than more of them. Each command keeps its own reply or error reply
+(this is no transaction); an argument redis-py refuses to encode fails its own command only.
+Never send blocking commands (BLPOP, XREAD BLOCK) here: they would hold up the replies of everyone
+in their batch."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -29,28 +28,39 @@ from redis.exceptions import DataError, NoScriptError
 
 from shared.metrics import REDIS_BATCH
 
-#: The most commands one pipeline carries; more in one turn go out as several pipelines.
+#: The most commands one batch carries; more in one turn go out as several batches.
 MAX_BATCH = 256
 #: The most pipelines out at once (each holds a pooled connection until its replies are read).
 MAX_IN_FLIGHT = 4
 
 #: A queued command: its arguments, its caller's future, and whether the command after it must
-#: go in the same pipeline (execute_in_order).
-_Queued = tuple[tuple[Any, ...], "asyncio.Future[Any]", bool]
+#: go in the same batch (execute_in_order).
+Queued = tuple[tuple[Any, ...], "asyncio.Future[Any]", bool]
+
+
+class Link(Protocol):
+    """Where batches go. send() settles every future of its batch, each with its command's reply
+    or error; the future it returns (None if the link bounds nothing) is done once they all are."""
+
+    #: The most batches out at once (None: no bound).
+    max_in_flight: int | None
+
+    def send(self, batch: list[Queued]) -> asyncio.Future[None] | None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class BatchedCommands:
-    """Commands sent in pipelines shared by the requests of the same event-loop turn."""
+    """Commands sent in batches shared by the requests of the same event-loop turn, through
+    `link` (redis-py's pipelines unless given another)."""
 
-    def __init__(
-        self, client: aioredis.Redis, max_batch: int = MAX_BATCH, max_in_flight: int = MAX_IN_FLIGHT
-    ) -> None:
+    def __init__(self, client: aioredis.Redis, link: Link | None = None, max_batch: int = MAX_BATCH) -> None:
         self._client = client
+        self._link = link if link is not None else PipelineLink(client)
         self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._pending: list[_Queued] = []
+        self._pending: list[Queued] = []
         self._flush_scheduled = False
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: set[asyncio.Future[None]] = set()
 
     async def execute(self, *args: Any) -> Any:
         """Run one command (its name, then its arguments) and return its parsed reply, as
@@ -83,16 +93,17 @@ class BatchedCommands:
 
     async def aclose(self) -> None:
         """Return once the commands queued so far have their replies (their callers wait for
-        them). The connections are the client's pool's."""
+        them); then the link closes what it holds of its own."""
         while self._pending or self._in_flight:
             if self._in_flight:
                 await asyncio.wait(self._in_flight)
             else:
                 await asyncio.sleep(0)  # the flush scheduled for them runs
+        await self._link.aclose()
 
     def _queued(self, args: tuple[Any, ...], joined: bool) -> asyncio.Future[Any]:
         """A future for the reply to `args`, which goes out at the end of this turn (or when a
-        pipeline out comes back, if MAX_IN_FLIGHT are)."""
+        batch comes back, if the link has as many out as it takes)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((args, future, joined))
@@ -103,20 +114,22 @@ class BatchedCommands:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        while self._pending and len(self._in_flight) < self._max_in_flight:
+        bound = self._link.max_in_flight
+        while self._pending and (bound is None or len(self._in_flight) < bound):
             batch = self._take()
             if batch:
-                task = asyncio.create_task(self._run(batch))
-                self._in_flight.add(task)
-                task.add_done_callback(self._landed)
+                done = self._link.send(batch)
+                if done is not None:
+                    self._in_flight.add(done)
+                    done.add_done_callback(self._landed)
 
-    def _landed(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._flush()  # what waited for a pipeline to come back
+    def _landed(self, done: asyncio.Future[None]) -> None:
+        self._in_flight.discard(done)
+        self._flush()  # what waited for a batch to come back
 
-    def _take(self) -> list[_Queued]:
-        """The next pipeline's commands off the queue: up to MAX_BATCH, more rather than part of
-        an in-order group; none whose caller is gone."""
+    def _take(self) -> list[Queued]:
+        """The next batch's commands off the queue: up to MAX_BATCH, more rather than part of an
+        in-order group; none whose caller is gone."""
         pending = self._pending
         end = min(len(pending), self._max_batch)
         while end < len(pending) and pending[end - 1][2]:
@@ -124,12 +137,29 @@ class BatchedCommands:
         batch, self._pending = pending[:end], pending[end:]
         return [queued for queued in batch if not queued[1].done()]
 
-    async def _run(self, batch: list[_Queued]) -> None:
+
+class PipelineLink:
+    """Batches as redis-py pipelines (`transaction=False`): its public API, a pooled connection per
+    pipeline, MAX_IN_FLIGHT out at a time. What ends a pipeline's read (a lost connection,
+    `socket_timeout`, a LOADING reply, a reply that is no UTF-8) fails every command of it, as it
+    would fail a single command; the pool connects again for the next."""
+
+    def __init__(self, client: aioredis.Redis, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self._client = client
+        self.max_in_flight: int | None = max_in_flight
+
+    def send(self, batch: list[Queued]) -> asyncio.Future[None]:
+        return asyncio.create_task(self._run(batch))
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close: the connections are the client's pool's."""
+
+    async def _run(self, batch: list[Queued]) -> None:
         """Send one pipeline and settle its commands' futures."""
         try:
             sent, replies = await self._sent(batch)
         except Exception as exc:
-            _fail(batch, exc)
+            fail_all(batch, exc)
         else:
             for (_, future, _), reply in zip(sent, replies, strict=True):
                 if future.done():  # its caller is gone
@@ -142,7 +172,7 @@ class BatchedCommands:
             for _, future, _ in batch:
                 future.cancel()  # no-op for those settled: only a cancel of this task gets here
 
-    async def _sent(self, batch: list[_Queued]) -> tuple[list[_Queued], list[Any]]:
+    async def _sent(self, batch: list[Queued]) -> tuple[list[Queued], list[Any]]:
         """The commands sent and their replies (a reply that is an error reply is its exception).
         redis-py packs a whole pipeline before writing any of it: a command whose argument it
         refuses fails alone, and the others go out without it."""
@@ -154,7 +184,7 @@ class BatchedCommands:
         sent = [queued for queued in batch if not queued[1].done()]
         return sent, (await self._pipelined(sent) if sent else [])
 
-    async def _pipelined(self, batch: list[_Queued]) -> list[Any]:
+    async def _pipelined(self, batch: list[Queued]) -> list[Any]:
         REDIS_BATCH.observe(len(batch))
         pipe = self._client.pipeline(transaction=False)
         for args, _, _ in batch:
@@ -162,7 +192,7 @@ class BatchedCommands:
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
 
-    def _refuse_unencodable(self, batch: list[_Queued]) -> bool:
+    def _refuse_unencodable(self, batch: list[Queued]) -> bool:
         """Fail each command with an argument redis-py's encoder refuses (DataError: a bool or None;
         UnicodeEncodeError: a str that is no UTF-8) with that error. Whether there was one."""
         encode = self._client.get_encoder().encode  # type: ignore[no-untyped-call]  # unannotated in redis-py
@@ -178,7 +208,8 @@ class BatchedCommands:
         return refused
 
 
-def _fail(batch: list[_Queued], error: Exception) -> None:
+def fail_all(batch: list[Queued], error: Exception) -> None:
+    """Every command of the batch still waited for fails with `error`."""
     for _, future, _ in batch:
         if not future.done():
             future.set_exception(error)

@@ -1,16 +1,23 @@
 """How the API sends single commands and scripts to Redis: the `Commands` its services depend on,
-batched across concurrent requests (batching.py) or, with GENQ_API_AUTOPIPELINE off, each through
-redis-py's connection pool on its own (`DirectCommands`)."""
+batched across concurrent requests (batching.py: on a connection of its own, wire.py, or through
+redis-py's pipelines) or, with GENQ_API_AUTOPIPELINE off, each through redis-py's connection pool
+on its own (`DirectCommands`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from redis.commands.core import AsyncScript
 
 from api.redis_io.batching import BatchedCommands
+from api.redis_io.wire import TakeOverFailed, WireLink
+from shared.logging import fields
+
+log = logging.getLogger("genq.api")
 
 
 class Commands(Protocol):
@@ -47,6 +54,23 @@ class DirectCommands:
         """Nothing of its own to close: the pool is the client's."""
 
 
-def open_commands(client: aioredis.Redis, batched: bool = True) -> Commands:
-    """The API's commands on `client`: batched (GENQ_API_AUTOPIPELINE, on by default), or not."""
-    return BatchedCommands(client) if batched else DirectCommands(client)
+async def open_commands(client: aioredis.Redis, batched: bool = True, wire: bool = True) -> Commands:
+    """The API's commands on `client`: batched (GENQ_API_AUTOPIPELINE) on a connection of their
+    own (GENQ_API_REDIS_WIRE, checked here with one PING) or through redis-py's pipelines should
+    its take-over fail (logged as `redis_wire_off`); or each on its own. Redis being down at
+    start-up is no reason to fall back: the next command connects again."""
+    if not batched:
+        return DirectCommands(client)
+    if not wire:
+        return BatchedCommands(client)
+    commands = BatchedCommands(client, WireLink(client))
+    try:
+        await commands.execute("PING")
+    except TakeOverFailed as exc:
+        await commands.aclose()
+        message = "serving through redis-py's pipelines"
+        log.warning("redis_wire_off", extra=fields(error=repr(exc.__cause__ or exc), message=message))
+        return BatchedCommands(client)
+    except redis.exceptions.RedisError:
+        pass
+    return commands

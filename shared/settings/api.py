@@ -77,9 +77,15 @@ class ApiSettings(BaseModel):
     compare the two."""
 
     api_autopipeline: bool = True
-    """Send the Redis commands that concurrent requests issue in one event-loop turn together, as
-    one redis-py pipeline (api/redis_io/batching.py). Off: each command goes to Redis on its own,
-    through redis-py's connection pool. Turn it off only to compare the two."""
+    """Send the Redis commands that concurrent requests issue in one event-loop turn together, in
+    one write (api/redis_io/batching.py). Off: each command goes to Redis on its own, through
+    redis-py's connection pool. Turn it off only to compare the two."""
+
+    api_redis_wire: bool = True
+    """Write those batches on one connection the API reads itself (api/redis_io/wire.py, which
+    reads private names of the pinned redis-py; should they change, it logs `redis_wire_off` at
+    start-up and the API serves through redis-py's pipelines). Off: redis-py's pipelines, its
+    public API. Turn it off only to compare the two (`python -m bench.redis_io`)."""
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413."""

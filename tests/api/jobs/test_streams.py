@@ -27,7 +27,7 @@ async def output_streams(
     redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> AsyncIterator[OutputStreams]:
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    commands = open_commands(client)  # batched, as the app opens them
+    commands = await open_commands(client)  # batched, as the app opens them
     yield OutputStreams(commands)
     await commands.aclose()
     await client.aclose()

@@ -1,5 +1,5 @@
 """The API's commands (api/redis_io/commands.py) against the suite's real Redis: batched by
-default and each on its own with GENQ_API_AUTOPIPELINE off, the API serving either way; commands
+default and each on its own with GENQ_API_AUTOPIPELINE off, the API serving every way; commands
 in order on their own run one after another and stop at the first error."""
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Asy
 
 
 async def test_commands_are_batched_unless_turned_off(aclient: aioredis.Redis) -> None:
-    assert isinstance(open_commands(aclient), BatchedCommands)
-    assert isinstance(open_commands(aclient, batched=False), DirectCommands)
+    batched = await open_commands(aclient)
+    assert isinstance(batched, BatchedCommands)
+    await batched.aclose()
+    assert isinstance(await open_commands(aclient, batched=False), DirectCommands)
 
 
-@pytest.mark.parametrize("batched", [True, False])
-async def test_the_api_serves_either_way(make_settings: Callable[..., Settings], batched: bool) -> None:
-    async with api_client(make_settings(api_autopipeline=batched)) as api:
+@pytest.mark.parametrize(("batched", "wire"), [(True, True), (True, False), (False, True)])
+async def test_the_api_serves_every_way(
+    make_settings: Callable[..., Settings], batched: bool, wire: bool
+) -> None:
+    async with api_client(make_settings(api_autopipeline=batched, api_redis_wire=wire)) as api:
         submitted = await api.post("/v1/jobs", json={"prompt": "either way"})
         assert submitted.status_code == 202
         assert (await api.get(submitted.headers["location"])).json()["status"] == "queued"
