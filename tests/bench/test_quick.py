@@ -149,15 +149,30 @@ def test_scale_quick(tmp_path: Path) -> None:
 
 
 def test_pubsub_quick(tmp_path: Path) -> None:
-    report = run_quick("pubsub", tmp_path)
+    """Both ways in one run: this tree's listener against another checkout's (here, this one)."""
+    report = run_quick("pubsub", tmp_path, "--base", str(ROOT))
     assert [run["batch"] for run in report["runs"]] == [1, 2, 16]
     for run in report["runs"]:
         assert run["messages"] == 1_000
-        for way in ("raw", "pubsub"):
-            assert len(run[way]["rounds"]) == 1
+        for side in ("base", "new"):
+            assert len(run[side]["rounds"]) == 1
             # a real CPU cost: not the ~0.2 us of a run whose wait ended before its messages came
-            assert run[way]["cpu_us_per_message_median"] > 1.0, run
-        assert run["raw_over_pubsub"] > 0
+            assert run[side]["cpu_us_per_message_median"] > 1.0, run
+        assert run["new_over_base"] > 0
+
+
+def test_redis_io_quick(tmp_path: Path) -> None:
+    """The wire and redis-py's pipelines, and another checkout's API (here, this one), in one run."""
+    report = run_quick("redis_io", tmp_path, "--base", str(ROOT))
+    steps = [(run["endpoint"], run["connections"]) for run in report["runs"]]
+    assert steps == [("enqueue", 1), ("enqueue", 4), ("get_job", 1), ("get_job", 4)]
+    for run in report["runs"]:
+        assert set(run["sides"]) == {"wire", "pipelines", "base"}
+        assert set(run["over_wire"]) == {"pipelines", "base"}
+        for side in run["sides"].values():
+            assert side["rate"] > 0 and side["cpu_us"] > 0
+            assert_latencies(side)
+
 
 
 def test_take_path_quick(tmp_path: Path) -> None:
