@@ -174,7 +174,6 @@ def test_redis_io_quick(tmp_path: Path) -> None:
             assert_latencies(side)
 
 
-
 def test_take_path_quick(tmp_path: Path) -> None:
     """bench/take_path.py: the take path and kombu's public consumer on this tree, side by side."""
     report = run_quick("take_path", tmp_path)
