@@ -16,11 +16,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from shared import keys
+from shared import keys, kombu_layout
 from shared.config import Settings
-
-#: kombu's priority steps: one Redis list per step, which workers BRPOP lowest step first.
-PRIORITY_STEPS = (0, 3, 6, 9)
 
 #: Seconds a synchronous broker command (publish, ack, restore) may wait for its reply.
 BROKER_SOCKET_TIMEOUT_S = 10.0
@@ -49,9 +46,8 @@ def create_celery_app(settings: Settings) -> Celery:
             # visibility timeout, at the cost of one ZRANGE per sweep.
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
             "unacked_restore_throttle": 1,
-            "priority_steps": list(PRIORITY_STEPS),
-            "sep": keys.PRIORITY_SEPARATOR,
-            "queue_order_strategy": "priority",
+            # kombu's layout as genq's scripts read and write it (priority steps, their lists' names).
+            **kombu_layout.TRANSPORT_OPTIONS,
             "socket_keepalive": True,
             "health_check_interval": 10,
             # Without these, a synchronous broker command waits forever on a connection that
@@ -70,6 +66,5 @@ def create_celery_app(settings: Settings) -> Celery:
     return app
 
 
-def queue_lists(queue: str) -> list[str]:
-    """The Redis lists holding `queue`'s messages, in the order a worker's BRPOP names them."""
-    return [keys.queue_key(queue, priority) for priority in PRIORITY_STEPS]
+#: The Redis lists holding a queue's messages, in the order a worker's BRPOP names them.
+queue_lists = kombu_layout.queue_lists

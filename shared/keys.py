@@ -1,13 +1,15 @@
 """Every Redis key and channel genq uses, with its lifetime. Nothing else builds key names.
 
-Queue keys belong to Celery's Redis transport (kombu): a queue `Q` is a list at key `Q` for
-priority 0 and `Q\\x06\\x16<p>` for the other priority steps; workers BRPOP them in priority
-order, so priority 0 is served first.
+Queue keys belong to Celery's Redis transport (kombu): their layout (a list per queue and
+priority step, the unacked hash and index) is known in shared/kombu_layout.py alone, and named
+here from there.
 """
 
 from __future__ import annotations
 
 import hashlib
+
+from shared import kombu_layout
 
 PREFIX = "genq"
 
@@ -168,12 +170,10 @@ INFLIGHT = PREFIX + ":inflight:{cache_key}"
 #: arrival order. Resolved and deleted by the script that ends the leader. TTL: the job's.
 FOLLOWERS = PREFIX + ":job:{job_id}:followers"
 
-#: Celery's Redis transport keeps delivered, unacknowledged messages here (kombu's names).
-KOMBU_UNACKED = "unacked"
-KOMBU_UNACKED_INDEX = "unacked_index"
-
-#: kombu's separator between a queue name and its priority step.
-PRIORITY_SEPARATOR = "\x06\x16"
+#: Celery's Redis transport keeps delivered, unacknowledged messages here (kombu's names). No TTL:
+#: kombu's ack removes an entry, its visibility-timeout sweep restores a stale one.
+KOMBU_UNACKED = kombu_layout.UNACKED
+KOMBU_UNACKED_INDEX = kombu_layout.UNACKED_INDEX
 
 #: Job hash fields holding pre-built webhook delivery messages; the Lua script that moves the job
 #: to running (start) or to a terminal state (completed) pushes the message onto WEBHOOK_QUEUE and
@@ -287,14 +287,8 @@ def queue_for_model(model: str) -> str:
     return f"{PREFIX}.{model}"
 
 
-def queue_key(queue: str, priority: int) -> str:
-    """The Redis list holding `queue`'s messages of a kombu priority step (0 is served first)."""
-    return f"{queue}{PRIORITY_SEPARATOR}{priority}" if priority else queue
-
-
-def queue_of_list(queue_list: str) -> str:
-    """The queue whose messages a list of queue_key() holds."""
-    return queue_list.split(PRIORITY_SEPARATOR, 1)[0]
+#: The Redis list holding a queue's messages of a kombu priority step (0 is served first).
+queue_key = kombu_layout.queue_key
 
 
 def file(file_id: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 import uuid
@@ -30,8 +29,8 @@ import redis.exceptions
 
 from shared import keys, metrics, scripts
 from shared.config import Settings
+from shared.kombu_layout import delivery_tag_of, retagged
 from shared.logging import fields
-from shared.messages import retagged
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
 
 log = logging.getLogger("genq.reaper")
@@ -42,8 +41,6 @@ BATCH = 200
 LIST_CHUNK = 1000
 #: Messages each such LRANGE shares with the one before it (see _read_tags()).
 LIST_OVERLAP = 100
-#: A message's delivery tag, however its JSON is spaced (genq's builder, kombu's restore).
-_TAG = re.compile(r'"delivery_tag":\s*"([^"]+)"')
 #: Outcomes of the scripts that are actions (the others: 'held', 'suspect', 'stale').
 ACTIONS = frozenset(metrics.REAPER_ACTION_NAMES)
 
@@ -130,7 +127,7 @@ class Reaper:
             keys.job(job_id), "queue", "priority", "message", "queue_key"
         )  # one read for both: the fresh copy the script may push, and whether the list holds the job's
         message, _ = job_message(job_id, as_text(queue or ""), int(priority or 0))
-        tag = _tag_of(stored) if stored else None
+        tag = delivery_tag_of(stored) if stored else None
         listed = tag is not None and queue_key is not None and self._in_list(as_text(queue_key), tag, now)
         labels = _queue_labels(as_text(queue or ""))
         if queue_key is not None:
@@ -171,7 +168,7 @@ class Reaper:
         step = LIST_CHUNK - LIST_OVERLAP
         for offset in range(0, int(self._redis.llen(queue_key)), step):
             chunk = self._redis.lrange(queue_key, -offset - LIST_CHUNK, -offset - 1)
-            tags.update(tag for message in chunk if (tag := _tag_of(message)) is not None)
+            tags.update(tag for message in chunk if (tag := delivery_tag_of(message)) is not None)
         return frozenset(tags)
 
     def _reap_delivery(self, delivery: str, now: float) -> str:
@@ -194,8 +191,3 @@ class Reaper:
 
 def _queue_labels(queue: str) -> list[str]:
     return [scripts.label("queued_key", queue), scripts.label("running_key", queue)]
-
-
-def _tag_of(message: bytes | str) -> str | None:
-    found = _TAG.search(as_text(message))
-    return found.group(1) if found else None

@@ -21,7 +21,7 @@ import orjson
 
 from shared import keys
 from shared.jobspec import JobSpec
-from shared.messages import task_message
+from shared.kombu_layout import task_message
 from shared.schemas import JobCoreView, JobOutput, JobStatus, JobSummaryView, JobView
 
 TIMEOUT_ERROR = orjson.dumps(

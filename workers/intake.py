@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 
-import orjson
 import redis
 
 from shared import keys
+from shared.kombu_layout import task_of
 from shared.logging import fields
 from workers.jobs import ClaimedJob, ClaimOutcome, NextTake, WorkerJobs
 
@@ -86,11 +86,5 @@ class Intake:
 
 def _generation_job(message: str) -> str | None:
     """The job id of a generation task's message; None for anything else."""
-    try:
-        headers = orjson.loads(message)["headers"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return None
-    if not isinstance(headers, dict) or headers.get("task") != keys.GENERATE_TASK:
-        return None
-    job_id = headers.get("id")
-    return job_id if isinstance(job_id, str) else None
+    task = task_of(message)
+    return task[1] if task is not None and task[0] == keys.GENERATE_TASK else None

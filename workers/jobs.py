@@ -18,7 +18,7 @@ import redis
 import redis.client
 import redis.exceptions
 
-from shared import keys, scripts
+from shared import keys, kombu_layout, scripts
 from shared.logging import fields as log_fields
 from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
 from workers.webhooks.bodies import completed_body
@@ -176,7 +176,7 @@ class WorkerJobs:
 
     def _take_labels(self, queue_lists: list[str], asked: list[str]) -> list[str]:
         labels = list(asked)
-        for queue in {keys.queue_of_list(name) for name in queue_lists} | self._queues:
+        for queue in {kombu_layout.queue_of_list(name) for name in queue_lists} | self._queues:
             labels += _queue_labels(queue)
         return labels
 

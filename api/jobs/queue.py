@@ -30,7 +30,7 @@ from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import is_job_id, new_id
 from shared.jobspec import JobSpec
-from shared.messages import task_message
+from shared.kombu_layout import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
 from shared.store import encode_input, is_terminal, public_job

@@ -256,7 +256,7 @@ end
 
 -- A task message's (kombu's JSON envelope's) string field `name` at or after `from`, by a pattern,
 -- when its value is a plain word, as its task name, id and delivery tag are in every message genq
--- (shared/messages.py) and Celery write, in either's JSON spacing; nil otherwise, and the caller
+-- (shared/kombu_layout.py) and Celery write, in either's JSON spacing; nil otherwise, and the caller
 -- decodes the whole envelope, which cost ~10 us more of Redis's time each time.
 local function word_field(message, name, from)
   -- A plain find (a memory search) for the name, then a pattern anchored there: a pattern searched

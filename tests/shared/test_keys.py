@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import string
 
-from shared import keys
+from shared import keys, kombu_layout
 
 
 def _templates() -> dict[str, str]:
@@ -47,4 +47,4 @@ def test_queues_and_their_priority_lists() -> None:
     queue = keys.queue_for_model("placeholder-echo")
     assert queue == "genq.placeholder-echo"
     assert keys.queue_key(queue, 0) == queue  # priority 0 is the bare list, served first
-    assert keys.queue_key(queue, 9) == queue + keys.PRIORITY_SEPARATOR + "9"
+    assert keys.queue_key(queue, 9) == queue + kombu_layout.PRIORITY_SEPARATOR + "9"

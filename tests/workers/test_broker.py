@@ -24,7 +24,7 @@ from kombu.message import Message
 
 from cli import redis_server
 from cli.redis_server import EmbeddedRedis
-from shared import keys
+from shared import keys, kombu_layout
 from workers.broker import Channel, Transport, while_refused
 
 QUEUE = "genq.test-broker"
@@ -78,7 +78,7 @@ def test_a_queue_binding_waits_for_writes(connection: Connection, admin: redis.R
     lift = _refuse_writes_for(admin, 1.0)
     queue(connection.default_channel).declare()  # stock kombu raised: the worker exited
     lift.join()
-    assert admin.smembers("_kombu.binding." + name) == {name + keys.PRIORITY_SEPARATOR * 2 + name}
+    assert admin.smembers("_kombu.binding." + name) == {name + kombu_layout.PRIORITY_SEPARATOR * 2 + name}
 
 
 def test_while_refused_raises_other_errors(admin: redis.Redis) -> None:

@@ -32,7 +32,7 @@ import redis
 
 from shared import key_secrets, keys, scripts, signing
 from shared.config import Settings
-from shared.messages import task_message
+from shared.kombu_layout import task_message
 from shared.schemas import WebhookEvent
 from shared.store import rfc3339
 from workers.webhooks.bodies import WebhookPayload, batch_event, job_event

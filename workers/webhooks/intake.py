@@ -14,15 +14,14 @@ payload is built already: such a delivery costs this one round trip."""
 
 from __future__ import annotations
 
-import base64
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import redis
 
 from shared import keys, scripts
+from shared.kombu_layout import read_task
 from shared.schemas import WebhookEvent
 from workers.webhooks.delivery import (
     START_MESSAGE_FIELD,
@@ -55,16 +54,14 @@ class DeliveryMessage:
 
     @classmethod
     def parse(cls, raw: bytes | str) -> DeliveryMessage:
-        """A delivery task's message as kombu's Redis transport holds it (shared/messages.py)."""
-        envelope = orjson.loads(raw)
-        headers = envelope["headers"]
-        args, kwargs, _ = orjson.loads(base64.b64decode(envelope["body"]))
-        task_id = str(headers["id"])
-        if headers["task"] == keys.BATCH_WEBHOOK_TASK:
+        """A delivery task's message as kombu's Redis transport holds it (shared/kombu_layout.py)."""
+        call = read_task(raw)
+        args = call.args
+        if call.task == keys.BATCH_WEBHOOK_TASK:
             delivery = Delivery.of_batch(str(args[0]), str(args[1]))
         else:
-            delivery = Delivery.of(str(args[0]), str(args[1]), task_id)
-        return cls(delivery, task_id, int(headers.get("retries") or 0), dict(kwargs or {}))
+            delivery = Delivery.of(str(args[0]), str(args[1]), call.task_id)
+        return cls(delivery, call.task_id, call.retries, call.kwargs)
 
 
 @dataclass(frozen=True, slots=True)

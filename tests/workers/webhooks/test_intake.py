@@ -18,7 +18,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from shared.messages import task_message
+from shared.kombu_layout import task_message
 from shared.reaper import Reaper
 from tests.shared.script_keys import checked_client
 from tests.workers.webhooks.test_orphans import recheck_at
