@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -44,13 +44,6 @@ def make(request: pytest.FixtureRequest) -> Make:
         return BatchedCommands(client, link, max_batch)
 
     return batched
-
-
-@pytest.fixture
-async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[aioredis.Redis]:
-    async_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield async_client
-    await async_client.aclose()
 
 
 def batches() -> tuple[float, float]:

@@ -4,7 +4,7 @@ in order on their own run one after another and stop at the first error."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -13,18 +13,10 @@ import redis.exceptions
 
 from api.redis_io.batching import BatchedCommands
 from api.redis_io.commands import DirectCommands, open_commands
-from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[aioredis.Redis]:
-    async_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield async_client
-    await async_client.aclose()
 
 
 async def test_commands_are_batched_unless_turned_off(aclient: aioredis.Redis) -> None:

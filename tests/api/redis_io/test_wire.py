@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -20,19 +20,11 @@ from api.redis_io import wire
 from api.redis_io.batching import BatchedCommands, PipelineLink
 from api.redis_io.commands import open_commands
 from api.redis_io.wire import TakeOverFailed, WireLink
-from cli.redis_server import EmbeddedRedis
 from shared.config import Settings
 from shared.logging import FIELDS
 from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def aclient(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> AsyncIterator[aioredis.Redis]:
-    async_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    yield async_client
-    await async_client.aclose()
 
 
 # --- the contract -----------------------------------------------------------------------------------
