@@ -26,6 +26,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from cli.redis_server import EmbeddedRedis
 from shared import keys
 from shared.config import Settings
+from shared.jobspec import JobSpec
 from shared.signing import headers, parse_secrets
 from tests.conftest import WorkerProcess, api_client, suite_settings
 from tests.workers.webhooks.conftest import QuietServer
@@ -279,7 +280,13 @@ async def test_output_events_reach_the_receiver_while_the_job_runs(
         notifier = OutputWebhooks(
             redis.Redis.from_url(settings.require_redis_url(), decode_responses=True), settings
         )
-        notifier.follow(job_id, {"webhook": receiver.url, "webhook_events_filter": ["output"]})
+        hooked = {
+            "prompt": "x",
+            "max_tokens": 1,
+            "webhook": receiver.url,
+            "webhook_events_filter": ["output"],
+        }
+        notifier.follow(job_id, JobSpec.model_validate(hooked))
         notifier.on_output(job_id)  # what the runtime would do with a late delta
         await asyncio.sleep(1.5)
     notifier.close()
