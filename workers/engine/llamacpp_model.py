@@ -10,6 +10,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,17 @@ def binding() -> Any:
 _KEPT: list[Any] = []
 #: ggml's log levels that reach our log: WARN (3) and ERROR (4).
 _LOGGED_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
+#: A warning expected of genq's own context, logged at debug: a shared KV cache (llamacpp_context.py)
+#: lets llama.cpp see every sequence as able to fill all of it, past the model's training context,
+#: while genq holds each sequence to llamacpp_sequence_tokens (at most that context).
+_EXPECTED_WARNING = re.compile(r"llama_context: n_ctx_seq \(\d+\) > n_ctx_train")
 
 
 def _forward_log(level: int, text: bytes, _: Any) -> None:
     if level in _LOGGED_LEVELS:
         message = text.decode(errors="replace").strip()
-        logger.log(_LOGGED_LEVELS[level], "llamacpp_log", extra=fields(text=message))
+        logged = logging.DEBUG if _EXPECTED_WARNING.match(message) else _LOGGED_LEVELS[level]
+        logger.log(logged, "llamacpp_log", extra=fields(text=message))
 
 
 @dataclass(frozen=True, slots=True)

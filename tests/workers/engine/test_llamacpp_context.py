@@ -3,8 +3,11 @@ the batch-invariant layout (llamacpp_context.py), chosen by the worker's setting
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from shared.config import Settings
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
@@ -51,3 +54,19 @@ def test_llama_cpp_creates_the_context_the_layout_asks_for(
             assert int(llama.llama_n_ctx_seq(context)) == per_sequence
         finally:
             llama.llama_free(context)
+
+
+def test_a_shared_cache_past_the_training_context_is_no_warning(
+    llamacpp_model: LlamaCppModel, model_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama.cpp warns when a sequence could fill more cells than the model was trained on: in the
+    default shared cache of 16384 cells every sequence could, but genq holds each to its
+    llamacpp_sequence_tokens, so a worker's log stays free of it (at debug)."""
+    llama = binding()
+    config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache)
+    assert kv_layout(config).cells > llamacpp_model.context_train
+    with caplog.at_level(logging.DEBUG, logger="workers.engine.llamacpp_model"):
+        context = llama.llama_init_from_model(llamacpp_model.handle, context_params(llama, config, 1, 64, 64))
+        llama.llama_free(context)
+    logged = [record for record in caplog.records if "n_ctx_train" in str(record.__dict__)]
+    assert logged and all(record.levelno == logging.DEBUG for record in logged)
