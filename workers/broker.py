@@ -1,4 +1,5 @@
-"""kombu's Redis transport, retrying while the store refuses writes or restarts.
+"""kombu's Redis transport, retrying while the store refuses writes or restarts: the one module that
+overrides kombu's transport (Celery's `broker_transport`, set in workers/worker.py).
 
 When a worker takes a message, kombu moves it from the queue list into its unacknowledged hash in
 two steps: a pop, then a MULTI that records it. With Redis at maxmemory (`noeviction`), or
@@ -9,6 +10,16 @@ can do nothing useful while the store refuses writes anyway); so are the acknowl
 rejection of a message (each a MULTI, which a full Redis refuses whole) and the queue bindings
 that a reconnecting consumer writes. Were the worker killed while it holds a message so, the
 message is in no list and no hash: the reaper's orphan check pushes it again (shared/lua/reap_orphan.lua).
+
+Why overrides and no public option: kombu's retry options (`retry_on_timeout`, Celery's
+`broker_connection_retry`, the transport's `health_check_interval`, `socket_keepalive`, all set in
+shared/celery_app.py) retry a lost connection, never a command Redis answered with an error; an
+OOM or READONLY reply is a ResponseError, which kombu passes up and Celery's consumer treats as
+fatal, and no Celery signal runs before that. So the QoS's append, ack, reject, restore_visible and
+restore_unacked, and the Channel's _queue_bind and _connparams, are wrapped here (each calls
+kombu's own and only adds the retry or the error's class), and _create_client keeps one client per
+pool (kombu builds one per acknowledgement). tests/workers/test_broker.py pins their names and
+signatures against the pinned kombu: a kombu that renames or reshapes one fails there.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from typing import Any, TypeVar
 
 import redis.exceptions
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from shared import metrics
 from shared.errors import storage_refusal
@@ -62,9 +74,17 @@ def while_refused(call: Callable[[], T], event: str) -> T:
 
 
 class RetryingQoS(kombu_redis.QoS):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        #: Delivery tags of the messages this channel holds (recorded, not yet settled): what a
+        #: closing channel that cannot put them back leaves to the next (kept here, not read
+        #: from kombu's own bookkeeping).
+        self.held: set[str] = set()
+
     def append(self, message: Any, delivery_tag: str) -> None:
         append = super().append
         while_refused(lambda: append(message, delivery_tag), "broker_record_refused")  # type: ignore[no-untyped-call]
+        self.held.add(delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         # kombu acknowledges with a MULTI (ZREM and HDEL), and Redis refuses every command queued
@@ -72,12 +92,14 @@ class RetryingQoS(kombu_redis.QoS):
         # worker exited, its job done. Removing a message twice is harmless: wait for the store.
         ack = super().ack
         while_refused(lambda: ack(delivery_tag), "broker_ack_refused")  # type: ignore[no-untyped-call]
+        self.held.discard(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         # A requeue moves the message from the unacked hash to its list in one transaction, a
         # drop removes it: both refused at maxmemory, as the ack is, and as safe to retry.
         reject = super().reject
         while_refused(lambda: reject(delivery_tag, requeue=requeue), "broker_reject_refused")  # type: ignore[no-untyped-call]
+        self.held.discard(delivery_tag)
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         # kombu's periodic sweep of messages past the visibility timeout takes a Redis lock first
@@ -91,9 +113,10 @@ class RetryingQoS(kombu_redis.QoS):
             metrics.STORAGE_REFUSED.labels("broker").inc()
 
     def restore_unacked(self, client: Any = None) -> None:
-        tags = list(self._delivered)
+        tags = list(self.held)
         try:
             super().restore_unacked(client)  # type: ignore[no-untyped-call]
+            self.held.clear()
         except redis.exceptions.ConnectionError:
             self._leave_behind(tags)
             raise
@@ -109,7 +132,12 @@ class RetryingQoS(kombu_redis.QoS):
     def _leave_behind(self, tags: list[str]) -> None:
         with _left_behind_lock:
             _left_behind.update(tags)
-        self._delivered.clear()
+        for tag in tags:
+            # kombu's base QoS.ack settles its own bookkeeping only (the Redis one's also deletes
+            # the unacked entry, which the next channel restores): kombu then counts none of
+            # these as held, and its restore at shutdown, which runs once, finds none left.
+            virtual.QoS.ack(self, tag)  # type: ignore[no-untyped-call]
+        self.held.clear()
         log.warning("broker_restore_deferred", extra=fields(messages=len(tags)))
 
 
