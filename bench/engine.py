@@ -110,8 +110,9 @@ FULL = Sizes(DEFAULT_MODEL, 64, (1, 4, 16, 32), 6, 256, 16, 15, 16, 3)
 QUICK = Sizes(RANDOM_MODEL, 8, (1, 4), 2, 32, 4, 3, 4, 1)
 #: --backends: jobs per concurrency (at least the concurrency: every client gets one).
 BACKEND_JOBS = {1: 4, 4: 8, 16: 16, 32: 32}
-#: --backends: KV cells of each llama.cpp row (a ~40-token prompt + 64 tokens fit; 32 rows of the
-#: default 2048 would zero 1.4 GB up front for nothing).
+#: --backends: the most tokens of a job (a ~40-token prompt + 64 tokens fit), and the KV cells per
+#: row the engine may reserve (the llama.cpp cache, allocated whole at start, holds that many per
+#: row: 32 rows of the default 2048 would zero 1.4 GB up front for nothing).
 BACKEND_SEQUENCE_TOKENS = 512
 
 
@@ -506,7 +507,7 @@ def gguf_config(args: argparse.Namespace, concurrency: Sequence[int], threads: i
         model=args.model or DEFAULT_MODEL,
         model_cache=args.model_cache,
         max_batch_size=max(concurrency),
-        max_batch_tokens=32768,
+        max_batch_tokens=max(concurrency) * BACKEND_SEQUENCE_TOKENS,
         torch_threads=threads,
         llamacpp_sequence_tokens=BACKEND_SEQUENCE_TOKENS,
         llamacpp_kv_cells=args.kv_cells,
