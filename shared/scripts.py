@@ -108,6 +108,7 @@ def _fields(template: str) -> tuple[str, ...]:
     return tuple(field for _, field, _, _ in string.Formatter().parse(template) if field)
 
 
+@functools.lru_cache(maxsize=4096)
 def key_of(name: str) -> str:
     """The key a label names."""
     template, *values = name.split(SEP)
@@ -124,8 +125,17 @@ def wire(
 ) -> tuple[list[Any], list[Any]]:
     """KEYS and ARGV of a call of a prelude script: its own keys and the declared ones (every
     constant, then `labels`'), and its own args after the labels."""
-    declared = [*CONSTANTS, *labels]
-    return [*keys_, *(key_of(name) for name in declared)], [MARK + "\n".join(declared), *args]
+    if not labels:
+        return [*keys_, *_CONSTANT_KEYS], [_CONSTANT_LABELS, *args]
+    return [*keys_, *_CONSTANT_KEYS, *map(key_of, labels)], [
+        _CONSTANT_LABELS + "\n" + "\n".join(labels),
+        *args,
+    ]
+
+
+#: What every call declares: the constant keys, and ARGV[1]'s start, their labels.
+_CONSTANT_KEYS = tuple(CONSTANTS.values())
+_CONSTANT_LABELS = MARK + "\n".join(CONSTANTS)
 
 
 def needed(error: BaseException) -> list[str] | None:

@@ -36,6 +36,7 @@ local c = {now = ARGV[2], lease_s = ARGV[3], timeout_error = ARGV[4], max_attemp
 -- Labels of the records and `start` deliveries of the jobs of the last `count` messages of the
 -- first list that has any, appended to `out`.
 local function next_labels(out, count)
+  if count < 1 then return out end
   for _, list in ipairs(KEYS) do
     local messages = redis.call('LRANGE', list, -count, -1)
     if #messages > 0 then
