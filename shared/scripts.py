@@ -172,11 +172,8 @@ class Script:
             try:
                 return self._script(keys=call_keys, args=call_args, client=client)
             except redis.exceptions.ResponseError as exc:
-                more = needed(exc)
-                if not more:
-                    raise
-                asked += more
-        raise RuntimeError(f"a script asked for keys {ROUNDS} times in a row: {asked}")
+                asked = _more(exc, asked)
+        raise _asked_too_often(asked)
 
     def evalsha(self, keys: Sequence[Any], args: Sequence[Any], labels: Sequence[str] = ()) -> list[Any]:
         """EVALSHA's arguments after the command's name, for a pipeline (whose reply, should the
@@ -197,11 +194,20 @@ async def run_async(
         try:
             return await call(call_keys, call_args)
         except redis.exceptions.ResponseError as exc:
-            more = needed(exc)
-            if not more:
-                raise
-            asked += more
-    raise RuntimeError(f"a script asked for keys {ROUNDS} times in a row: {asked}")
+            asked = _more(exc, asked)
+    raise _asked_too_often(asked)
+
+
+def _more(error: redis.exceptions.ResponseError, asked: list[str]) -> list[str]:
+    """`asked` and the labels a script's error asked for; the error itself when it asked none."""
+    more = needed(error)
+    if not more:
+        raise error
+    return [*asked, *more]
+
+
+def _asked_too_often(asked: list[str]) -> RuntimeError:
+    return RuntimeError(f"a script asked for keys {ROUNDS} times in a row: {asked}")
 
 
 class AsyncScript:

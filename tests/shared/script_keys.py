@@ -15,8 +15,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import redis
 import redis.client
+
+from cli.redis_server import EmbeddedRedis
 
 #: The Redis user script calls run as.
 PROBE_USER = "genq-script-keys"
@@ -99,3 +102,10 @@ def checked_client(url: str) -> Iterator[KeyCheckedRedis]:
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """tests/conftest.py's redis_client, each script call allowed only the keys it declares: a test
+    module that imports this fixture runs its scripts under the key check."""
+    yield from checked_client(redis_server.url)

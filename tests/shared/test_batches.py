@@ -5,27 +5,21 @@ may touch only the keys it declares (tests/shared/script_keys.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 import redis
 
-from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.batches import BatchStatus, NewBatch, result_file_id
 from shared.files import FilePurpose, NewFile
-from tests.shared.script_keys import checked_client
+from tests.shared.script_keys import redis_client
 
 BATCH = "batch_" + "0" * 32
 OWNER = "key-a"
 
-
-@pytest.fixture
-def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
-    yield from checked_client(redis_server.url)
+__all__ = ["redis_client"]  # the fixture: its scripts run under the key check
 
 
 def run(client: redis.Redis, name: str, keys_: list[str], args: list[Any]) -> Any:

@@ -58,13 +58,17 @@ def _eval(client: redis.Redis, body: str, keys_: list[str], args: list[object], 
 
 
 def test_every_script_has_its_tests_under_the_key_check() -> None:
-    from tests.shared import test_store_scripts
+    from tests.shared import script_keys, test_store_scripts
 
     assert sorted(CHECKED_IN) == SCRIPTS
     for name, module in CHECKED_IN.items():
         names = importlib.import_module(module).__dict__
-        checked_fixture = names.get("client") is test_store_scripts.client  # the store scripts' tests' client
-        assert names.get("checked_client") is checked_client or checked_fixture, (name, module)
+        checked = (
+            names.get("redis_client") is script_keys.redis_client
+            or names.get("client") is test_store_scripts.client  # the store scripts' tests' client
+            or names.get("checked_client") is checked_client
+        )
+        assert checked, (name, module)
 
 
 def test_labels_name_the_keys_python_builds() -> None:

@@ -4,7 +4,6 @@ message may make an attempt."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -13,18 +12,14 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from tests.shared.script_keys import checked_client
+from tests.shared.script_keys import redis_client
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
 from workers.webhooks.delivery import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
 
-
-@pytest.fixture
-def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
-    yield from checked_client(redis_server.url)
+__all__ = ["redis_client"]  # the fixture: its scripts run under the key check
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -20,7 +20,7 @@ from cli.redis_server import EmbeddedRedis
 from shared import keys
 from shared.kombu_layout import task_message
 from shared.reaper import Reaper
-from tests.shared.script_keys import checked_client
+from tests.shared.script_keys import redis_client
 from tests.workers.webhooks.test_orphans import recheck_at
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
@@ -36,11 +36,7 @@ from workers.webhooks.intake import DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 
-
-@pytest.fixture
-def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
-    yield from checked_client(redis_server.url)
+__all__ = ["redis_client"]  # the fixture: its scripts run under the key check
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ Redis, then end to end with real worker processes and a real receiver."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,11 +17,13 @@ from cli.redis_server import EmbeddedRedis
 from shared import keys, scripts
 from shared.reaper import Reaper
 from tests.conftest import WorkerProcess, api_client
-from tests.shared.script_keys import checked_client
+from tests.shared.script_keys import redis_client
 from tests.workers.webhooks.test_tasks import Receiver, hook_settings, submit_completed_hook, until
 from workers.webhooks.delivery import WEBHOOK_LIST, Deliveries, Delivery
 
 DELIVERY = Delivery.of("job-1", "completed", "task-1")
+
+__all__ = ["redis_client"]  # the fixture: its scripts run under the key check
 
 
 def check_at() -> float:
@@ -31,12 +33,6 @@ def check_at() -> float:
 
 def recheck_at(first: float) -> float:
     return first + scripts.ORPHAN_RECHECK_S + 1
-
-
-@pytest.fixture
-def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
-    yield from checked_client(redis_server.url)
 
 
 @pytest.fixture
