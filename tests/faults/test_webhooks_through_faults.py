@@ -16,7 +16,7 @@ import redis
 from cli.redis_server import EmbeddedRedis
 from shared import scripts
 from tests.conftest import WorkerProcess, api_client
-from tests.workers.test_webhooks import Receiver, hook_settings, submit_completed_hook, until
+from tests.workers.webhooks.test_tasks import Receiver, hook_settings, submit_completed_hook, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

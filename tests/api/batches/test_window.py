@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
-from api.redis_io.commands import DirectCommands
 from fastapi import FastAPI
 
 from api.app import job_api
@@ -27,6 +26,7 @@ from api.edge.ratelimit import RateLimiter
 from api.jobs.events import JobEvents
 from api.jobs.queue import JobQueue
 from api.jobs.schema_compile import CompileBudget, SchemaChecker
+from api.redis_io.commands import DirectCommands
 from shared import keys
 from shared.batches import BatchOutcome, BatchStatus, BatchStore, NewBatch, new_batch_id
 from shared.config import Settings
