@@ -7,8 +7,9 @@ their table-driven tests as a Redis user allowed only each call's KEYS. A script
 name: it names a key by a label, its template in shared/keys.py and the template's values
 (`job_key\\x1f<job id>`), and the prelude looks the label up among the keys the call declared.
 
-A call (`Script`, `wire`) sends its own KEYS, then the declared ones; ARGV[1] labels those, and
-the script's own ARGV follow. The caller declares what it knows a call will need; a key only the
+A call (`Script`, `wire`) sends its own KEYS, then every constant key (found by place), then the
+declared ones; ARGV[1] counts those, their labels follow, then the script's own ARGV. A script's
+text holds only the prelude's definitions it uses (`source`): each is made again on every call. The caller declares what it knows a call will need; a key only the
 script can find (a follower's record, a leader named by a key) it asks for: before its first
 write, it ends with a `GENQNEED` error naming the labels, and the call is sent again with them
 (`Script`, `run_async`). A script that would ask after a write fails instead (`GENQBUG`): a state
@@ -23,6 +24,7 @@ functions the scripts share (enqueue, ended, coalescing).
 from __future__ import annotations
 
 import functools
+import re
 import string
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -123,19 +125,17 @@ def key_of(name: str) -> str:
 def wire(
     keys_: Sequence[Any], args: Sequence[Any], labels: Sequence[str] = ()
 ) -> tuple[list[Any], list[Any]]:
-    """KEYS and ARGV of a call of a prelude script: its own keys and the declared ones (every
-    constant, then `labels`'), and its own args after the labels."""
+    """KEYS and ARGV of a call of a prelude script: its own keys, every constant key (in
+    CONSTANTS' order, so the prelude finds them by place) and `labels`' keys; ARGV[1] counts the
+    labels, which follow it, then the script's own args."""
     if not labels:
-        return [*keys_, *_CONSTANT_KEYS], [_CONSTANT_LABELS, *args]
-    return [*keys_, *_CONSTANT_KEYS, *map(key_of, labels)], [
-        _CONSTANT_LABELS + "\n" + "\n".join(labels),
-        *args,
-    ]
+        return [*keys_, *_CONSTANT_KEYS], [_NO_LABELS, *args]
+    return [*keys_, *_CONSTANT_KEYS, *map(key_of, labels)], [f"{MARK}{len(labels)}", *labels, *args]
 
 
-#: What every call declares: the constant keys, and ARGV[1]'s start, their labels.
+#: What every call declares: the constant keys; ARGV[1] of a call that declares no other key.
 _CONSTANT_KEYS = tuple(CONSTANTS.values())
-_CONSTANT_LABELS = MARK + "\n".join(CONSTANTS)
+_NO_LABELS = MARK + "0"
 
 
 def needed(error: BaseException) -> list[str] | None:
@@ -243,14 +243,15 @@ def key_function(name: str, template: str) -> str:
 
 
 _DECLARE = """local KEYS, ARGV = KEYS, ARGV
-local DECLARED = {}
+local DECLARED, K = {}, {}
 if string.byte(ARGV[1] or '', 1) == 30 then
-  local labels = {}
-  for name in string.gmatch(string.sub(ARGV[1], 2), '[^\\n]+') do labels[#labels + 1] = name end
-  local own = #KEYS - #labels
-  for i = 1, #labels do DECLARED[labels[i]] = KEYS[own + i] end
+  local count = tonumber(string.sub(ARGV[1], 2))
+  local own = #KEYS - #CONSTANT_NAMES - count
+  for i = 1, #CONSTANT_NAMES do K[CONSTANT_NAMES[i]] = KEYS[own + i] end
+  local first = own + #CONSTANT_NAMES
+  for i = 1, count do DECLARED[ARGV[1 + i]] = KEYS[first + i] end
   KEYS = {unpack(KEYS, 1, own)}
-  ARGV = {unpack(ARGV, 2)}
+  ARGV = {unpack(ARGV, count + 2)}
 end
 local WROTE = false
 local server = redis
@@ -284,32 +285,75 @@ local function need(labels)
 end
 local L = {}
 function L.key(name) return RAW .. name end
-local K = setmetatable({}, {__index = function(_, name) return key(name) end})
 """
 
 
 @functools.cache
 def prelude() -> str:
+    """Everything a script may use before its own text: the per-call declarations, then every
+    definition (key functions, tunables, shared/lua/common.lua)."""
+    return _head() + "".join(text for _, text in _definitions())
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The full text of script `name`: shared/lua/<name>.lua after the prelude's per-call part and
+    those of its definitions the script uses (directly or through another): every definition is
+    made again on every call, so a script defines only what it may call."""
+    body = (LUA_DIR / f"{name}.lua").read_text()
+    used = set(_names(body))
+    kept: list[str] = []
+    for defines, text in reversed(_definitions()):  # a definition uses only those before it
+        if defines & used:
+            used.update(_names(text))
+            kept.append(text)
+    return _head() + "".join(reversed(kept)) + body
+
+
+def _head() -> str:
     writes = ", ".join(f"{command} = true" for command in WRITES)
     channels = ", ".join(f"{name} = {_lua_string(value)}" for name, value in CHANNELS.items())
-    head = (
+    constants = ", ".join(map(_lua_string, CONSTANTS))
+    return (
         f"local WRITES = {{{writes}}}\nlocal NEED = {_lua_string(NEED)}\n"
-        f"local RAW = {_lua_string(RAW + SEP)}\nlocal CH = {{{channels}}}\n"
+        f"local CONSTANT_NAMES = {{{constants}}}\n"
+        f"local RAW = {_lua_string(RAW + SEP)}\nlocal CH = {{{channels}}}\n{_DECLARE}"
     )
+
+
+#: A line that starts a definition, and the name it defines.
+_DEFINITION = re.compile(r"^(?:local function |function L\.|local )([A-Za-z_][A-Za-z0-9_]*)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMMENT = re.compile(r"--[^\n]*")
+
+
+def _names(text: str) -> list[str]:
+    """The names a piece of Lua mentions outside its comments."""
+    return _NAME.findall(_COMMENT.sub("", text))
+
+
+@functools.cache
+def _definitions() -> tuple[tuple[frozenset[str], str], ...]:
+    """The prelude's definitions in order, each (the names it defines, its text with the comment
+    above it): the key functions, the tunables, then shared/lua/common.lua's."""
     builders = "".join(key_function(name, template) for name, template in TEMPLATES.items())
     tunables = (
         f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"
         f"local UNACKED_STALE_S = {UNACKED_STALE_S}\n"
         f"local LIVE_TOTAL = {_lua_string(keys.OWNER_LIVE_TOTAL)}\n"
     )
-    common = (LUA_DIR / "common.lua").read_text()
-    return f"{head}{_DECLARE}{builders}{tunables}{common}\n"
-
-
-@functools.cache
-def source(name: str) -> str:
-    """The full text of script `name` (shared/lua/<name>.lua after the prelude)."""
-    return prelude() + (LUA_DIR / f"{name}.lua").read_text()
+    chunks: list[tuple[set[str], list[str]]] = []
+    pending: list[str] = []
+    for line in (builders + tunables + (LUA_DIR / "common.lua").read_text() + "\n").splitlines(keepends=True):
+        if not line.strip() or line.startswith("--"):
+            pending.append(line)
+        elif found := _DEFINITION.match(line):
+            chunks.append(({found[1]}, [*pending, line]))
+            pending = []
+        elif chunks:
+            chunks[-1][1].extend([*pending, line])
+            pending = []
+    return tuple((frozenset(defines), "".join(lines)) for defines, lines in chunks)
 
 
 @functools.cache

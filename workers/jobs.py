@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,8 +129,10 @@ class WorkerJobs:
         self._take = scripts.Script(client, "take")
         #: The queues of the jobs this worker claimed: a claim declares their indexes' keys.
         self._queues: set[str] = set()
-        #: Per task thread, `hints`: the labels its last take named for its next (take.lua).
-        self._thread = threading.local()
+        #: The labels the worker's latest take named for the next (take.lua): the latest of any
+        #: task thread, since the messages at the list's end when a thread last took are mostly
+        #: gone (the other threads took them) by its next take, and the latest take's are not.
+        self._hints: list[str] = []
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
@@ -161,18 +162,15 @@ class WorkerJobs:
         one step: (job id, its record as the claim left it), or None when no message waits (or
         none could be claimed in scripts.ROUNDS takes that each asked for more keys: other
         threads took the messages meanwhile). `labels`: keys to declare (NextTake.labels)."""
-        asked = labels or self._hints()
+        asked = labels or self._hints
         for _ in range(scripts.ROUNDS):
             flat = self._take(keys=queue_lists, args=self._take_args(worker_id),
                               labels=self._take_labels(queue_lists, asked))  # fmt: skip
             if not flat or as_text(flat[0]) != NEED_REPLY:
-                taken, self._thread.hints = _taken(flat)
+                taken, self._hints = _taken(flat)
                 return taken
             asked = [*asked, *(as_text(name) for name in flat[1:])]
         return None
-
-    def _hints(self) -> list[str]:
-        return cast(list[str], getattr(self._thread, "hints", []))
 
     def _take_labels(self, queue_lists: list[str], asked: list[str]) -> list[str]:
         labels = list(asked)
@@ -187,7 +185,7 @@ class WorkerJobs:
     def _take_after(self, pipe: redis.client.Pipeline, then: NextTake) -> None:
         """Add `then`'s take to a finish's pipeline (EVALSHA, as the finish script there)."""
         lists = then.queue_lists
-        labels = self._take_labels(lists, then.labels or self._hints())
+        labels = self._take_labels(lists, then.labels or self._hints)
         pipe.evalsha(*self._take.evalsha(lists, self._take_args(then.worker_id), labels))
 
     def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
@@ -237,7 +235,7 @@ class WorkerJobs:
         if then is not None:
             then.set_reply(replies.pop())
             if then.done:
-                self._thread.hints = then.labels
+                self._hints = then.labels
         *ahead, done = replies
         if failed := [reply for reply in ahead if isinstance(reply, Exception)]:
             log.warning("finish_ahead_failed", extra=log_fields(job_id=job_id, error=str(failed[0])))
