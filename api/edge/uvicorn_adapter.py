@@ -1,8 +1,16 @@
 """genq's one adapter to uvicorn's internals: a timeout on a request's headers, which uvicorn
-lacks. A connection that has not finished sending a request's headers within
+lacks, and a response's head and body sent in one write, where uvicorn writes them apart.
+
+The header timeout: a connection that has not finished sending a request's headers within
 `header_timeout_s` (after connecting, or after the request's first byte) is closed, so a client
 trickling its headers (slowloris) cannot hold connections, up to uvicorn's limit_concurrency,
 for as long as it likes. uvicorn's public options bound only an idle keep-alive connection.
+
+One write: uvicorn writes a response's status line and headers, then its body, each a send() that
+runs the TCP stack and wakes the client (on loopback the sender pays the receiver's side too).
+uvicorn's protocol writes through a `OneWriteTransport` (the asyncio Transport interface, nothing
+of uvicorn's), which sends the writes of one event-loop turn together at the end of that turn: a
+response's start and body always come in one turn; a stream's chunks keep their timing.
 
 How: `HeaderTimeoutProtocol` wraps uvicorn's own httptools protocol, which serves everything as
 ever (reads, writes, flow control); the wrapper sees the bytes first, through an httptools parser
@@ -53,9 +61,58 @@ def http_protocol() -> str:
     return PUBLIC_HTTP
 
 
+class OneWriteTransport:
+    """A transport whose writes within one event-loop turn reach the socket as one write."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def writelines(self, lines: list[bytes]) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def close(self) -> None:
+        self.flush()  # a response written just before closing (Connection: close) still goes out
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._transport.abort()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.flush()  # what this protocol wrote goes before what the next one writes
+        self._transport.set_protocol(protocol)
+
+    def __getattr__(self, name: str) -> Any:
+        # The rest (is_closing, get_extra_info, pause_reading, ...) is the transport's own.
+        return getattr(self._transport, name)
+
+
 class HeaderTimeoutProtocol(asyncio.Protocol):
     """uvicorn's httptools protocol, with connections that are slow to send a request's headers
-    closed. uvicorn builds one per connection, from its own config."""
+    closed, writing through a OneWriteTransport. uvicorn builds one per connection, from its own
+    config."""
 
     #: Seconds a request's headers may take. The app factory sets it once per process from
     #: GENQ_API_HEADER_TIMEOUT_S (api/app.py), since uvicorn, not genq, builds these objects.
@@ -73,7 +130,7 @@ class HeaderTimeoutProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is one, not a subclass
-        self._inner.connection_made(transport)
+        self._inner.connection_made(cast(asyncio.Transport, OneWriteTransport(self._transport, self._loop)))
         self._arm()
 
     def data_received(self, data: bytes) -> None:

@@ -1,7 +1,8 @@
 """The HTTP protocol `genq api` runs (api/edge/uvicorn_adapter.py): uvicorn's, with a timeout on a
-request's headers. Real sockets throughout: responses arrive whole and in order, on keep-alive
-connections and on ones the server closes; a client trickling its headers is cut off, one sending
-its body slowly is not. The adapter's contract with the pinned uvicorn, and its public fallback,
+request's headers and each response sent in one write. Real sockets throughout: responses arrive
+whole and in order, on keep-alive connections and on ones the server closes, a response's head
+and body in one TCP segment; a client trickling its headers is cut off, one sending its body
+slowly is not. The adapter's contract with the pinned uvicorn, and its public fallback,
 are checked here too."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +20,7 @@ import pytest
 import redis
 import uvicorn
 from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.edge.uvicorn_adapter import (
@@ -75,6 +78,29 @@ def test_responses_arrive_whole_on_keep_alive_and_the_last_before_close(settings
             assert (status, body) == (b"HTTP/1.1 200 OK", b'{"status":"ok"}')
             assert headers[b"connection"] == b"close"
             assert stream.recv(1) == b""  # closed after the whole response
+
+
+#: Offset of tcpi_data_segs_in (segments that carried data) in Linux's struct tcp_info.
+TCP_DATA_SEGS_IN = 152
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's TCP_INFO")
+def test_a_response_head_and_body_leave_in_one_segment() -> None:
+    """uvicorn writes a response's head and its body apart; through the adapter they leave in one
+    write, so the client receives one TCP segment per response (two before, each a send() and a
+    wake-up of the client)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await Response(b'{"ok":true}', media_type="application/json")(scope, receive, send)
+
+    with serve(app) as base_url, socket.create_connection(_address(base_url), timeout=10) as conn:
+        buffered = bytearray()
+        for _ in range(3):
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert read_response(conn, buffered)[2] == b'{"ok":true}'
+        info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        assert struct.unpack_from("I", info, TCP_DATA_SEGS_IN)[0] == 3
 
 
 def test_a_client_that_trickles_its_headers_is_cut_off(
