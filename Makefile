@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-awq.txt
 	# tools, examples, tests, server or multimodal parts), ~4 minutes on 2 cores instead of ~8.
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[worker,dev]'
 	# AWQ checkpoints load through gptqmodel. Its release pins numpy==2.2.6 (we run 2.4.6), so it goes
-	# in without its declared dependencies, then the ones it really imports (tests/workers/engine/test_awq.py).
+	# in without its declared dependencies, then the ones it really imports (tests/workers/engine/torch/test_awq.py).
 	$(BIN)/python -m pip install --quiet --no-deps gptqmodel==7.6.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -r requirements-awq.txt
 	@touch $(STAMP)

@@ -46,8 +46,8 @@ import torch
 from bench.common import parse_args, percentile, write_report
 from workers.engine import GenerationRequest, SamplingParams, StepStats, build_engine
 from workers.engine.config import DEFAULT_MODEL, KV_CELL_TYPES, RANDOM_MODEL, EngineConfig
-from workers.engine.continuous import TransformersEngine
-from workers.engine.loading import LoadedModel, load_model
+from workers.engine.local import LocalEngine
+from workers.engine.torch.loading import LoadedModel, load_model
 
 TOPICS = [
     "the moon",
@@ -195,7 +195,7 @@ def _summary(
 
 
 def run_engine(
-    engine: TransformersEngine,
+    engine: LocalEngine,
     texts: list[str],
     tokens: int,
     concurrency: int,
@@ -247,7 +247,7 @@ def run_engine(
     )
 
 
-def run_structured(engine: TransformersEngine, steps: list[StepStats], sizes: Sizes) -> dict[str, Any]:
+def run_structured(engine: LocalEngine, steps: list[StepStats], sizes: Sizes) -> dict[str, Any]:
     """Throughput with a JSON schema enforced against without, same prompts and tokens, in
     alternating rounds (plain, schema, plain, ...) so a load change on a shared machine hits both
     sides; the ratio is of the medians. Also per CPU-second of this process (time.process_time: all
@@ -286,7 +286,7 @@ def run_structured(engine: TransformersEngine, steps: list[StepStats], sizes: Si
 
 
 def _timed_run(
-    engine: TransformersEngine, texts: list[str], tokens: int, concurrency: int, schema: str | None
+    engine: LocalEngine, texts: list[str], tokens: int, concurrency: int, schema: str | None
 ) -> dict[str, Any]:
     cpu = time.process_time()
     run = run_engine(engine, texts, tokens, concurrency, schema)
@@ -303,7 +303,7 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_short_amid_long(engine: TransformersEngine, sizes: Sizes) -> dict[str, Any]:
+def run_short_amid_long(engine: LocalEngine, sizes: Sizes) -> dict[str, Any]:
     """Latency of a short job alone, then submitted while `long_jobs` long jobs are decoding."""
 
     def short_job(request_id: str) -> float:
@@ -446,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "baseline": on_own_thread(run_baseline, loaded, texts[: sizes.baseline_jobs], sizes.tokens),
     }
     print(json.dumps(report["baseline"]))
-    engine = TransformersEngine(config, loaded)
+    engine = LocalEngine(config, loaded)
     engine.start()
     try:
         report["engine"] = []
@@ -542,12 +542,12 @@ def _sweep(config: EngineConfig, concurrency: tuple[int, ...], tokens: int) -> d
         runs = []
         for clients in concurrency:
             count = max(clients, BACKEND_JOBS.get(clients, clients))
-            runs.append(run_engine(cast(TransformersEngine, engine), prompts(count), tokens, clients))
+            runs.append(run_engine(cast(LocalEngine, engine), prompts(count), tokens, clients))
             print(config.backend, json.dumps(runs[-1]))
         rss_mb = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
     finally:
         engine.shutdown(60)
-    label = cast(TransformersEngine, engine).label
+    label = cast(LocalEngine, engine).label
     return {"label": label, "runs": runs, "rss_mb_after_runs": round(rss_mb, 1)}
 
 
@@ -573,7 +573,7 @@ def structured_only(
     out: Path, config: EngineConfig, loaded: LoadedModel, steps: list[StepStats], sizes: Sizes, quick: bool
 ) -> dict[str, Any]:
     """The structured-output row alone (--structured-only), with the same engine settings."""
-    engine = TransformersEngine(config, loaded)
+    engine = LocalEngine(config, loaded)
     engine.start()
     try:
         row = run_structured(engine, steps, sizes)

@@ -15,9 +15,9 @@ after the chat template, about 40 as in the issue) and 64 generated tokens per s
     then 64 decode steps of C tokens. Twice: with llama.cpp's defaults (repacked weights, f16 K
     and V, a context of the model's training length) and with the context genq gives llama.cpp
     (`-nr` no repacking, `-ctk`/`-ctv` genq's K/V cell type (`--kv-cells`, default q8_0), `-kvu`
-    genq's shared KV cache or `-no-kvu` a stream per sequence as its layout is (llamacpp_context.py),
-    genq's cells and batch), so the report separates what llama.cpp's defaults give from what
-    genq's settings cost.
+    genq's shared KV cache or `-no-kvu` a stream per sequence as its layout is
+    (workers/engine/llamacpp/context.py), genq's cells and batch), so the report separates what
+    llama.cpp's defaults give from what genq's settings cost.
   - genq's engine, the llama.cpp backend (EngineConfig as `--backends` builds it): the C prompts
     submitted at once, 64 tokens each (ignore_eos), so the shapes match batched-bench's.
 Per run: the generation rate (llama.cpp's S_TG; genq's tokens of the steps after its last prefill
@@ -51,10 +51,10 @@ from bench.engine import gguf_config, prompts
 from bench.llamacpp_reference import REPACK_CRASHED, Reference, ReferenceError, locate
 from workers.engine import GenerationRequest, SamplingParams, StepStats
 from workers.engine.config import EngineConfig
-from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_context import kv_layout
-from workers.engine.llamacpp_executor import BATCH_TOKENS, LlamaCppExecutor
-from workers.engine.llamacpp_model import gguf_file, load_llamacpp_model
+from workers.engine.llamacpp.context import kv_layout
+from workers.engine.llamacpp.executor import BATCH_TOKENS, LlamaCppExecutor
+from workers.engine.llamacpp.model import gguf_file, load_llamacpp_model
+from workers.engine.local import LocalEngine
 from workers.engine.prompts import tokenize
 
 #: The two llama-batched-bench runs: llama.cpp's defaults, and the context genq gives llama.cpp.
@@ -191,9 +191,7 @@ class StepClock:
         self.steps.append((time.perf_counter(), stats))
 
 
-def run_genq_batch(
-    engine: TransformersEngine, clock: StepClock, texts: list[str], tokens: int
-) -> dict[str, Any]:
+def run_genq_batch(engine: LocalEngine, clock: StepClock, texts: list[str], tokens: int) -> dict[str, Any]:
     """The C prompts submitted at once, `tokens` tokens each; batched-bench's measures of the run."""
     clock.steps.clear()
     started, busy, cpu = time.perf_counter(), host_busy_cpu_s(), time.process_time()
@@ -236,7 +234,7 @@ def run_genq_batch(
     }
 
 
-def genq_sweep(engine: TransformersEngine, clock: StepClock, sizes: Sizes) -> list[dict[str, Any]]:
+def genq_sweep(engine: LocalEngine, clock: StepClock, sizes: Sizes) -> list[dict[str, Any]]:
     texts = prompts(max(sizes.concurrency))
     rows = []
     for concurrency in sizes.concurrency:
@@ -286,7 +284,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     executor = LlamaCppExecutor(config, model)
     clock.decode_seconds = lambda: executor.decode_seconds
-    engine = TransformersEngine(config, executor=executor)
+    engine = LocalEngine(config, executor=executor)
     engine.start()
     try:
         for _ in range(sizes.rounds):
@@ -309,7 +307,7 @@ def find_reference(args: argparse.Namespace) -> Reference | None:
 
 
 def one_round(
-    engine: TransformersEngine,
+    engine: LocalEngine,
     clock: StepClock,
     reference: Reference | None,
     config: EngineConfig,

@@ -50,7 +50,7 @@ from bench.engine import prompts
 from bench.llamacpp_reference import REPACK_CRASHED, Reference
 from bench.loadgen import closed_loop, json_post
 from workers.engine.config import EngineConfig
-from workers.engine.llamacpp_model import gguf_file
+from workers.engine.llamacpp.model import gguf_file
 
 SIDES = ("genq", "genq_whole_prefill", "llama_server")
 PROMPTS = 16

@@ -81,7 +81,7 @@ class Reference:
 
 #: What a run of llama.cpp's defaults that was killed by a signal is replaced with, and says:
 #: the same with -nr. Its repacked weight kernels were seen to crash (SIGSEGV, SIGILL) on a 2-core
-#: VM whose CPU reports AMX; genq's engine never repacks (workers/engine/llamacpp_model.py).
+#: VM whose CPU reports AMX; genq's engine never repacks (workers/engine/llamacpp/model.py).
 REPACK_CRASHED = (
     "llama.cpp's defaults were killed by a signal ({code}) on this CPU (its repacked weight kernels), "
     "so this side runs them with -nr, the plain weight kernels genq's engine uses"

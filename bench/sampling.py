@@ -9,10 +9,10 @@ benchmark chat prompts (bench.engine.prompts after the chat template): ~700 rows
 16. Positions inside a user's prompt are less certain than a completion's usually are, so top_p's
 nucleus is wider here than in most decode steps: the nucleus search's harder case.
 
-Per step (workers/engine/sampling.py's choose_tokens, 16 rows): greedy; temperature 0.8; temperature
+Per step (workers/engine/sampling/sampler.py's choose_tokens, 16 rows): greedy; temperature 0.8; temperature
 0.8 with top_p 0.95, as sampling.py chooses (sorting only the tokens that can be in the nucleus);
 and the same top_p with the whole vocabulary sorted per row, what sampling.py did before: the
-baseline, drawing the same tokens (tests/workers/engine/test_sampling.py checks that), in the same
+baseline, drawing the same tokens (tests/workers/engine/sampling/test_sampler.py checks that), in the same
 run. Median and p99 milliseconds per step over every step, several passes; the ratios of the top_p
 ways; and the median 16-row decode forward pass of the same run, for scale.
 """
@@ -30,9 +30,9 @@ import numpy as np
 from bench.common import machine, parse_args, percentile, print_table, write_report
 from bench.engine import prompts
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
-from workers.engine.llamacpp_executor import LlamaCppExecutor, set_token
+from workers.engine.llamacpp.executor import LlamaCppExecutor, set_token
 from workers.engine.prompts import tokenize
-from workers.engine.sampling import Generator, choose_tokens, make_generator
+from workers.engine.sampling.sampler import Generator, choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
 ROWS = 16

@@ -5,7 +5,7 @@ of 20-300 words, 4-48 tokens each: rows end inside the run and others move, pref
 copied between rows, the traffic that used to leave whole KV streams resident), after C jobs of
 ~1,900-token prompts at once (every row's stream nearly full; the cells the prefix cache then keeps
 are bounded by GENQ_LLAMACPP_CACHE_TOKENS), then after one job with a response format (the first
-builds llguidance's view of the tokenizer, workers/engine/structured.py). Peak (VmHWM) and current
+builds llguidance's view of the tokenizer, workers/engine/sampling/structured.py). Peak (VmHWM) and current
 (VmRSS) resident MiB and the seconds at each stage, split into anonymous and file-backed (the
 mapped GGUF weights and shared libraries), the largest mappings at the end (the KV cache is one
 anonymous mapping under llama.cpp), and which model code was imported (transformers' models,

@@ -1,10 +1,10 @@
 """The layout's promises, checked on the source. The rules are the team's style guide's
 (STYLE.md in the kit beside this repository, ../shared/STYLE.md, "The layout tells the
 architecture"), stated here so they need no other file: the tiers never import each other,
-shared/ imports no tier, the engine imports no Celery; the worker's modules import each other
-without a circle (its runtime lives in the leaf module workers/context.py); the API's rooms
-import one way (API_ROOMS); and the tests mirror the source tree (one test module per source
-module with logic)."""
+shared/ imports no tier, the engine imports no Celery and its backends import no other backend
+(ENGINE_BACKENDS); the worker's modules import each other without a circle (its runtime lives in
+the leaf module workers/context.py); the API's rooms import one way (API_ROOMS); and the tests
+mirror the source tree (one test module per source module with logic)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,36 @@ def test_worker_modules_import_no_circle() -> None:
 
     circles = sorted(name for name in graph if reaches(name, name, {name}))
     assert circles == [], f"modules in an import circle: {circles}"
+
+
+#: The engine's backends, each a subpackage of workers/engine named as EngineConfig.backend names it
+#: (the placeholder's by its model id), and what every backend shares beside the engine's own
+#: modules. A backend imports no other backend, and what they share imports none, so a new backend
+#: (its own subpackage) changes no other. A new subpackage takes its place here.
+ENGINE_BACKENDS = ("llamacpp", "torch", "placeholder")
+ENGINE_SHARED = ("sampling",)
+
+
+def test_every_engine_subpackage_is_a_backend_or_shared() -> None:
+    subpackages = {path.parent.name for path in (ROOT / "workers" / "engine").glob("*/__init__.py")}
+    assert subpackages - {*ENGINE_BACKENDS, *ENGINE_SHARED} == set(), (
+        "add it to ENGINE_BACKENDS or ENGINE_SHARED"
+    )
+
+
+def test_engine_backends_import_no_other_backend() -> None:
+    """workers/engine/llamacpp/ never imports workers.engine.torch (nor the reverse), and sampling/
+    imports no backend: a backend's weight (torch, llama.cpp) stays with the workers that run it."""
+    crossing: dict[str, list[str]] = {}
+    for owner in (*ENGINE_BACKENDS, *ENGINE_SHARED):
+        others = {f"workers.engine.{backend}" for backend in ENGINE_BACKENDS if backend != owner}
+        for path in sources(f"workers/engine/{owner}"):
+            found = sorted(
+                m for m in imports_at_run_time(path) if any(m == o or m.startswith(f"{o}.") for o in others)
+            )
+            if found:
+                crossing[_module(path)] = found
+    assert crossing == {}
 
 
 #: The API's rooms, each importing only rooms after it: the routes (HTTP resources, the hot path)

@@ -24,7 +24,7 @@ import redis.exceptions
 from shared import keys
 from shared.logging import fields
 from shared.schemas import TokenLogprob as PublicTokenLogprob
-from workers.engine.logprobs import finite
+from workers.engine.sampling.logprobs import finite
 from workers.engine.types import OutputUpdate, TokenLogprob
 
 log = logging.getLogger("genq.worker")

@@ -12,7 +12,7 @@ so many CPU seconds compiling a minute (each compile process reports what its co
 either it is refused (429 naming response_format), so one tenant cannot occupy the compile pool
 nor a core with schemas made to miss the cache. Verdicts
 are kept in an LRU keyed by the SHA-256 of the schema's canonical JSON, so a repeated schema costs
-a hash, whoever sends it. The engine compiles its matchers itself (workers/engine/structured.py).
+a hash, whoever sends it. The engine compiles its matchers itself (workers/engine/sampling/structured.py).
 """
 
 from __future__ import annotations

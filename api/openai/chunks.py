@@ -15,7 +15,7 @@ class LiveChunks:
     """A live stream's chunks, per completion (`index`, OpenAI's n): its text deltas as the job
     publishes them, or with logprobs one chunk per token with its entry; once the job ended, what
     the stream has not carried yet, from the finished job (whose entries repeat the streamed ones
-    exactly: workers/engine/logprobs.describe_streamed)."""
+    exactly: workers/engine/sampling/logprobs.describe_streamed)."""
 
     def __init__(self, kind: Kind, job: JobView, logprobs: bool, include_usage: bool) -> None:
         self._kind, self._job, self._logprobs, self._include_usage = kind, job, logprobs, include_usage

@@ -30,7 +30,7 @@ prepare() {
 import shutil, tempfile
 from pathlib import Path
 from workers.engine.gguf import default_gguf_path
-from workers.engine.loading import convert_gguf
+from workers.engine.torch.loading import convert_gguf
 with tempfile.TemporaryDirectory() as tmp:
     folder = convert_gguf(default_gguf_path(), Path(tmp))
     for f in folder.iterdir():  # everything but the weights, and the note naming the GGUF they came from

@@ -1,7 +1,7 @@
 """lm-evaluation-harness gets the same answers from genq as from the checkpoint itself: its
 `local-completions` and `local-chat-completions` models against a real genq stack (an API process
 and a worker process on the default model), and its own `hf` model on the safetensors folder that
-worker loads (the GGUF dequantized by workers/engine/loading.py). Greedy generations must be
+worker loads (the GGUF dequantized by workers/engine/torch/loading.py). Greedy generations must be
 identical on a generate_until task, and every log-likelihood request of a multiple-choice task
 equal within 1e-4. The tasks and their data are local (tests/evals/tasks); nothing is downloaded.
 
@@ -34,7 +34,7 @@ CONCURRENCY = 4
 def checkpoint() -> Path:
     """The folder the worker serves the default model from (converted once, shared with it)."""
     from workers.engine.gguf import default_gguf_path
-    from workers.engine.loading import convert_gguf
+    from workers.engine.torch.loading import convert_gguf
 
     return convert_gguf(default_gguf_path(), MODEL_CACHE)
 

@@ -7,10 +7,10 @@ import pytest
 
 from workers.engine import EngineConfig, build_engine, choose_backend
 from workers.engine.config import DEFAULT_MODEL, PLACEHOLDER_MODEL
-from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor
-from workers.engine.model_executor import ModelExecutor
-from workers.engine.placeholder import PlaceholderEngine
+from workers.engine.llamacpp.executor import LlamaCppExecutor
+from workers.engine.local import LocalEngine
+from workers.engine.placeholder.engine import PlaceholderEngine
+from workers.engine.torch.executor import ModelExecutor
 from workers.engine.types import FatalEngineError
 
 
@@ -31,5 +31,5 @@ def test_the_placeholder_model_gets_the_placeholder_engine() -> None:
 @pytest.mark.parametrize(("backend", "executor"), [("auto", LlamaCppExecutor), ("torch", ModelExecutor)])
 def test_the_default_model_runs_on_the_chosen_kernels(backend: str, executor: type) -> None:
     engine = build_engine(EngineConfig(model=DEFAULT_MODEL, backend=backend))
-    assert isinstance(engine, TransformersEngine)
+    assert isinstance(engine, LocalEngine)
     assert isinstance(engine._executor, executor)  # the one seam where backends differ

@@ -1,14 +1,20 @@
 """The inference engine: model loading, scheduling and continuous batching. Imports no Celery.
 
-build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and the
-continuous-batching text engine (workers/engine/continuous.py) for every other model id, its forward
-passes run by one of two backends (EngineConfig.backend, resolved by `choose_backend`): llama.cpp's
-kernels (llamacpp_executor.py) for a GGUF model on CPU (no dequantized fp32 copy of the weights,
-and faster decoding at low concurrency: docs/performance.md's "Engine backends"), or transformers
-(model_executor.py) for safetensors/AWQ checkpoints, GPUs, and any model when llama-cpp-python is
-not installed. All run the same loop (core.py: each step scheduler.py plans, an executor runs the
-forward passes, output.py applies the tokens) and differ only in the executor (executor.py's
-Protocol).
+Layout: this package is the engine's contract and loop, whatever runs the forward passes: the
+types a worker hands in and gets back (types.py, config.py), the loop (core.py: each step
+scheduler.py plans, an executor runs the forward passes, output.py applies the tokens), the
+Executor seam (executor.py's Protocols), LocalEngine (local.py: a request's text turned into a
+Sequence, run by that loop over any executor), and what more than one backend reads of a model
+(gguf.py, tokenizer.py, prompts.py). sampling/ is token choice, shared by every backend with
+logits. Each backend is a subpackage that imports no other: llamacpp/ and torch/ (named as
+EngineConfig.backend names them: llama.cpp's kernels, transformers) and placeholder/ (an echo).
+
+build_engine(config) returns the placeholder echo engine for PLACEHOLDER_MODEL and LocalEngine for
+every other model id, its forward passes run by one of two backends (EngineConfig.backend, resolved
+by `choose_backend`): llama.cpp's kernels (llamacpp/executor.py) for a GGUF model on CPU (no
+dequantized fp32 copy of the weights, and faster decoding at low concurrency: docs/performance.md's
+"Engine backends"), or transformers (torch/executor.py) for safetensors/AWQ checkpoints, GPUs, and
+any model when llama-cpp-python is not installed.
 The worker:
 
     engine = build_engine(EngineConfig(model=..., on_step=observe_step, on_fatal=exit_soon))
@@ -22,7 +28,8 @@ prefill_tokens, duration_s, first_token_ms from submit); engine.stats() -> Engin
 counters; every GenerationResult carries queued_ms, time_to_first_token_ms and batch_size.
 Fatal errors: fatal_error is set and EngineConfig.on_fatal is called once, before anything else (a
 worker hands its jobs back and exits non-zero there); then every held future fails with the
-FatalEngineError (both engines; EngineConfig.fault_file injects one in tests).
+FatalEngineError (the local and the placeholder engine alike; EngineConfig.fault_file injects one
+in tests).
 """
 
 from __future__ import annotations
@@ -67,17 +74,17 @@ quiet.install()  # before any engine module imports torch (workers/engine/quiet.
 def build_engine(config: EngineConfig) -> Engine:
     """The engine for config.model (not started)."""
     if config.model == PLACEHOLDER_MODEL:
-        from workers.engine.placeholder import PlaceholderEngine
+        from workers.engine.placeholder.engine import PlaceholderEngine
 
         return PlaceholderEngine(config)
     # Imported here so the placeholder path (and the API tier's tests) never pay for torch.
-    from workers.engine.continuous import TransformersEngine
+    from workers.engine.local import LocalEngine
 
     if choose_backend(config) == "llamacpp":
-        from workers.engine.llamacpp_executor import LlamaCppExecutor
+        from workers.engine.llamacpp.executor import LlamaCppExecutor
 
-        return TransformersEngine(config, executor=LlamaCppExecutor(config))
-    return TransformersEngine(config)
+        return LocalEngine(config, executor=LlamaCppExecutor(config))
+    return LocalEngine(config)
 
 
 def choose_backend(config: EngineConfig) -> str:
@@ -93,7 +100,7 @@ def choose_backend(config: EngineConfig) -> str:
         return "llamacpp"
     if not (gguf and config.device == "cpu"):
         return "torch"
-    from workers.engine.llamacpp_model import available
+    from workers.engine.llamacpp.model import available
 
     if available():
         return "llamacpp"

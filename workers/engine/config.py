@@ -40,16 +40,16 @@ class EngineConfig:
     #: Under llama.cpp: the K and V cells' type, "q8_0" or "f16" (half the memory, or faster).
     llamacpp_kv_cells: str = "q8_0"
     #: Under llama.cpp: a released row keeps its KV cells, and a later prompt starting with the same
-    #: tokens reuses them instead of prefilling them again (llamacpp_executor.py). Off: every prompt
+    #: tokens reuses them instead of prefilling them again (llamacpp/executor.py). Off: every prompt
     #: is prefilled whole.
     llamacpp_prefix_cache: bool = True
     #: Under llama.cpp with the prefix cache: the most KV cells released rows keep for later
     #: prompts; past it the least recently released row's cells are dropped. With
-    #: max_batch_tokens it sizes the KV cache (llamacpp_context.py).
+    #: max_batch_tokens it sizes the KV cache (llamacpp/context.py).
     llamacpp_cache_tokens: int = 8192
     #: Under llama.cpp: each row its own KV stream of llamacpp_sequence_tokens cells, all allocated
     #: at start, so a sequence's output equals its solo output token for token; off, one KV cache
-    #: shared by the rows, sized to max_batch_tokens + llamacpp_cache_tokens (llamacpp_context.py).
+    #: shared by the rows, sized to max_batch_tokens + llamacpp_cache_tokens (llamacpp/context.py).
     llamacpp_batch_invariant: bool = False
     #: torch intra-op threads; None leaves torch's default.
     torch_threads: int | None = None
@@ -64,7 +64,8 @@ class EngineConfig:
     #: burst of new jobs stalls the running ones for a bounded time. Bounds: >= 1.
     max_prefill_tokens_per_step: int = 2048
     #: Compute small-batch products of fp32 CPU linear layers as (W @ x^T)^T, which MKL runs 1.3-3x
-    #: faster than F.linear for decode-sized batches here (see cpu_linear.py). Patches the model in place.
+    #: faster than F.linear for decode-sized batches here (see torch/cpu_linear.py). Patches the
+    #: model in place.
     fast_cpu_linear: bool = True
     #: TEST-ONLY fault hook: when this file exists at a step, the engine deletes it and dies as if
     #: the step had failed fatally (the chaos benchmark uses it). None in any real deployment.

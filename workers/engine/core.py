@@ -1,4 +1,5 @@
-"""The engine loop both engines share: one thread, each step schedule -> execute -> update.
+"""The engine loop every engine shares (local.py's, the placeholder's): one thread, each step
+schedule -> execute -> update.
 
 Threads. Callers (Celery task threads) build a Sequence on their own thread and hand it to
 submit(), which registers it and puts it in the inbox; cancel() only sets a flag. The loop thread

@@ -1,8 +1,8 @@
 """The executor interface: runs a step plan's forward passes and owns which row holds which sequence.
 
-`Executor` is the seam where a backend plugs in: the transformers model (model_executor.py),
-llama.cpp's kernels (llamacpp_executor.py), the placeholder's echo (placeholder.py). `ModelBackend`
-adds what the text engine (continuous.py) needs of a real model: its tokenizer, vocabulary and
+`Executor` is the seam where a backend plugs in: the transformers model (torch/executor.py),
+llama.cpp's kernels (llamacpp/executor.py), the placeholder's echo (placeholder/engine.py). `ModelBackend`
+adds what the local engine (local.py) needs of a real model: its tokenizer, vocabulary and
 grammars, and how it names itself. The engine core (core.py) calls it on
 its loop thread only: prepare() once, then per step prefill() and join() for each admitted sequence,
 decode() for every row, release() for the sequences that ended; close() when the loop ends.
@@ -16,7 +16,7 @@ from workers.engine.sequence import Sequence
 from workers.engine.types import CacheStats
 
 if TYPE_CHECKING:
-    from workers.engine.structured import Grammars
+    from workers.engine.sampling.structured import Grammars
 
 
 class Executor(Protocol):

@@ -1,10 +1,10 @@
 """GGUF files on disk: the default model's file, a file's identity, its tokenizer's folder, and the
-build-once-then-rename step every cached artefact uses (loading.py's conversions too).
+build-once-then-rename step every cached artefact uses (torch/loading.py's conversions too).
 
 Light on purpose: it imports neither torch nor transformers. A tokenizer is extracted once by
 transformers' AutoTokenizer in a child interpreter, so the llama.cpp backend's worker never loads
 transformers (its tokenizer classes import torch: ~200 MB resident for life) nor its model code
-(~140 MB more, and seconds of start-up; test_llamacpp_model.py).
+(~140 MB more, and seconds of start-up; tests/workers/engine/llamacpp/test_model.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
-"""The transformers engine: a request's text turned into a Sequence, run by the shared engine loop.
+"""LocalEngine: a request's text turned into a Sequence, run in this process by the shared engine loop
+over any executor (torch's, llama.cpp's).
 
 The loop (core.py) does iteration-level (continuous) batching, each step schedule -> execute ->
 update: the Scheduler plans (scheduler.py), the executor runs the forward passes and owns the rows
-(a ModelBackend, executor.py: transformers' in model_executor.py by default, llama.cpp's in
-llamacpp_executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
+(a ModelBackend, executor.py: transformers' in torch/executor.py by default, llama.cpp's in
+llamacpp/executor.py), the OutputProcessor applies each token (output.py). This module is the caller's
 side: validation and tokenization on the caller's thread, so a bad request fails alone, at submit.
 
 Text rules. `messages` go through the chat template (add_generation_prompt=True). A raw `prompt` is
 wrapped as one user message when the request's template is "chat" (or unset and
 EngineConfig.prompt_as_chat, the default) and the tokenizer has a template; with template "none" it
 is tokenized verbatim, as OpenAI's /v1/completions continues text. prompt_tokens counts the prompt
-after the chat template. A request with a json_schema gets its grammar's matcher here (structured.py).
+after the chat template. A request with a json_schema gets its grammar's matcher here
+(sampling/structured.py).
 
 Failures: a bad request (prompt too long for the context, empty, bad parameters) fails that future
 with `invalid_request` and nothing else; see core.py for failing prefills and fatal errors.
@@ -29,7 +31,7 @@ from workers.engine.detokenizer import IncrementalText
 from workers.engine.executor import ModelBackend
 from workers.engine.parallel import SampleGroup, sample_count
 from workers.engine.prompts import tokenize
-from workers.engine.sampling import make_generator
+from workers.engine.sampling.sampler import make_generator
 from workers.engine.sequence import Sequence
 from workers.engine.types import (
     EngineStats,
@@ -42,10 +44,10 @@ from workers.engine.types import (
 from workers.engine.validation import check_vocabulary, validate_params
 
 if TYPE_CHECKING:
-    from workers.engine.loading import LoadedModel
+    from workers.engine.torch.loading import LoadedModel
 
 
-class TransformersEngine:
+class LocalEngine:
     """Continuous batching over a causal LM with a transformers tokenizer (see the module docstring).
 
     The executor defaults to the transformers model (`loaded`, or config.model loaded at start())."""
@@ -174,6 +176,6 @@ class TransformersEngine:
 def _transformers_executor(config: EngineConfig, loaded: LoadedModel | None) -> ModelBackend:
     # Imported here: transformers' model code costs ~140 MB resident and seconds of start-up that a
     # worker on another executor (llama.cpp's) never needs.
-    from workers.engine.model_executor import ModelExecutor
+    from workers.engine.torch.executor import ModelExecutor
 
     return ModelExecutor(config, loaded)

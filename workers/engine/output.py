@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.logging import fields
-from workers.engine.logprobs import describe, describe_streamed
+from workers.engine.sampling.logprobs import describe, describe_streamed
 from workers.engine.sequence import Sequence, SequenceStatus, find_stop, streamable
 from workers.engine.types import (
     ErrorType,

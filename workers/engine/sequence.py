@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engine.detokenizer import IncrementalText
-from workers.engine.logprobs import RawLogprob
-from workers.engine.sampling import Generator
+from workers.engine.sampling.logprobs import RawLogprob
+from workers.engine.sampling.sampler import Generator
 from workers.engine.types import (
     FatalEngineError,
     FinishReason,

@@ -50,7 +50,7 @@ class SamplingParams(Sampling):
     #: Keep generating past the end-of-sequence token (benchmarks use it to fix the work per job).
     ignore_eos: bool = False
     #: A JSON schema (serialized) every completion must match, enforced by token masks
-    #: (structured.py); None: free text. OpenAI's json_object is shared.structured.ANY_OBJECT.
+    #: (sampling/structured.py); None: free text. OpenAI's json_object is shared.structured.ANY_OBJECT.
     json_schema: str | None = None
 
 

@@ -11,7 +11,7 @@ CREATED_AT, CREATED = "2026-12-01T20:00:00Z", 1796155200
 
 
 def token(text: str, logprob: float | None, *top: tuple[str, float]) -> TokenLogprob:
-    """A token's log-probability entry as a worker records it (workers/engine/logprobs.py)."""
+    """A token's log-probability entry as a worker records it (workers/engine/sampling/logprobs.py)."""
     return {"id": 0, "token": text, "text": text, "logprob": logprob,
             "top_logprobs": [{"id": 0, "token": t, "logprob": lp} for t, lp in top]}  # fmt: skip
 

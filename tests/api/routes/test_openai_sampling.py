@@ -155,7 +155,7 @@ def test_best_of_returns_the_most_likely_completions(base_url: str) -> None:
 
 
 #: The wire test's schema: compact (about 20 tokens an answer), so 200 answers stay quick; the
-#: engine's test (tests/workers/engine/test_structured.py) runs 200 of a larger one.
+#: engine's test (tests/workers/engine/sampling/test_structured.py) runs 200 of a larger one.
 COMPACT_SCHEMA = {
     "type": "object",
     "properties": {

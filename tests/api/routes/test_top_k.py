@@ -17,7 +17,7 @@ from cli.redis_server import EmbeddedRedis
 from shared.cache import cache_key
 from shared.schemas import JobCreate
 from tests.api.live_server import served_model
-from workers.engine.sampling import choose_tokens, make_generator
+from workers.engine.sampling.sampler import choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
 MODEL = "smollm2-135m-instruct"

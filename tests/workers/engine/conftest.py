@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from workers.engine.config import DEFAULT_MODEL, RANDOM_MODEL, EngineConfig
-from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import LlamaCppExecutor
-from workers.engine.llamacpp_model import LlamaCppModel, load_llamacpp_model
-from workers.engine.loading import LoadedModel, load_model
+from workers.engine.llamacpp.executor import LlamaCppExecutor
+from workers.engine.llamacpp.model import LlamaCppModel, load_llamacpp_model
+from workers.engine.local import LocalEngine
+from workers.engine.torch.loading import LoadedModel, load_model
 
 # Two shared cores: one thread keeps runs comparable and leaves a core to everyone else.
 torch.set_num_threads(1)
@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[3]
 MODEL_CACHE = ROOT / ".genq" / "models"
 
-EngineFactory = Callable[..., TransformersEngine]
+EngineFactory = Callable[..., LocalEngine]
 
 
 @pytest.fixture(scope="session")
@@ -53,14 +53,14 @@ def llamacpp_model(model_cache: Path) -> LlamaCppModel:
 def _factory(
     loaded: LoadedModel | LlamaCppModel, model_id: str, model_cache: Path
 ) -> Iterator[EngineFactory]:
-    engines: list[TransformersEngine] = []
+    engines: list[LocalEngine] = []
 
-    def make(**overrides: Any) -> TransformersEngine:
+    def make(**overrides: Any) -> LocalEngine:
         config = replace(EngineConfig(model=model_id, model_cache=model_cache, torch_threads=1), **overrides)
         if isinstance(loaded, LlamaCppModel):
-            engine = TransformersEngine(config, executor=LlamaCppExecutor(config, loaded))
+            engine = LocalEngine(config, executor=LlamaCppExecutor(config, loaded))
         else:
-            engine = TransformersEngine(config, loaded)
+            engine = LocalEngine(config, loaded)
         engine.start()
         engines.append(engine)
         return engine

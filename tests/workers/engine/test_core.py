@@ -17,7 +17,7 @@ import pytest
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
 from workers.engine.core import EngineCore
 from workers.engine.detokenizer import IncrementalText
-from workers.engine.placeholder import EchoExecutor
+from workers.engine.placeholder.engine import EchoExecutor
 from workers.engine.sequence import Sequence
 from workers.engine.types import (
     ErrorType,

@@ -43,7 +43,7 @@ def _error(future: concurrent.futures.Future[GenerationResult], timeout: float =
 
 def test_batched_greedy_is_identical_to_solo(backend_engine: EngineFactory) -> None:
     """On llama.cpp in its batch-invariant layout (a KV stream per row; the default shares one KV
-    cache, where a job's output stays near its solo output: test_llamacpp_executor.py)."""
+    cache, where a job's output stays near its solo output: llamacpp/test_executor.py)."""
     engine = backend_engine(max_batch_size=8, llamacpp_batch_invariant=True)
     together = [engine.submit(_chat(f"b{i}", p)) for i, p in enumerate(PROMPTS)]
     batched = [future.result(120) for future in together]

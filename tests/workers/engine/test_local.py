@@ -1,5 +1,5 @@
-"""The transformers engine (workers/engine/continuous.py) on random-tiny: fast, real forward passes, no
-trained weights needed."""
+"""LocalEngine (workers/engine/local.py) over the torch executor on random-tiny: fast, real forward
+passes, no trained weights needed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from transformers import BatchEncoding
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import RANDOM_MODEL, EngineConfig
-from workers.engine.loading import LoadedModel, load_model
+from workers.engine.torch.loading import LoadedModel, load_model
 from workers.engine.types import FatalEngineError, GenerationResult, OutputUpdate
 
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from workers.engine.detokenizer import IncrementalText
-from workers.engine.loading import LoadedModel
 from workers.engine.output import OutputProcessor, OutputRules
 from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.torch.loading import LoadedModel
 from workers.engine.types import GenerationRequest, GenerationResult, OutputUpdate, SamplingParams
 
 TEXT = "The answer to the question is forty-two, said the computer. Everyone stared at it."

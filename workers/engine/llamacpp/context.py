@@ -1,4 +1,4 @@
-"""The llama.cpp context a LlamaCppExecutor runs (llamacpp_executor.py): its parameters, chiefly how
+"""The llama.cpp context a LlamaCppExecutor runs (executor.py): its parameters, chiefly how
 its KV cache is laid out, and the KV cells each seq_id (row) holds, through llama.cpp's public
 memory API only.
 
@@ -18,7 +18,7 @@ resident from the start: the cache's size is the worker's memory. Two layouts
   sequence's cells in position order whatever runs beside it, so batched output equals solo output
   token for token (tests/workers/engine/test_default_model.py), at max_batch_size streams
   resident. llama.cpp runs a batch as one forward pass per run of consecutive seq_ids here: the
-  executor keeps the running rows one run (llamacpp_rows.py).
+  executor keeps the running rows one run (rows.py).
 
 Either way the K/V cells are llamacpp_kv_cells (8-bit by default, half f16's memory) and attention
 is llama.cpp's flash attention, which a quantized V cache needs. A seq_id's cells are its

@@ -1,23 +1,23 @@
-"""LlamaCppExecutor: the Executor (executor.py) of a GGUF model run by llama.cpp's kernels.
+"""LlamaCppExecutor: the Executor (../executor.py) of a GGUF model run by llama.cpp's kernels.
 
 Through llama-cpp-python's low-level binding, not its `Llama` class: the engine's own loop
-(core.py) schedules, and llama.cpp only runs forward passes. Each running sequence holds a seq_id
+(../core.py) schedules, and llama.cpp only runs forward passes. Each running sequence holds a seq_id
 (its row) in one llama_context; a decode step is one llama_decode over one token per row; prefill
 runs one prompt alone, in chunks of BATCH_TOKENS.
 
-The context's KV cache (llamacpp_context.py) is by default one cache shared by the rows, sized to
+The context's KV cache (context.py) is by default one cache shared by the rows, sized to
 the tokens a batch holds; with EngineConfig.llamacpp_batch_invariant each row has its own stream,
 and batched output equals solo output token for token (with plain weight kernels: see
-llamacpp_model.py), the running rows then kept one run of consecutive seq_ids (llamacpp_rows.py).
+model.py), the running rows then kept one run of consecutive seq_ids (rows.py).
 
 Prefix cache: a released sequence keeps its cells, and a later prompt that starts with the same
 tokens takes that seq_id and prefills only the rest (EngineConfig.llamacpp_prefix_cache, as
 llama-server's per-slot prompt cache), or gets a copy of its cells in another seq_id
-(llamacpp_rows.PrefixMatch). The cells free seq_ids keep are bounded (llamacpp_cache_tokens).
+(rows.PrefixMatch). The cells free seq_ids keep are bounded (llamacpp_cache_tokens).
 
-Logits are viewed in llama.cpp's buffer without a copy; token choice is choice.py's, in numpy, so
+Logits are viewed in llama.cpp's buffer without a copy; token choice is ../sampling/choice.py's, in numpy, so
 a worker on this executor never imports torch. Tokenization and the chat template stay with the
-Hugging Face tokenizer built from the same GGUF file (llamacpp_model.py)."""
+Hugging Face tokenizer built from the same GGUF file (model.py)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from workers.engine.choice import TokenChooser
 from workers.engine.config import EngineConfig
-from workers.engine.llamacpp_context import KvCells, context_params, kv_layout, sequence_tokens
-from workers.engine.llamacpp_model import LlamaCppModel, binding, load_llamacpp_model, physical_cores
-from workers.engine.llamacpp_rows import SeqIds
-from workers.engine.logprobs import RawLogprob, prompt_logprobs
+from workers.engine.llamacpp.context import KvCells, context_params, kv_layout, sequence_tokens
+from workers.engine.llamacpp.model import LlamaCppModel, binding, load_llamacpp_model, physical_cores
+from workers.engine.llamacpp.rows import SeqIds
+from workers.engine.sampling.choice import TokenChooser
+from workers.engine.sampling.logprobs import RawLogprob, prompt_logprobs
+from workers.engine.sampling.structured import Grammars
 from workers.engine.sequence import Sequence
-from workers.engine.structured import Grammars
 from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 
 #: Most tokens one llama_decode call takes (a longer prompt is fed in chunks): also llama.cpp's
@@ -132,7 +132,7 @@ class LlamaCppExecutor:
 
     @property
     def kv(self) -> KvCells:
-        """The context's KV cells, by seq_id (llamacpp_context.py)."""
+        """The context's KV cells, by seq_id (context.py)."""
         if self._kv is None:
             raise RuntimeError("the engine is not started")
         return self._kv
@@ -285,7 +285,7 @@ class LlamaCppExecutor:
         return np.ctypeslib.as_array(floats, shape)
 
     def _pack_rows(self) -> None:
-        """Make the running rows one run of consecutive seq_ids (llamacpp_rows.SeqIds.packing)."""
+        """Make the running rows one run of consecutive seq_ids (rows.SeqIds.packing)."""
         for source, gap in self._seq_ids.packing(self._rows.values()):
             moved = next(sequence for sequence, row in self._rows.items() if row == source)
             self.kv.copy(source, gap)

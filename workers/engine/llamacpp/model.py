@@ -1,7 +1,7 @@
 """A GGUF model loaded by llama.cpp's kernels, through llama-cpp-python's low-level binding (its C
 API one to one), with the Hugging Face tokenizer built from the same file (extracted once by
-gguf.py, read by tokenizer.py's FolderTokenizer: no transformers, no torch): what LlamaCppExecutor
-(llamacpp_executor.py) runs. Also where llama.cpp's log goes (ours, warnings and errors only)."""
+../gguf.py, read by ../tokenizer.py's FolderTokenizer: no transformers, no torch): what LlamaCppExecutor
+(executor.py) runs. Also where llama.cpp's log goes (ours, warnings and errors only)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def binding() -> Any:
 _KEPT: list[Any] = []
 #: ggml's log levels that reach our log: WARN (3) and ERROR (4).
 _LOGGED_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
-#: A warning expected of genq's own context, logged at debug: a shared KV cache (llamacpp_context.py)
+#: A warning expected of genq's own context, logged at debug: a shared KV cache (context.py)
 #: lets llama.cpp see every sequence as able to fill all of it, past the model's training context,
 #: while genq holds each sequence to llamacpp_sequence_tokens (at most that context).
 _EXPECTED_WARNING = re.compile(r"llama_context: n_ctx_seq \(\d+\) > n_ctx_train")

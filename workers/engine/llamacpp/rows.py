@@ -7,7 +7,7 @@ empty seq_id, so the cells stay for a later prompt, as llama-server saves a slot
 reusing the slot. The cells free seq_ids keep are bounded (`evict`): past the bound, those given
 back longest ago are dropped first, as an LRU cache would.
 
-With a stream per row (llamacpp_context.py's batch-invariant layout), llama.cpp runs a batch as one
+With a stream per row (context.py's batch-invariant layout), llama.cpp runs a batch as one
 forward pass per run of consecutive seq_ids, so rows out of order decode much more slowly: the
 running seq_ids are then kept one run (`one_run`), and when a gap opens the fewest sequences move
 into it (`packing`)."""

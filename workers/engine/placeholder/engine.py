@@ -3,7 +3,7 @@
 It exists so the job service's plumbing (queue, store, cancel, deadlines, batching bookkeeping) can
 be exercised without loading weights. Every job it serves says "placeholder" in its model label. It
 "generates" by echoing the prompt's words back, one word per token, through the same engine loop as
-the real engine (core.py: the same Scheduler and OutputProcessor, so cancel, deadlines, stop
+the real engine (workers/engine/core.py: the same Scheduler and OutputProcessor, so cancel, deadlines, stop
 strings, max_tokens and streaming behave as they do there); only its executor differs: `EchoExecutor`,
 whose every forward pass (each prefill, which gives a job its first token, and each decode step of
 the whole batch) takes `placeholder_step_s`. At 0 s a decode step gives each row ZERO_COST_TOKENS

@@ -2,7 +2,7 @@
 
 Each row's logits are first adjusted by its own min_tokens, logit_bias and penalties (penalties.py,
 vLLM's order), then masked by its response format's grammar (structured.py), then greedy at
-temperature 0, else temperature + top-p with its per-request generator (sampling.py). With
+temperature 0, else temperature + top-p with its per-request generator (sampler.py). With
 SamplingParams.logprobs each chosen token's raw log-probability is kept (logprobs.py: before any
 adjustment, as vLLM). One function for every backend, so a request samples, masks and scores the
 same whichever kernels computed its logits.
@@ -15,11 +15,11 @@ from collections.abc import Collection
 
 import numpy as np
 
-from workers.engine.logprobs import step_logprobs
-from workers.engine.penalties import adjust_logits
-from workers.engine.sampling import choose_tokens
+from workers.engine.sampling.logprobs import step_logprobs
+from workers.engine.sampling.penalties import adjust_logits
+from workers.engine.sampling.sampler import choose_tokens
+from workers.engine.sampling.structured import mask_logits
 from workers.engine.sequence import Sequence
-from workers.engine.structured import mask_logits
 
 
 class TokenChooser:

@@ -3,7 +3,7 @@ matcher; every step fills one mask row per such row (the grammar's state is per 
 them to the batch's logits in one array operation, after the penalties and before sampling. The
 chosen token then advances the row's matcher; a matcher that has stopped ends its sequence.
 
-Plain numpy, as the rest of token choice (sampling.py): llguidance.torch would import torch, and
+Plain numpy, as the rest of token choice (sampler.py): llguidance.torch would import torch, and
 at import it applies torch.compile (torch._dynamo, networkx, functorch, inductor: +45 MB more) for
 two one-line helpers, written out here (_allocate_masks, _fill_mask).
 """

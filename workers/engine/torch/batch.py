@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from workers.engine.kv_cache import SlotKVCache, layer_kv
+from workers.engine.torch.kv_cache import SlotKVCache, layer_kv
 
 Member = TypeVar("Member", bound=Hashable)
 

@@ -1,7 +1,7 @@
-"""ModelExecutor: the Executor (executor.py) of a transformers causal LM over a RunningBatch.
+"""ModelExecutor: the Executor (../executor.py) of a transformers causal LM over a RunningBatch.
 
 Each prompt is prefilled alone (batch.py), its first token chosen from its logits; every row then
-decodes together. Each row's token is chosen by choice.py (penalties, grammar mask, sampling,
+decodes together. Each row's token is chosen by ../sampling/choice.py (penalties, grammar mask, sampling,
 logprobs: the step every backend shares, in numpy on the host: host_logits); with prompt_logprobs
 the prompt is prefilled at every position to score it. A decode step that runs out of device
 memory is retried once (a transient spike can clear); any failure of a decode step escapes to the
@@ -16,15 +16,15 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from workers.engine.batch import RunningBatch
-from workers.engine.choice import TokenChooser
 from workers.engine.config import EngineConfig
-from workers.engine.cpu_linear import use_transposed_linear
-from workers.engine.loading import LoadedModel, load_model
-from workers.engine.logprobs import prompt_logprobs
 from workers.engine.prompts import tokenize
+from workers.engine.sampling.choice import TokenChooser
+from workers.engine.sampling.logprobs import prompt_logprobs
+from workers.engine.sampling.structured import Grammars
 from workers.engine.sequence import Sequence
-from workers.engine.structured import Grammars
+from workers.engine.torch.batch import RunningBatch
+from workers.engine.torch.cpu_linear import use_transposed_linear
+from workers.engine.torch.loading import LoadedModel, load_model
 from workers.engine.types import NO_CACHE, CacheStats, FatalEngineError
 
 #: Tokens generated per row in the warm-up step.
@@ -89,7 +89,7 @@ class ModelExecutor:
             use_transposed_linear(loaded.model)
         self._batch = RunningBatch(loaded.model, max_rows=self._config.max_batch_size)
         self._batch.share_prefix(template_prefix(loaded.tokenizer))
-        # llguidance's view of the tokenizer waits for the first response format (structured.py).
+        # llguidance's view of the tokenizer waits for the first response format (../sampling/structured.py).
         self._grammars = Grammars(loaded.tokenizer, self.vocab_size)
         self._chooser = TokenChooser(loaded.eos_token_ids)
         self._warm_up(self._batch)
@@ -175,7 +175,7 @@ def template_prefix(tokenizer: Any) -> list[int]:
 
 
 def host_logits(logits: torch.Tensor) -> np.ndarray:
-    """Logits as the fp32, row-contiguous numpy array token choice reads (choice.py): no copy for
+    """Logits as the fp32, row-contiguous numpy array token choice reads (../sampling/choice.py): no copy for
     contiguous fp32 on the CPU (the transposed linear layer's output is not: one copy then); from
     a GPU, one transfer of [rows, vocab] per step (6 MB at 32 rows of SmolLM2's vocabulary)."""
     return logits.detach().float().contiguous().cpu().numpy()

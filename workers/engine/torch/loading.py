@@ -114,7 +114,7 @@ def _convert_in_child(gguf: Path, out: Path) -> None:
     without a main guard would convert again there and wait forever on our lock; fork copies a
     process whose OpenMP pool may already have run, which can hang the child.
     """
-    code = "import sys, pathlib, workers.engine.loading as m; m._convert(*map(pathlib.Path, sys.argv[1:]))"
+    code = f"import sys, pathlib, {__name__} as m; m._convert(*map(pathlib.Path, sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(entry for entry in sys.path if entry)}
     done = subprocess.run([sys.executable, "-c", code, str(gguf), str(out)], env=env, check=False)
     if done.returncode != 0:

@@ -1,5 +1,5 @@
 """The llama.cpp context's KV cache: sized to the tokens a batch holds by default, a stream per row in
-the batch-invariant layout (llamacpp_context.py), chosen by the worker's settings."""
+the batch-invariant layout (workers/engine/llamacpp/context.py), chosen by the worker's settings."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from shared.config import Settings
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
-from workers.engine.llamacpp_context import KvLayout, context_params, kv_layout
-from workers.engine.llamacpp_model import LlamaCppModel, binding
+from workers.engine.llamacpp.context import KvLayout, context_params, kv_layout
+from workers.engine.llamacpp.model import LlamaCppModel, binding
 from workers.worker import engine_config
 
 
@@ -65,7 +65,7 @@ def test_a_shared_cache_past_the_training_context_is_no_warning(
     llama = binding()
     config = EngineConfig(model=DEFAULT_MODEL, model_cache=model_cache)
     assert kv_layout(config).cells > llamacpp_model.context_train
-    with caplog.at_level(logging.DEBUG, logger="workers.engine.llamacpp_model"):
+    with caplog.at_level(logging.DEBUG, logger="workers.engine.llamacpp.model"):
         context = llama.llama_init_from_model(llamacpp_model.handle, context_params(llama, config, 1, 64, 64))
         llama.llama_free(context)
     logged = [record for record in caplog.records if "n_ctx_train" in str(record.__dict__)]

@@ -20,10 +20,10 @@ import pytest
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams, StepStats
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
-from workers.engine.continuous import TransformersEngine
-from workers.engine.llamacpp_executor import SCORED_TOKENS, LlamaCppExecutor
-from workers.engine.llamacpp_model import LlamaCppModel, binding, physical_cores
-from workers.engine.loading import LoadedModel
+from workers.engine.llamacpp.executor import SCORED_TOKENS, LlamaCppExecutor
+from workers.engine.llamacpp.model import LlamaCppModel, binding, physical_cores
+from workers.engine.local import LocalEngine
+from workers.engine.torch.loading import LoadedModel
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +47,13 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
-def _executor(engine: TransformersEngine) -> LlamaCppExecutor:
+def _executor(engine: LocalEngine) -> LlamaCppExecutor:
     executor = engine._executor
     assert isinstance(executor, LlamaCppExecutor)
     return executor
 
 
-#: The layout in which batched output equals solo output token for token (llamacpp_context.py).
+#: The layout in which batched output equals solo output token for token (workers/engine/llamacpp/context.py).
 INVARIANT: dict[str, Any] = {"llamacpp_batch_invariant": True}
 
 
@@ -133,7 +133,7 @@ def test_the_running_rows_stay_one_run_of_seq_ids_and_a_moved_row_computes_as_be
         llamacpp_prefix_cache=False, llamacpp_batch_invariant=True,
     )  # fmt: skip
     executor = _RecordingExecutor(config, llamacpp_model)
-    engine = TransformersEngine(config, executor=executor)
+    engine = LocalEngine(config, executor=executor)
     engine.start()
     try:
         solo = engine.submit(_story("solo", 2)).result(60)
@@ -453,8 +453,8 @@ def test_the_kv_cache_is_sized_to_the_tokens_a_batch_holds_and_traffic_adds_no_m
 ) -> None:
     """What bounds a worker's memory (bench/worker_memory.py measures a whole worker): llama.cpp
     allocates and zeroes its whole KV cache at start, so the default cache holds the tokens a batch
-    may hold (max_batch_tokens + llamacpp_cache_tokens cells, llamacpp_context.py), not a stream
-    of llamacpp_sequence_tokens cells per row: 64 rows take what 16 do. Jobs, long prompts among
+    may hold (max_batch_tokens + llamacpp_cache_tokens cells, workers/engine/llamacpp/context.py),
+    not a stream of llamacpp_sequence_tokens cells per row: 64 rows take what 16 do. Jobs, long prompts among
     them, then add no more than buffers, and the cells the rows keep are the tokens the jobs wrote,
     within the cache's bound. The weights are never dequantized (fp32 would add ~520 MiB)."""
     config = EngineConfig()

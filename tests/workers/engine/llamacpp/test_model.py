@@ -1,4 +1,4 @@
-"""The default GGUF model as llama.cpp loads it (workers/engine/llamacpp_model.py): which model ids
+"""The default GGUF model as llama.cpp loads it (workers/engine/llamacpp/model.py): which model ids
 name a GGUF file, what the loaded model reports, and a model id that is no GGUF refused clearly."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from workers.engine.config import DEFAULT_MODEL, EngineConfig
 from workers.engine.gguf import default_gguf_path
-from workers.engine.llamacpp_model import LlamaCppModel, available, gguf_file, load_llamacpp_model
+from workers.engine.llamacpp.model import LlamaCppModel, available, gguf_file, load_llamacpp_model
 from workers.engine.types import FatalEngineError
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,8 @@ result = engine.submit(GenerationRequest("r", params, prompt="Hi")).result(timeo
 assert result.logprobs and result.text.startswith("{"), result
 engine.shutdown()
 model_code = (
-    "transformers.modeling_utils", "transformers.activations", "accelerate", "workers.engine.batch", "torch"
+    "transformers.modeling_utils", "transformers.activations", "accelerate", "workers.engine.torch.batch",
+    "torch",
 )
 print(result.completion_tokens, *(name for name in model_code if name in sys.modules))
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.engine.llamacpp_rows import PrefixMatch, SeqIds
+from workers.engine.llamacpp.rows import PrefixMatch, SeqIds
 
 
 def test_new_sequences_extend_the_run_after_it_then_before_it() -> None:
@@ -154,9 +154,9 @@ def test_a_seq_id_given_back_again_or_copied_from_is_the_last_to_be_evicted() ->
 
 
 def test_without_one_run_any_free_seq_id_will_do_and_nothing_moves() -> None:
-    """The shared KV cache (llamacpp_context.py) runs any seq_ids in one forward pass: a new sequence
-    takes the lowest free one, or the one holding its prefix wherever it lies, and packing moves
-    nothing."""
+    """The shared KV cache (workers/engine/llamacpp/context.py) runs any seq_ids in one forward
+    pass: a new sequence takes the lowest free one, or the one holding its prefix wherever it lies,
+    and packing moves nothing."""
     seq_ids = SeqIds(6, one_run=False)
     for used in ([], [0], [0, 1], [0, 1, 2]):
         seq_ids.take(used)

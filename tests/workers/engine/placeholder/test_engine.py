@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from workers.engine.config import PLACEHOLDER_MODEL, EngineConfig
-from workers.engine.placeholder import PlaceholderEngine
+from workers.engine.placeholder.engine import PlaceholderEngine
 from workers.engine.types import (
     ErrorType,
     FatalEngineError,

@@ -1,4 +1,4 @@
-"""workers/engine/choice.py: one token per row, each row under its own parameters whatever shares
+"""workers/engine/sampling/choice.py: one token per row, each row under its own parameters whatever shares
 the step; log-probabilities scored on the raw logits, which are never written; mask time counted
 and handed over once."""
 
@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from workers.engine.choice import TokenChooser
 from workers.engine.detokenizer import IncrementalText
+from workers.engine.sampling.choice import TokenChooser
 from workers.engine.sequence import Sequence, SequenceStatus
 from workers.engine.types import GenerationRequest, GenerationResult, SamplingParams
 

@@ -13,8 +13,8 @@ import torch
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
-from workers.engine.loading import LoadedModel
-from workers.engine.logprobs import log_softmax
+from workers.engine.sampling.logprobs import log_softmax
+from workers.engine.torch.loading import LoadedModel
 from workers.engine.types import GenerationResult, OutputUpdate
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time there was a", "def add(a, b):"]

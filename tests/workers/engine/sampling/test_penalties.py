@@ -13,8 +13,8 @@ import pytest
 
 from tests.workers.engine.conftest import EngineFactory
 from workers.engine import GenerationRequest, RequestError, SamplingParams
-from workers.engine.loading import LoadedModel
-from workers.engine.penalties import adjust_logits
+from workers.engine.sampling.penalties import adjust_logits
+from workers.engine.torch.loading import LoadedModel
 from workers.engine.types import GenerationResult
 
 

@@ -1,12 +1,12 @@
-"""workers/engine/sampling.py: temperature 0 is the argmax, a seed repeats its draws whatever
+"""workers/engine/sampling/sampler.py: temperature 0 is the argmax, a seed repeats its draws whatever
 shares the batch, top_p keeps only the smallest prefix reaching its mass."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.sampling import whole_sort_choice  # what sampling.py did before: the bench's baseline
-from workers.engine.sampling import choose_tokens, make_generator
+from bench.sampling import whole_sort_choice  # what sampler.py did before: the bench's baseline
+from workers.engine.sampling.sampler import choose_tokens, make_generator
 from workers.engine.types import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=1)

@@ -13,10 +13,11 @@ import tokenizers
 from llguidance import LLTokenizer
 
 from tests.workers.engine.conftest import EngineFactory
-from workers.engine import GenerationRequest, RequestError, SamplingParams, structured
-from workers.engine.llamacpp_executor import LlamaCppExecutor
-from workers.engine.llamacpp_model import LlamaCppModel
-from workers.engine.structured import Grammars
+from workers.engine import GenerationRequest, RequestError, SamplingParams
+from workers.engine.llamacpp.executor import LlamaCppExecutor
+from workers.engine.llamacpp.model import LlamaCppModel
+from workers.engine.sampling import structured
+from workers.engine.sampling.structured import Grammars
 
 #: Bounded (string lengths, integer range, array size) so that even random weights end within budget.
 SCHEMA = {

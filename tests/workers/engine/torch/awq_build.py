@@ -1,6 +1,6 @@
 """Build a small AWQ checkpoint on CPU with gptqmodel (run as a subprocess by test_awq.py).
 
-    python -m tests.workers.engine.awq_build SOURCE_FOLDER OUTPUT_FOLDER
+    python -m tests.workers.engine.torch.awq_build SOURCE_FOLDER OUTPUT_FOLDER
 
 A subprocess because gptqmodel sets process-wide state (thread pools, torch threads) that the
 engine tests should not inherit.

@@ -23,9 +23,9 @@ from transformers import BatchEncoding
 from tests.workers.engine.conftest import ROOT
 from workers.engine import GenerationRequest, SamplingParams
 from workers.engine.config import EngineConfig
-from workers.engine.continuous import TransformersEngine
 from workers.engine.gguf import build_once, default_gguf_path
-from workers.engine.loading import LoadedModel, convert_gguf, load_model
+from workers.engine.local import LocalEngine
+from workers.engine.torch.loading import LoadedModel, convert_gguf, load_model
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def _gptqmodel_version() -> str:
 
 def _awq_checkpoint(source: Path, cache: Path, version: str) -> Path:
     def build(folder: Path) -> None:
-        command = [sys.executable, "-m", "tests.workers.engine.awq_build", str(source), str(folder)]
+        command = [sys.executable, "-m", "tests.workers.engine.torch.awq_build", str(source), str(folder)]
         subprocess.run(
             [*command, str(QUANTIZED_LAYERS)], check=True, cwd=ROOT, timeout=600, capture_output=True
         )
@@ -67,7 +67,7 @@ def test_awq_checkpoint_serves_close_to_the_unquantized_model(
     assert "awq" in type(layers[0].self_attn.q_proj).__name__.lower(), "layer 0 is not an int4 AWQ layer"
     assert type(layers[QUANTIZED_LAYERS].self_attn.q_proj) is torch.nn.Linear
 
-    engine = TransformersEngine(EngineConfig(model=str(checkpoint), torch_threads=1, max_batch_size=4), awq)
+    engine = LocalEngine(EngineConfig(model=str(checkpoint), torch_threads=1, max_batch_size=4), awq)
     engine.start()
     try:
         sampling = SamplingParams(max_tokens=GENERATED, ignore_eos=True)

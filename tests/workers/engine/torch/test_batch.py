@@ -1,15 +1,15 @@
-"""workers/engine/batch.py: RunningBatch is the one owner of which member holds which row (a
+"""workers/engine/torch/batch.py: RunningBatch is the one owner of which member holds which row (a
 member leaving from the middle hands its row to the last one), refuses a member twice, warms up
 at its largest shape and empties again, and scores every prompt position on request (random-tiny).
-Its logits against an uncached forward pass: tests/workers/engine/test_kv_cache.py."""
+Its logits against an uncached forward pass: tests/workers/engine/torch/test_kv_cache.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from workers.engine.batch import RunningBatch
-from workers.engine.loading import LoadedModel
+from workers.engine.torch.batch import RunningBatch
+from workers.engine.torch.loading import LoadedModel
 
 PROMPT = [101, 2000, 345, 678, 9012, 77]
 

@@ -1,4 +1,4 @@
-"""workers/engine/cpu_linear.py: only plain fp32 CPU nn.Linear layers are rerouted, and a rerouted
+"""workers/engine/torch/cpu_linear.py: only plain fp32 CPU nn.Linear layers are rerouted, and a rerouted
 layer gives F.linear's result (up to float rounding) for decode-sized and prefill-sized inputs,
 with and without bias, for any leading shape."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine.cpu_linear import use_transposed_linear
+from workers.engine.torch.cpu_linear import use_transposed_linear
 
 
 class _Subclass(nn.Linear):  # e.g. a quantized layer: its own forward must stay

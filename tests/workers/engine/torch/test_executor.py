@@ -1,4 +1,4 @@
-"""workers/engine/model_executor.py: the transformers executor on the real default model. Its
+"""workers/engine/torch/executor.py: the transformers executor on the real default model. Its
 KV cache, prefix sharing and row map are not fooling themselves: solo greedy output is
 transformers' own generate(). (What both backends share is tests/workers/engine/test_default_model.py.)"""
 
@@ -12,7 +12,7 @@ from transformers import BatchEncoding
 
 from tests.workers.engine.conftest import EngineFactory
 from tests.workers.engine.test_default_model import PROMPTS, _chat
-from workers.engine.loading import LoadedModel
+from workers.engine.torch.loading import LoadedModel
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from workers.engine.batch import RunningBatch
-from workers.engine.kv_cache import layer_kv
-from workers.engine.loading import LoadedModel
+from workers.engine.torch.batch import RunningBatch
+from workers.engine.torch.kv_cache import layer_kv
+from workers.engine.torch.loading import LoadedModel
 
 
 def _reference_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:

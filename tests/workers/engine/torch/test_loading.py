@@ -9,8 +9,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from workers.engine.config import EngineConfig
-from workers.engine.continuous import TransformersEngine
-from workers.engine.loading import LoadedModel, load_model
+from workers.engine.local import LocalEngine
+from workers.engine.torch.loading import LoadedModel, load_model
 from workers.engine.types import FatalEngineError
 
 
@@ -26,7 +26,7 @@ def test_checkpoint_missing_a_weight_is_refused(random_model: LoadedModel, tmp_p
         FatalEngineError, match=r"missing_keys \(e\.g\. model\.layers\.1\.mlp\.down_proj\.weight\)"
     ):
         load_model(EngineConfig(model=str(folder)))
-    engine = TransformersEngine(EngineConfig(model=str(folder)))
+    engine = LocalEngine(EngineConfig(model=str(folder)))
     with pytest.raises(FatalEngineError):
         engine.start()
 

@@ -11,11 +11,11 @@ from typing import cast
 
 import torch
 
-from workers.engine.batch import RunningBatch
-from workers.engine.kv_cache import SlotKVCache
-from workers.engine.loading import LoadedModel
+from workers.engine.torch.batch import RunningBatch
+from workers.engine.torch.kv_cache import SlotKVCache
+from workers.engine.torch.loading import LoadedModel
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _mapped_ranges(name: str) -> list[tuple[int, int]]:
@@ -61,6 +61,6 @@ def test_kv_cache_holds_live_rows_only(random_model: LoadedModel) -> None:
 
 
 def test_the_engine_does_not_import_torch_compile_helpers() -> None:
-    code = "import sys, workers.engine.continuous; print('llguidance.torch' in sys.modules)"
+    code = "import sys, workers.engine.local; print('llguidance.torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
