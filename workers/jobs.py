@@ -28,8 +28,13 @@ log = logging.getLogger("genq.worker")
 #: dropped on the way, and a long run of them must not make one long script.
 TAKE_LOOKS = 16
 
-#: Messages at the list's end whose jobs' keys a take names for the next take to declare.
-TAKE_HINTS = 4
+#: Messages at the list's end whose jobs' keys a take names for the next takes to declare, by
+#: default: a worker's task threads whose jobs end in one engine step all take at once with the
+#: latest take's names, each the message after the one before's, so a worker names as many as it
+#: runs jobs at once (WorkerJobs' `hints`).
+TAKE_HINTS = 16
+#: The most a take names, whatever the worker's concurrency: each is a message the take reads.
+MAX_TAKE_HINTS = 64
 
 #: A job claimed without a delivery: its id and its record as the claim left it.
 ClaimedJob = tuple[str, dict[str, str]]
@@ -117,8 +122,12 @@ def _finish_labels(job_id: str, record: dict[str, str] | None) -> list[str]:
 class WorkerJobs:
     """The worker's view of job records (blocking; called from Celery task threads)."""
 
-    def __init__(self, client: redis.Redis, lease_s: float, max_attempts: int, job_timeout_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, lease_s: float, max_attempts: int, job_timeout_s: float,
+        hints: int = TAKE_HINTS,
+    ) -> None:  # fmt: skip
         self._redis = client
+        self._hint_count = min(hints, MAX_TAKE_HINTS)
         self._lease_s = lease_s
         self._max_attempts = max_attempts
         self._job_timeout_s = job_timeout_s
@@ -133,6 +142,11 @@ class WorkerJobs:
         #: task thread, since the messages at the list's end when a thread last took are mostly
         #: gone (the other threads took them) by its next take, and the latest take's are not.
         self._hints: list[str] = []
+
+    @property
+    def hints(self) -> list[str]:
+        """Labels of the keys the worker's latest take named for the next takes (take.lua)."""
+        return self._hints
 
     def load_scripts(self) -> None:
         """SCRIPT LOAD the scripts jobs run here, at start-up: the first job then pays no NOSCRIPT
@@ -180,7 +194,7 @@ class WorkerJobs:
 
     def _take_args(self, worker_id: str) -> list[str | int | float | bytes]:
         return [worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,
-                WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS, TAKE_HINTS]  # fmt: skip
+                WORKER_LOST_ERROR, keys.GENERATE_TASK, TAKE_LOOKS, self._hint_count]  # fmt: skip
 
     def _take_after(self, pipe: redis.client.Pipeline, then: NextTake) -> None:
         """Add `then`'s take to a finish's pipeline (EVALSHA, as the finish script there)."""

@@ -75,8 +75,9 @@ class WorkerRuntime:
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
         )
         self.jobs = WorkerJobs(
-            self.redis, settings.lease_ttl_s, settings.max_attempts, settings.job_timeout_s
-        )
+            self.redis, settings.lease_ttl_s, settings.max_attempts, settings.job_timeout_s,
+            hints=settings.concurrency,
+        )  # fmt: skip
         self.reaper = Reaper(
             self.redis, settings.max_attempts, settings.job_timeout_s, settings.reaper_interval_s
         )

@@ -6,6 +6,7 @@ checks the state after."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import cast
 
@@ -134,3 +135,36 @@ def test_a_delivered_message_is_not_taken(client: redis.Redis, jobs: WorkerJobs)
     deliver(client, "j1")
     assert take(jobs) is None
     assert record(client, "j1")["status"] == "queued"
+
+
+def _script_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_take_declares_the_keys_the_workers_latest_take_named(
+    client: redis.Redis, jobs: WorkerJobs
+) -> None:
+    """Task threads share what the worker's latest take named: one whose own last take is older
+    than other threads' takes still finds its job's keys declared, and takes it in one call."""
+    for index in range(8):
+        submit(client, f"j{index}")
+    assert take(jobs) == "j0"
+    other = threading.Thread(target=lambda: [take(jobs) for _ in range(4)])  # j1 .. j4
+    other.start()
+    other.join()
+    client.config_resetstat()
+    assert take(jobs) == "j5"
+    assert _script_calls(client) == 1
+
+
+def test_threads_taking_at_once_find_their_jobs_keys_declared(client: redis.Redis) -> None:
+    """Threads whose jobs end in one engine step take at once, each with the keys the worker's
+    latest take named: it names as many messages as the worker runs jobs at once."""
+    jobs = WorkerJobs(client, LEASE_S, 3, 600, hints=12)
+    for index in range(16):
+        submit(client, f"j{index}")
+    assert take(jobs) == "j0"
+    client.config_resetstat()
+    labels = list(jobs.hints)  # what 12 threads start their takes with, before any reply
+    assert [jobs.take("w1", LISTS, labels)[0] for _ in range(12)] == [f"j{i}" for i in range(1, 13)]  # type: ignore[index]
+    assert _script_calls(client) == 12
