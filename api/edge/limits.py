@@ -33,7 +33,8 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         max_bytes = self.per_path.get(scope["path"], self.max_bytes)
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
         too_long = declared is not None and declared.isdigit() and int(declared) > max_bytes
         if scope["path"] in self.per_path:  # an upload reads and counts its own body, if its caller may
             receive_unread, send_closing = closing_unread(scope, receive, send, self.linger)
@@ -45,7 +46,9 @@ class BodySizeLimit:
         if too_long:
             await self._reject(scope, receive, send, max_bytes)
             return
-        if declared is not None:  # the server enforces Content-Length: nothing more can arrive
+        if declared is not None or b"transfer-encoding" not in headers:
+            # Content-Length: the server enforces it, nothing more can arrive. Neither header: the
+            # request has no body (RFC 9112, 6.3), as a poll's GET has none; nothing to read.
             await self.app(scope, receive, send)
             return
         # Chunked: read it here (bounded), then replay it. Raising from inside `receive` would

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api.edge.asgi import Linger, read_body
 from api.edge.errors import genq_error_response
@@ -125,3 +125,24 @@ async def test_an_answer_before_the_body_was_read_closes_the_connection(declared
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
             response = await client.post(path, content=body if declared else chunked(body))
         assert (response.headers.get("connection") == "close") is closes, (path, response.status_code)
+
+
+async def test_a_request_without_a_body_reaches_the_app_with_the_servers_own_receive() -> None:
+    """No Content-Length and no Transfer-Encoding: no body (a poll's GET), so the cap reads and
+    replays nothing and the app gets the server's receive channel itself (a long-poll sees its
+    client leave on it as ever)."""
+    reached: list[Receive] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(receive)
+
+    async def server_receive() -> Message:
+        raise AssertionError("nothing is read for a request without a body")
+
+    async def send(message: Message) -> None:
+        raise AssertionError("nothing is sent by the cap")
+
+    limited = BodySizeLimit(app, max_bytes=CAP, linger=LINGER)
+    scope = {"type": "http", "method": "GET", "path": "/v1/jobs/j1", "headers": [(b"host", b"localhost")]}
+    await limited(scope, server_receive, send)
+    assert reached == [server_receive]
