@@ -51,9 +51,10 @@ class JobCreate(JobFields):
     )
 
     def spec(self, max_tokens: int) -> JobSpec:
-        """The job's spec as stored: this body without model and metadata, max_tokens resolved."""
-        fields = {name: getattr(self, name) for name in JobFields.model_fields}
-        return JobSpec.model_construct(max_tokens=max_tokens, **fields)
+        """The job's spec as stored: this body without model and metadata (JobSpec ignores
+        them), max_tokens resolved. Its values, validated already, pass pydantic's core again as
+        they are: several times cheaper than model_construct's loop in Python over every field."""
+        return JobSpec.model_validate({**self.__dict__, "max_tokens": max_tokens})
 
 
 # A job's output, one shape: the worker builds it (workers/records.py), the record holds it as JSON
