@@ -41,8 +41,8 @@ from shared import keys
 from shared.batches import BatchStore
 from shared.config import Settings
 from shared.files import FileRecords
+from shared.jobqueue.reaper import Reaper
 from shared.logging import configure_logging, fields
-from shared.reaper import Reaper
 
 #: The cyclic GC's youngest-generation threshold while the API serves (CPython's default: 700).
 #: Each request in flight holds some tens of container objects, so at the default a pass that

@@ -10,7 +10,7 @@ keep-alive connections, bench/loadgen.py) submits a job with a unique prompt, "c
 max_tokens 8 and `Prefer: wait`, so one POST returns the finished job; it then submits the next.
 Per job: end-to-end latency, and overhead = latency - the job's own metrics.inference_ms. Bare
 Celery: C asyncio clients, each LPUSHing a task message (the bytes genq's API pushes,
-shared/kombu_layout.py) and BLPOPing the key the task writes; the round trip is the whole latency.
+shared/jobqueue/kombu_layout.py) and BLPOPing the key the task writes; the round trip is the whole latency.
 Also the CPU seconds per job of each process (API, worker, Redis), which show what limits the
 rate. Writes <out>/end_to_end.json and <out>/end_to_end.png.
 """
@@ -52,7 +52,7 @@ from bench.common import (
 )
 from bench.loadgen import closed_loop, json_post
 from shared import keys
-from shared.kombu_layout import task_message
+from shared.jobqueue.kombu_layout import task_message
 
 MODEL = "random-tiny"
 WAIT_S = 300

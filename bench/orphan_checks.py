@@ -5,7 +5,7 @@
 
 N jobs are accepted through the API's own submit script (record, message in the queue list,
 reaper indexes) on a fresh embedded Redis, with no worker: a queue that is not draining, as under
-overload. Then the reaper (shared/reaper.py, one process, its lock cleared between turns) works
+overload. Then the reaper (shared/jobqueue/reaper.py, one process, its lock cleared between turns) works
 through every orphan check that is due ORPHAN_CHECK_S later, as it does once a period. Reported per
 N: Redis's own CPU for that pass (INFO cpu, so other load on the host does not count), the wall
 time, the CPU per check, the share of one core it costs when repeated every ORPHAN_CHECK_S, and the
@@ -26,9 +26,10 @@ import redis
 
 from api.jobs.store import NewJob, submit_labels
 from bench.common import bench_stack, machine, parse_args, start_redis, write_report
-from shared import keys, scripts
-from shared.reaper import BATCH, Reaper
-from shared.store import job_message
+from shared import keys
+from shared.jobqueue import scripts
+from shared.jobqueue.reaper import BATCH, Reaper
+from shared.jobqueue.records import job_message
 
 MODEL = "placeholder-echo"
 OWNER = "bench-key"

@@ -2,7 +2,7 @@
 SLOWLOG with every command logged (`slowlog-log-slower-than 0`).
 
 INFO commandstats lumps every script under EVALSHA; the slow log keeps each call's arguments,
-whose second is the script's SHA1, which names the script (shared/scripts.py). A call's duration
+whose second is the script's SHA1, which names the script (shared/jobqueue/scripts.py). A call's duration
 is Redis's wall time in it: on a busy 2-core host a call the kernel preempted counts its wait too,
 so the median per call is the figure to compare (a preempted minority moves the mean and p99).
 Logging every command costs Redis a little, so bench/machinery.py does this only when asked
@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from shared import scripts
+from shared.jobqueue import scripts
 
 #: Most commands the slow log keeps (the newest): ~66 per webhook job, ~46 per polled one.
 LOG_LENGTH = 200_000

@@ -1,4 +1,4 @@
-"""The take path (a task thread takes its next job straight from kombu's list, shared/lua/take.lua)
+"""The take path (a task thread takes its next job straight from kombu's list, shared/jobqueue/lua/take.lua)
 against kombu's public consumer, and against another tree, in one run.
 
     python -m bench.take_path --base /tmp/base-h4   # C = 16, 64, 256, 3 rounds (~8 minutes)

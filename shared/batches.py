@@ -1,5 +1,5 @@
 """Batch records (OpenAI's Batch API) in Redis: one hash per batch, moved between statuses by
-the Lua scripts shared/lua/batch_*.lua, so every move is checked and made in one step.
+the Lua scripts shared/jobqueue/lua/batch_*.lua, so every move is checked and made in one step.
 
 A batch's hash holds its OpenAI fields and the feeder's durable progress: the byte offset and
 line number it has read its input file to, whether it reached the end, the number of the next
@@ -22,8 +22,9 @@ from typing import Any, cast
 import orjson
 import redis.asyncio as aioredis
 
-from shared import keys, scripts
+from shared import keys
 from shared.files import NewFile
+from shared.jobqueue import scripts
 from shared.metrics import BatchSnapshot
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from shared import keys, kombu_layout
+from shared import keys
 from shared.config import Settings
+from shared.jobqueue import kombu_layout
 
 #: Seconds a synchronous broker command (publish, ack, restore) may wait for its reply.
 BROKER_SOCKET_TIMEOUT_S = 10.0

@@ -14,7 +14,8 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from shared import keys, scripts
+from shared import keys
+from shared.jobqueue import scripts
 
 
 class FilePurpose(enum.StrEnum):

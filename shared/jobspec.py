@@ -3,7 +3,7 @@ default and meaning.
 
 Everything else derives from these classes: POST /v1/jobs's body (shared/schemas.py JobCreate adds
 the model and metadata), the OpenAI routes' request models (api/openai/requests.py inherits
-CommonSampling), the job's record (shared/store.py encodes and decodes JobSpec), the response-cache
+CommonSampling), the job's record (shared/jobqueue/records.py encodes and decodes JobSpec), the response-cache
 key (shared/cache.py hashes every Sampling field) and the engine (workers/engine/types.py
 SamplingParams is Sampling plus what only the engine sets). Adding a sampling field is a line here
 and its use in the sampler.

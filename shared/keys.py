@@ -1,7 +1,7 @@
 """Every Redis key and channel genq uses, with its lifetime. Nothing else builds key names.
 
 Queue keys belong to Celery's Redis transport (kombu): their layout (a list per queue and
-priority step, the unacked hash and index) is known in shared/kombu_layout.py alone, and named
+priority step, the unacked hash and index) is known in shared/jobqueue/kombu_layout.py alone, and named
 here from there.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from shared import kombu_layout
+from shared.jobqueue import kombu_layout
 
 PREFIX = "genq"
 
@@ -191,7 +191,7 @@ WEBHOOK_DELIVERY = PREFIX + ":job:{job_id}:webhook:{delivery}"
 #: Sorted set of the webhook deliveries still pending (members: their WEBHOOK_DELIVERY keys), scored
 #: by when the reaper next checks that the broker still holds the delivery's message (its list, or
 #: kombu's unacked hash) or that a live claim holds the delivery. A message found nowhere twice is
-#: pushed again (shared/lua/reap_delivery.lua): a message popped by a worker killed before kombu
+#: pushed again (shared/jobqueue/lua/reap_delivery.lua): a message popped by a worker killed before kombu
 #: recorded it, or lost across a Redis restart, would otherwise end the delivery silently.
 WEBHOOK_PENDING = PREFIX + ":webhook-pending"
 

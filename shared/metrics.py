@@ -44,7 +44,7 @@ REAPER_ACTIONS = Counter(
     "message was lost).",
     ["action"],
 )
-#: What the reaper does to a job (shared/reaper.py), the `action` label of REAPER_ACTIONS.
+#: What the reaper does to a job (shared/jobqueue/reaper.py), the `action` label of REAPER_ACTIONS.
 REAPER_ACTION_NAMES = ("requeued", "failed", "expired", "repushed", "promoted", "webhook_repushed")
 # Every series exists from the start (at 0), so rate() and the dashboard see a quiet system as 0.
 for _action in REAPER_ACTION_NAMES:

@@ -1,7 +1,7 @@
 """The API's data model: job statuses, the job a client submits, the job it reads back.
 
 Pydantic at the HTTP edge; the job's spec (its input) is shared/jobspec.py's, and the job store
-(shared/store.py) converts between these and Redis hashes.
+(shared/jobqueue/records.py) converts between these and Redis hashes.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class JobCreate(JobFields):
 
 
 # A job's output, one shape: the worker builds it (workers/records.py), the record holds it as JSON
-# (shared/store.py), a read returns it decoded (JobView) and the API's schema documents it
+# (shared/jobqueue/records.py), a read returns it decoded (JobView) and the API's schema documents it
 # (JobPublic). TypedDicts, not models: a worker's output can hold thousands of log-probability
 # entries, which a model would build and validate one by one for no gain (the worker made them).
 # typing_extensions' TypedDict: pydantic reads only that one on Python < 3.12.
@@ -187,7 +187,7 @@ class JobErrorView(TypedDict):
 
 
 class JobCoreView(TypedDict):
-    """What a job's every view shows, as the job store builds it (shared/store.py)."""
+    """What a job's every view shows, as the job store builds it (shared/jobqueue/records.py)."""
 
     id: str
     status: JobStatus

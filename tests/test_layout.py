@@ -154,7 +154,7 @@ def test_shared_holds_only_what_more_than_one_tier_uses() -> None:
 
 
 def test_lua_lives_in_lua_files() -> None:
-    """Redis scripts are shared/lua/*.lua (table-tested state machines), never strings in Python."""
+    """Redis scripts are shared/jobqueue/lua/*.lua (table-tested state machines), never strings in Python."""
     inline = [_module(p) for package in ("api", "shared", "workers", "cli") for p in sources(package)
               if "redis.call(" in p.read_text()]  # fmt: skip
     assert inline == []

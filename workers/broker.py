@@ -9,7 +9,8 @@ record is retried until the store takes it, holding the message in memory meanwh
 can do nothing useful while the store refuses writes anyway); so are the acknowledgement and the
 rejection of a message (each a MULTI, which a full Redis refuses whole) and the queue bindings
 that a reconnecting consumer writes. Were the worker killed while it holds a message so, the
-message is in no list and no hash: the reaper's orphan check pushes it again (shared/lua/reap_orphan.lua).
+message is in no list and no hash: the reaper's orphan check pushes it again
+(shared/jobqueue/lua/reap_orphan.lua).
 
 Why overrides and no public option: kombu's retry options (`retry_on_timeout`, Celery's
 `broker_connection_retry`, the transport's `health_check_interval`, `socket_keepalive`, all set in

@@ -18,7 +18,7 @@ import threading
 import redis
 
 from shared import keys
-from shared.kombu_layout import task_of
+from shared.jobqueue.kombu_layout import task_of
 from shared.logging import fields
 from workers.jobs import ClaimedJob, ClaimOutcome, NextTake, WorkerJobs
 

@@ -1,8 +1,8 @@
 """The worker's side of job records (blocking; called from Celery task threads): claiming a
 delivered job or taking one straight from the queue, renewing the leases of the jobs it runs,
 finishing one, handing one back (drain, engine death), and the worker's heartbeat in the fleet
-registry. Each move is one script of shared/lua/; the record codec both tiers share is
-shared/store.py."""
+registry. Each move is one script of shared/jobqueue/lua/; the record codec both tiers share is
+shared/jobqueue/records.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import redis
 import redis.client
 import redis.exceptions
 
-from shared import keys, kombu_layout, scripts
+from shared import keys
+from shared.jobqueue import kombu_layout, scripts
+from shared.jobqueue.records import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
 from shared.logging import fields as log_fields
-from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, flat_record, job_message
 from workers.webhooks.bodies import completed_body
 
 log = logging.getLogger("genq.worker")
@@ -72,7 +73,7 @@ class NextTake:
     done: bool = False
     taken: ClaimedJob | None = None
     #: Labels of keys to declare in the take: those of the jobs whose messages were next in line
-    #: at the thread's last take, or those this take asked for (shared/lua/take.lua).
+    #: at the thread's last take, or those this take asked for (shared/jobqueue/lua/take.lua).
     labels: list[str] = field(default_factory=list)
 
     def set_reply(self, reply: object) -> None:
@@ -87,7 +88,7 @@ class NextTake:
         self.done, (self.taken, self.labels) = True, _taken(flat)
 
 
-#: A take's reply that asks for keys (shared/lua/take.lua).
+#: A take's reply that asks for keys (shared/jobqueue/lua/take.lua).
 NEED_REPLY = "!need"
 
 
@@ -105,7 +106,7 @@ def _queue_labels(queue: str) -> list[str]:
 
 
 def _finish_labels(job_id: str, record: dict[str, str] | None) -> list[str]:
-    """The keys the finish script touches (shared/lua/finish.lua), from the job's record."""
+    """The keys the finish script touches (shared/jobqueue/lua/finish.lua), from the job's record."""
     if record is None:
         return []
     labels = [

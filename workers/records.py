@@ -1,6 +1,6 @@
 """A job's record in the engine's terms and back: its stored spec becomes a GenerationRequest,
 a GenerationResult becomes the job's output and the record fields that end the job (with its last
-output deltas, a JobOutcome). The record's encoding is shared/store.py's."""
+output deltas, a JobOutcome). The record's encoding is shared/jobqueue/records.py's."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from shared.jobqueue.records import succeeded_fields
 from shared.jobspec import JobSpec
 from shared.schemas import JobChoice, JobOutput
-from shared.store import succeeded_fields
 from workers.engine import GenerationRequest, GenerationResult, SamplingParams
 from workers.engine.types import OutputUpdate
 from workers.publish import Delta, token_entry

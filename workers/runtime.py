@@ -31,10 +31,10 @@ from redis.retry import Retry
 from shared import keys, metrics
 from shared.cache import CacheEntry, cache_client, cache_key, write_entry
 from shared.config import Settings
+from shared.jobqueue.reaper import Reaper
+from shared.jobqueue.records import as_text, decode_input
 from shared.logging import fields
-from shared.reaper import Reaper
 from shared.schemas import JobStatus
-from shared.store import as_text, decode_input
 from workers import scalein
 from workers.cancels import CancelListener
 from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError

@@ -29,7 +29,7 @@ from shared.batches import BatchOutcome, BatchStatus, BatchStore, result_file_id
 from shared.errors import NotFound
 from shared.files import FilePurpose, NewFile
 from shared.ids import new_id
-from shared.kombu_layout import task_message
+from shared.jobqueue.kombu_layout import task_message
 from shared.logging import fields
 from shared.schemas import JobStatus, JobView
 

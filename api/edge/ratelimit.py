@@ -18,9 +18,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from api.redis_io.commands import Commands
-from shared import keys, metrics, scripts
+from shared import keys, metrics
 from shared.config import Settings
 from shared.errors import RateLimited, Unavailable, rate_limit_headers, storage_refusal
+from shared.jobqueue import scripts
 from shared.logging import fields
 
 log = logging.getLogger("genq.api")

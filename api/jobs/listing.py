@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.jobs.store import JobHead, JobStore
+from shared.jobqueue.records import job_summary
 from shared.schemas import JobStatus, JobSummaryView
-from shared.store import job_summary
 
 #: Rounds of candidates one request reads before it answers with a cursor: a status filter over a
 #: long history costs at most this many rounds of heads.

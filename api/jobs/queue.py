@@ -29,11 +29,11 @@ from shared import key_secrets, keys, metrics
 from shared.config import Settings
 from shared.errors import Conflict, InvalidRequest, NotFound, Overloaded, StorageRefused
 from shared.ids import is_job_id, new_id
+from shared.jobqueue.kombu_layout import task_message
+from shared.jobqueue.records import encode_input, is_terminal, public_job
 from shared.jobspec import JobSpec
-from shared.kombu_layout import task_message
 from shared.schemas import JobCreate, JobStatus, JobSummaryView, JobView, WebhookEvent
 from shared.ssrf import check_url
-from shared.store import encode_input, is_terminal, public_job
 
 #: The newest webhook delivery attempts a log read returns (a long job's `output` events add many).
 WEBHOOK_LOG_SHOWN = 1000

@@ -1,6 +1,6 @@
 """The API's side of job records (asyncio): submitting a job (record, idempotency, response
 cache, coalescing and its message in one script, submit.lua), reading, cancelling and listing.
-The record codec both tiers share is shared/store.py; the worker's side is workers/jobs.py."""
+The record codec both tiers share is shared/jobqueue/records.py; the worker's side is workers/jobs.py."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import orjson
 import redis.asyncio as aioredis
 
 from api.redis_io.commands import Commands
-from shared import keys, scripts
+from shared import keys
 from shared.cache import CacheEntry
 from shared.errors import QuotaExceeded
+from shared.jobqueue import scripts
+from shared.jobqueue.records import SUMMARY_FIELDS, as_text, flat_record
 from shared.schemas import JobStatus
-from shared.store import SUMMARY_FIELDS, as_text, flat_record
 
 
 @dataclass(frozen=True)  # no slots: `record` is computed once and kept in the instance's __dict__
@@ -172,7 +173,8 @@ class JobStore:
         self._bounds = bounds
         self._submit = client.register_script(scripts.source("submit"))
         self._cancel = client.register_script(scripts.source("cancel"))
-        #: Each script through the pipelined runner, with the keys its call declares (shared/scripts.py).
+        #: Each script through the pipelined runner, with the keys its call declares
+        #: (shared/jobqueue/scripts.py).
         self._run_submit = partial(self._commands.run_script, self._submit)
         self._run_cancel = partial(self._commands.run_script, self._cancel)
 

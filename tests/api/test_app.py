@@ -20,8 +20,8 @@ from api.app import GC_YOUNG_THRESHOLD, create_app
 from api.edge.pipeline import caller_owner
 from api.edge.uvicorn_adapter import HeaderTimeoutProtocol
 from cli.redis_server import free_port
-from shared import scripts
 from shared.config import Settings
+from shared.jobqueue import scripts
 from tests.conftest import api_client
 
 pytestmark = pytest.mark.anyio

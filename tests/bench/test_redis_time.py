@@ -6,7 +6,8 @@ from __future__ import annotations
 import redis
 
 from bench.redis_time import script_names, with_script_times
-from shared import keys, scripts
+from shared import keys
+from shared.jobqueue import scripts
 
 
 def test_every_script_is_named_as_loaded_after_the_prelude_and_bare() -> None:

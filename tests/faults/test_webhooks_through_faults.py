@@ -2,7 +2,7 @@
 delivered (2xx) under one webhook-id, none is lost. The chaos soak found deliveries that ended
 `pending` with no message left: tasks that failed on a refused Redis were acknowledged, and a
 message in flight when Redis went away was gone (the reaper now pushes such a message again:
-shared/lua/reap_delivery.lua). Real Redis with AOF, real model and webhook workers, a real receiver
+shared/jobqueue/lua/reap_delivery.lua). Real Redis with AOF, real model and webhook workers, a real receiver
 that fails first attempts so that retries are in flight when the fault hits."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
-from shared import scripts
+from shared.jobqueue import scripts
 from tests.conftest import WorkerProcess, api_client
 from tests.workers.webhooks.test_tasks import Receiver, hook_settings, submit_completed_hook, until
 

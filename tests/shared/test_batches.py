@@ -1,7 +1,7 @@
-"""The batch scripts (shared/lua/batch_*.lua) as state machines: each case sets a batch's state in
+"""The batch scripts (shared/jobqueue/lua/batch_*.lua) as state machines: each case sets a batch's state in
 a real Redis, runs one script, and checks the state after. The guards are what make two feeders
 at once (or one retried after a crash) write each line's result exactly once. Each script call
-may touch only the keys it declares (tests/shared/script_keys.py)."""
+may touch only the keys it declares (tests/shared/jobqueue/script_keys.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import orjson
 import pytest
 import redis
 
-from shared import keys, scripts
+from shared import keys
 from shared.batches import BatchStatus, NewBatch, result_file_id
 from shared.files import FilePurpose, NewFile
-from tests.shared.script_keys import redis_client
+from shared.jobqueue import scripts
+from tests.shared.jobqueue.script_keys import redis_client
 
 BATCH = "batch_" + "0" * 32
 OWNER = "key-a"

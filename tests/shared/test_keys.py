@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import string
 
-from shared import keys, kombu_layout
+from shared import keys
+from shared.jobqueue import kombu_layout
 
 
 def _templates() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The API publishes Celery task messages without Celery (shared/kombu_layout.py). They must be what
+"""The API publishes Celery task messages without Celery (shared/jobqueue/kombu_layout.py). They must be what
 kombu itself writes for `send_task` on our Celery app, so that unmodified workers consume them:
 publish one with Celery into the suite's real Redis, build ours for the same task, compare."""
 
@@ -17,7 +17,7 @@ import redis
 from shared import keys
 from shared.celery_app import create_celery_app
 from shared.config import Settings
-from shared.kombu_layout import retagged, task_message
+from shared.jobqueue.kombu_layout import retagged, task_message
 
 #: Not ours to match: kombu draws a random delivery tag per message, and Celery sets reply_to to
 #: its app's own id (a result queue; our jobs ignore results).

@@ -27,7 +27,8 @@ from kombu.transport import virtual
 
 from cli import redis_server
 from cli.redis_server import EmbeddedRedis
-from shared import keys, kombu_layout
+from shared import keys
+from shared.jobqueue import kombu_layout
 from workers.broker import BRPOP_TIMEOUT_S, Channel, RetryingQoS, Transport, while_refused
 
 QUEUE = "genq.test-broker"

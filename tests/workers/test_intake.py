@@ -1,5 +1,5 @@
 """workers/intake.py: a task thread's next job without a delivery, against a real Redis and the
-real scripts. Jobs are accepted through the real submit script (tests/shared/test_store_scripts.py)."""
+real scripts. Jobs are accepted through the real submit script (tests/shared/jobqueue/test_job_scripts.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import redis
 
 from shared.celery_app import queue_lists
 from tests.conftest import commands_while
-from tests.shared.test_store_scripts import LIST, QUEUE, client, jobs, record, submit
+from tests.shared.jobqueue.test_job_scripts import LIST, QUEUE, client, jobs, record, submit
 from workers.intake import Intake
 from workers.jobs import NextTake, WorkerJobs
 
@@ -122,7 +122,7 @@ def test_a_job_queued_after_the_thread_took_its_last_costs_one_more_take(
     client: redis.Redis, jobs: WorkerJobs, intake: Callable[..., Intake]
 ) -> None:
     """The take sent with a finish declares the keys of the jobs that were next in line when the
-    thread took its last job (shared/lua/take.lua). A job queued after that asks for its keys
+    thread took its last job (shared/jobqueue/lua/take.lua). A job queued after that asks for its keys
     there, and the thread's next take, with them, claims it."""
     make = intake(wait_s=5.0)
     submit(client, "j1")

@@ -1,5 +1,5 @@
 """The worker's side of job records (workers/jobs.py) beyond the scripts' state machines
-(tests/shared/test_store_scripts.py): a worker's heartbeat enters it in its registry with its
+(tests/shared/jobqueue/test_job_scripts.py): a worker's heartbeat enters it in its registry with its
 job slots, leaving takes both out, and the model revision it serves is published for the API."""
 
 from __future__ import annotations

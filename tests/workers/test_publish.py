@@ -54,7 +54,7 @@ class HeldPublisher(OutputPublisher):
 
 def _flush(publisher: OutputPublisher, client: redis.Redis, job_id: str) -> None:
     """What the step that ends a job does with its output: WorkerJobs.finish sends the deltas in
-    the pipeline of its script (tests/shared/test_store_scripts.py checks that part)."""
+    the pipeline of its script (tests/shared/jobqueue/test_job_scripts.py checks that part)."""
     deltas = publisher.pending(job_id)
     pipe = client.pipeline(transaction=False)
     publisher.write(deltas, pipe)

@@ -8,8 +8,8 @@ import time
 import orjson
 from pydantic import TypeAdapter
 
+from shared.jobqueue.records import decode_input
 from shared.schemas import JobMetrics, JobOutput, JobStatus
-from shared.store import decode_input
 from workers.engine import GenerationResult
 from workers.engine.types import OutputUpdate, TokenLogprob
 from workers.records import generation_request, success_fields

@@ -14,8 +14,9 @@ from typing import cast
 import pytest
 import redis
 
-from shared import keys, scripts
+from shared import keys
 from shared.config import Settings
+from shared.jobqueue import scripts
 from tests.conftest import api_client, monitored, wait_until_running
 from workers.engine import build_engine
 from workers.runtime import WorkerRuntime

@@ -14,8 +14,8 @@ import orjson
 
 from shared import keys
 from shared.batches import public_batch
+from shared.jobqueue.records import public_job, rfc3339
 from shared.schemas import JobStatus, WebhookEvent
-from shared.store import public_job, rfc3339
 
 #: The job record's field that holds its `completed` delivery's message until the job ends.
 COMPLETED_MESSAGE_FIELD = keys.webhook_message_field(WebhookEvent.COMPLETED)

@@ -10,12 +10,12 @@ Retries: a failed attempt publishes the next generation's message (as Celery's `
 would) before its own end is recorded, so a crash in between repeats an attempt rather than
 losing the delivery. A retry delay longer than half the visibility timeout is made of hops (a
 message that carries its due time in `due_at`), so the broker never hands a waiting message out
-twice. The reaper re-pushes a message the broker lost (shared/lua/reap_delivery.lua).
+twice. The reaper re-pushes a message the broker lost (shared/jobqueue/lua/reap_delivery.lua).
 
 Claims: each message carries its generation, and may act only for a generation newer than the
 delivery's, or take its own over once its holder's lease (an attempt timeout plus a margin) ran
 out; every other copy is dropped, so each attempt runs once. `completed` waits while the job's
-`start` delivery is pending. The scripts: shared/lua/webhook_claim.lua and webhook_record.lua
+`start` delivery is pending. The scripts: shared/jobqueue/lua/webhook_claim.lua and webhook_record.lua
 (common.lua), and workers/webhooks/intake.py for a task thread that takes its next delivery itself."""
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from typing import Any
 import orjson
 import redis
 
-from shared import key_secrets, keys, scripts, signing
+from shared import key_secrets, keys, signing
 from shared.config import Settings
-from shared.kombu_layout import task_message
+from shared.jobqueue import scripts
+from shared.jobqueue.kombu_layout import task_message
+from shared.jobqueue.records import rfc3339
 from shared.schemas import WebhookEvent
-from shared.store import rfc3339
 from workers.webhooks.bodies import WebhookPayload, batch_event, job_event
 from workers.webhooks.client import AttemptResult, post
 from workers.webhooks.outcomes import FINAL_OUTCOMES, JITTER_FRACTION, Verdict, retry_delays, verdict
@@ -133,7 +134,7 @@ class AttemptRecord:
 @dataclass(frozen=True, slots=True)
 class DeliverySnapshot:
     """What an attempt reads of its delivery when it claims it (look_delivery in
-    shared/lua/common.lua), for order_wait() and prepare()."""
+    shared/jobqueue/lua/common.lua), for order_wait() and prepare()."""
 
     #: The job's (or batch's) record; empty when it expired. With a frozen body, only its `input`
     #: (all that attempt reads of it: order_wait's webhook filter).
@@ -167,7 +168,7 @@ def claimed(reply: list[Any]) -> tuple[Claim, float, DeliverySnapshot | None]:
 
 
 def snapshot_of(looked: list[Any]) -> DeliverySnapshot:
-    """The snapshot of what look_delivery (shared/lua/common.lua) read."""
+    """The snapshot of what look_delivery (shared/jobqueue/lua/common.lua) read."""
     (url, body, owner), flat_record, start_never_sent, start_state, counted = looked
     pairs = zip(flat_record[::2], flat_record[1::2], strict=True)
     record = {_text(name): _text(value) for name, value in pairs}
@@ -247,7 +248,7 @@ class Deliveries:
     ) -> AttemptRecord:
         """The end of this generation, to record with record_attempt() or with a thread's next take
         (workers/webhooks/intake.py): release the claim, set fields, append the attempt to the log
-        (shared/lua/common.lua record_delivery)."""
+        (shared/jobqueue/lua/common.lua record_delivery)."""
         flat = [item for pair in fields.items() for item in pair]
         drop_body = "1" if fields.get("outcome") in FINAL_OUTCOMES else "0"
         log_entry = orjson.dumps(entry) if entry is not None else ""

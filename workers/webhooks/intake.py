@@ -1,7 +1,7 @@
 """Delivery messages taken by a task thread whose delivery ended, without a broker delivery of
 its own (what workers/intake.py does for jobs).
 
-shared/lua/webhook_take.lua pops a waiting message and claims its delivery's generation in one
+shared/jobqueue/lua/webhook_take.lua pops a waiting message and claims its delivery's generation in one
 script, so no message is out of the list without a lease the reaper watches. With none waiting,
 the thread waits on the list itself (BRPOP, up to worker_take_wait_s) and hands what it gets to
 the same script; a worker that dies in between leaves the delivery pending, and the reaper pushes
@@ -20,8 +20,9 @@ from typing import Any
 
 import redis
 
-from shared import keys, scripts
-from shared.kombu_layout import read_task
+from shared import keys
+from shared.jobqueue import scripts
+from shared.jobqueue.kombu_layout import read_task
 from shared.schemas import WebhookEvent
 from workers.webhooks.delivery import (
     START_MESSAGE_FIELD,
@@ -54,7 +55,7 @@ class DeliveryMessage:
 
     @classmethod
     def parse(cls, raw: bytes | str) -> DeliveryMessage:
-        """A delivery task's message as kombu's Redis transport holds it (shared/kombu_layout.py)."""
+        """A delivery task's message as kombu's Redis transport holds it (shared/jobqueue/kombu_layout.py)."""
         call = read_task(raw)
         args = call.args
         if call.task == keys.BATCH_WEBHOOK_TASK:
@@ -115,7 +116,7 @@ class DeliveryIntake:
 
     def _take_one(self, popped: str, attempt_record: AttemptRecord | None = None) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "", after
-        `attempt_record` is recorded (see shared/lua/webhook_take.lua). A take that asks for the
+        `attempt_record` is recorded (see shared/jobqueue/lua/webhook_take.lua). A take that asks for the
         keys its message names is made again with them, recording nothing more (scripts.ROUNDS
         times at most: other threads took the messages meanwhile; then it took nothing)."""
         names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
@@ -164,7 +165,7 @@ class DeliveryIntake:
         return reply
 
 
-#: A take's reply that asks for keys (shared/lua/webhook_take.lua).
+#: A take's reply that asks for keys (shared/jobqueue/lua/webhook_take.lua).
 NEED_REPLY = "!need"
 #: Messages next in line whose keys a claimed take names for the thread's next take.
 TAKE_HINTS = 2

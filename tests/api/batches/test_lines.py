@@ -23,8 +23,8 @@ from api.batches.lines import (
 )
 from api.batches.splitter import TooLong
 from api.openai.kind import Kind
+from shared.jobqueue.records import public_job
 from shared.schemas import JobStatus, JobView, Priority
-from shared.store import public_job
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"

@@ -12,7 +12,7 @@ import redis
 
 from api.edge.responses import job_response, json_response
 from shared import keys
-from shared.store import public_job
+from shared.jobqueue.records import public_job
 
 pytestmark = pytest.mark.anyio
 

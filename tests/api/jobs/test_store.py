@@ -16,7 +16,7 @@ from api.redis_io.commands import DirectCommands
 from shared import keys
 from shared.config import Settings
 from shared.errors import QuotaExceeded
-from shared.store import job_message
+from shared.jobqueue.records import job_message
 
 QUEUE = keys.queue_for_model("placeholder-echo")
 

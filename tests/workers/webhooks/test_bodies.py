@@ -2,7 +2,7 @@
 them (api/jobs/store.py NewJob.record). A `completed` body built by the worker that ends a job is
 the ended job exactly as GET /v1/jobs/{id} shows it; nothing is built for a job without that
 webhook, for an expired record, for an `output` notice of a job already over, or for a batch
-without a webhook. (Stored by the finish script: tests/shared/test_store_scripts.py; received over
+without a webhook. (Stored by the finish script: tests/shared/jobqueue/test_job_scripts.py; received over
 HTTP: tests/workers/webhooks/test_tasks.py.)"""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import orjson
 
 from api.jobs.store import NewJob
-from shared.store import public_job
+from shared.jobqueue.records import public_job
 from workers.webhooks.bodies import batch_event, completed_body, job_event
 
 HOOK = "http://127.0.0.1:9/hook"

@@ -12,7 +12,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from tests.shared.script_keys import redis_client
+from tests.shared.jobqueue.script_keys import redis_client
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
 from workers.webhooks.delivery import START_MESSAGE_FIELD, Deliveries, Delivery, DeliverySnapshot, Prepared
@@ -80,7 +80,7 @@ BATCH_RECORD = {"id": "batch-1", "endpoint": "/v1/chat/completions", "input_file
 
 
 def _commands(client: redis.Redis) -> dict[str, int]:
-    """Commands run so far, by name, less the key check's own (tests/shared/script_keys.py)."""
+    """Commands run so far, by name, less the key check's own (tests/shared/jobqueue/script_keys.py)."""
     stats = client.info("commandstats").items()
     return {
         name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats if name != "cmdstat_acl|setuser"

@@ -1,4 +1,4 @@
-"""workers/webhooks/intake.py and shared/lua/webhook_take.lua: a task thread's next webhook
+"""workers/webhooks/intake.py and shared/jobqueue/lua/webhook_take.lua: a task thread's next webhook
 delivery without a broker delivery, against a real Redis. Messages are published the way the job
 scripts and the delivery tasks publish them (workers.webhooks.delivery.publish); what a taken delivery
 then does end to end is in tests/workers/webhooks/test_tasks.py."""
@@ -18,9 +18,9 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
-from shared.kombu_layout import task_message
-from shared.reaper import Reaper
-from tests.shared.script_keys import redis_client
+from shared.jobqueue.kombu_layout import task_message
+from shared.jobqueue.reaper import Reaper
+from tests.shared.jobqueue.script_keys import redis_client
 from tests.workers.webhooks.test_orphans import recheck_at
 from tests.workers.webhooks.test_tasks import hook_settings
 from workers.webhooks.bodies import WebhookPayload
@@ -331,7 +331,7 @@ def test_the_attempt_record_costs_no_round_trip_of_its_own(
     redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
 ) -> None:
     """The next delivery's message was in line when the thread took its last: that take named its
-    keys (shared/lua/webhook_take.lua), so this take declares them and asks for none."""
+    keys (shared/jobqueue/lua/webhook_take.lua), so this take declares them and asks for none."""
     taker = intake()
     publish(deliveries, COMPLETED)
     publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")

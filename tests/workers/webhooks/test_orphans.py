@@ -1,5 +1,5 @@
 """A webhook delivery whose message the broker lost is pushed again by the reaper
-(shared/lua/reap_delivery.lua): the index of pending deliveries as a state machine against a real
+(shared/jobqueue/lua/reap_delivery.lua): the index of pending deliveries as a state machine against a real
 Redis, then end to end with real worker processes and a real receiver."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
-from shared import keys, scripts
-from shared.reaper import Reaper
+from shared import keys
+from shared.jobqueue import scripts
+from shared.jobqueue.reaper import Reaper
 from tests.conftest import WorkerProcess, api_client
-from tests.shared.script_keys import redis_client
+from tests.shared.jobqueue.script_keys import redis_client
 from tests.workers.webhooks.test_tasks import Receiver, hook_settings, submit_completed_hook, until
 from workers.webhooks.delivery import WEBHOOK_LIST, Deliveries, Delivery
 

@@ -1,4 +1,4 @@
-"""Job records as both tiers read them (shared/store.py): the codec of a record's input (the job's
+"""Job records as both tiers read them (shared/jobqueue/records.py): the codec of a record's input (the job's
 spec, written by the API, read by the worker) and output, and the views the API returns."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import orjson
 import pydantic
 import pytest
 
+from shared.jobqueue.records import decode_input, encode_input, job_summary, public_job, succeeded_fields
 from shared.jobspec import JobSpec
 from shared.schemas import JobCreate, JobOutput, JobStatus
-from shared.store import decode_input, encode_input, job_summary, public_job, succeeded_fields
 
 OUTPUT: JobOutput = {
     "text": "hi",

@@ -9,15 +9,15 @@ What genq writes and reads without kombu's or Celery's code, and why:
   today (it would split the record from its message: the reaper's orphan check would then be the
   only guarantee, and it pushes again through the same layout).
 - A worker's task thread whose job ended takes the next job straight from the queue's lists
-  (shared/lua/take.lua, GENQ_WORKER_TAKE_QUEUED): no broker delivery of its own. The public path
+  (shared/jobqueue/lua/take.lua, GENQ_WORKER_TAKE_QUEUED): no broker delivery of its own. The public path
   is that setting off: every job then comes through Celery's consumer (kombu's BRPOP, its unacked
   bookkeeping, Celery's dispatch and ack). bench/take_path.py measures one against the other.
 - The job store's scripts read a message's task, id and delivery tag (common.lua word_field and
   delivery_tag, take.lua task_of, webhook_take.lua delivery_of), drop a claimed job's entry from
   kombu's unacked hash and index (common.lua forget_delivery, finish.lua), and the reaper looks a
   message up there (reap_orphan.lua, reap_delivery.lua): they name those keys by the labels of
-  shared/scripts.py CONSTANTS, whose values are these.
-tests/shared/test_kombu_layout.py holds the contract with the pinned kombu and Celery: a message
+  shared/jobqueue/scripts.py CONSTANTS, whose values are these.
+tests/shared/jobqueue/test_kombu_layout.py holds the contract with the pinned kombu and Celery: a message
 genq's scripts write is consumed and acknowledged by kombu's public consumer, one Celery
 publishes is taken by genq's scripts, and the names here are kombu's. A kombu that changes its
 layout fails it.

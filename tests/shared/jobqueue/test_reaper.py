@@ -1,7 +1,7 @@
-"""shared/reaper.py as it runs in a process: its own thread reclaims a lapsed lease and leaves a
+"""shared/jobqueue/reaper.py as it runs in a process: its own thread reclaims a lapsed lease and leaves a
 live one alone, counts and logs each action with the job id, and a Redis error skips one period
 instead of ending the thread. (Each reaper script's state before and after is tested in
-tests/shared/test_store_scripts.py.)"""
+tests/shared/jobqueue/test_job_scripts.py.)"""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import redis
 from prometheus_client import REGISTRY
 
 from cli.redis_server import EmbeddedRedis
-from shared import keys, scripts
+from shared import keys
 from shared.config import Settings
+from shared.jobqueue import scripts
+from shared.jobqueue.reaper import Reaper
 from shared.logging import JsonFormatter
-from shared.reaper import Reaper
-from tests.shared.test_store_scripts import (
+from tests.shared.jobqueue.test_job_scripts import (
     LEASE_S,
     LIST,
     MAX_ATTEMPTS,
@@ -183,8 +184,8 @@ def test_messages_pushed_during_a_list_read_hide_none_of_the_oldest(
     missed the oldest messages (as many as were pushed meanwhile), whose checks come due first, and
     each then cost its script a scan of the whole list (a core of Redis at ~10^5 queued). Counted
     from the tail, every message queued before the read is found, and no script scans."""
-    monkeypatch.setattr("shared.reaper.LIST_CHUNK", 10)
-    monkeypatch.setattr("shared.reaper.LIST_OVERLAP", 3)
+    monkeypatch.setattr("shared.jobqueue.reaper.LIST_CHUNK", 10)
+    monkeypatch.setattr("shared.jobqueue.reaper.LIST_OVERLAP", 3)
     for index in range(40):
         submit(redis_client, f"j{index}")
     pushed = iter(range(1000))
@@ -205,8 +206,8 @@ def test_messages_taken_during_a_list_read_hide_none_of_the_rest(
     """A worker taking messages from the tail while the reaper reads: each take moves the rest one
     place towards the tail, and chunks that share LIST_OVERLAP messages miss none of those left
     when fewer than that are taken between two reads."""
-    monkeypatch.setattr("shared.reaper.LIST_CHUNK", 10)
-    monkeypatch.setattr("shared.reaper.LIST_OVERLAP", 3)
+    monkeypatch.setattr("shared.jobqueue.reaper.LIST_CHUNK", 10)
+    monkeypatch.setattr("shared.jobqueue.reaper.LIST_OVERLAP", 3)
     redis_client.lpush(LIST, *(_foreign_message(index) for index in range(40)))
     client = _Meanwhile(connection_pool=redis.ConnectionPool.from_url(settings.require_redis_url()))
     client.between = lambda: redis_client.rpop(LIST, 2)

@@ -1,4 +1,4 @@
-"""shared/lua/take.lua as a state machine: a task thread takes the next queued job straight from
+"""shared/jobqueue/lua/take.lua as a state machine: a task thread takes the next queued job straight from
 the broker's lists, popping its message and claiming the job in one step. Each case sets the
 lists and records in a real Redis through the real submit and claim scripts, runs one take, and
 checks the state after."""
@@ -16,7 +16,7 @@ import redis
 
 from shared import keys
 from shared.celery_app import queue_lists
-from tests.shared.test_store_scripts import (
+from tests.shared.jobqueue.test_job_scripts import (
     LEASE_S,
     LIST,
     QUEUE,

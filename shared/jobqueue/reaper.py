@@ -1,6 +1,6 @@
 """The reaper: what rescues a job nobody holds any more, independent of whoever held it.
 
-Each period it runs the store's reaper scripts (shared/lua/reap_*.lua) over what is due:
+Each period it runs the store's reaper scripts (shared/jobqueue/lua/reap_*.lua) over what is due:
 - running jobs whose lease lapsed (their worker died, hung, or dropped them): handed back to the
   queue with a fresh deadline, or failed (`worker_lost`) once started GENQ_MAX_ATTEMPTS times;
 - queued jobs past their deadline: failed (`timeout`) at once, not when a worker next looks;
@@ -27,11 +27,12 @@ from typing import cast
 import redis
 import redis.exceptions
 
-from shared import keys, metrics, scripts
+from shared import keys, metrics
 from shared.config import Settings
-from shared.kombu_layout import delivery_tag_of, retagged
+from shared.jobqueue import scripts
+from shared.jobqueue.kombu_layout import delivery_tag_of, retagged
+from shared.jobqueue.records import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
 from shared.logging import fields
-from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, as_text, job_message
 
 log = logging.getLogger("genq.reaper")
 

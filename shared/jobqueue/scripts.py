@@ -1,24 +1,25 @@
-"""genq's Lua scripts: each lives in shared/lua/<name>.lua; the job store's run after one prelude
-(`source`), the few that name only their KEYS load bare (`plain`).
+"""genq's Lua scripts: each lives in shared/jobqueue/lua/<name>.lua; the job store's run after
+one prelude (`source`), the few that name only their KEYS load bare (`plain`).
 
 Every key a script touches is declared in its KEYS, so the scripts run where keys are checked (a
-Redis Cluster, a key-routing proxy, an ACL that names keys): tests/shared/script_keys.py runs
-their table-driven tests as a Redis user allowed only each call's KEYS. A script builds no key
-name: it names a key by a label, its template in shared/keys.py and the template's values
+Redis Cluster, a key-routing proxy, an ACL that names keys): tests/shared/jobqueue/script_keys.py
+runs their table-driven tests as a Redis user allowed only each call's KEYS. A script builds no
+key name: it names a key by a label, its template in shared/keys.py and the template's values
 (`job_key\\x1f<job id>`), and the prelude looks the label up among the keys the call declared.
 
 A call (`Script`, `wire`) sends its own KEYS, then every constant key (found by place), then the
 declared ones; ARGV[1] counts those, their labels follow, then the script's own ARGV. A script's
-text holds only the prelude's definitions it uses (`source`): each is made again on every call. The caller declares what it knows a call will need; a key only the
-script can find (a follower's record, a leader named by a key) it asks for: before its first
-write, it ends with a `GENQNEED` error naming the labels, and the call is sent again with them
-(`Script`, `run_async`). A script that would ask after a write fails instead (`GENQBUG`): a state
-half written must not be retried; tests catch that.
+text holds only the prelude's definitions it uses (`source`): each is made again on every call.
+The caller declares what it knows a call will need; a key only the script can find (a follower's
+record, a leader named by a key) it asks for: before its first write, it ends with a `GENQNEED`
+error naming the labels, and the call is sent again with them (`Script`, `run_async`). A script
+that would ask after a write fails instead (`GENQBUG`): a state half written must not be
+retried; tests catch that.
 
 `K` names the constant keys (`K.leases`), a function per key template the others
 (`job_key(id)`, `owner_bytes_key(owner, day)`, ...), and `L.<template>(values)` their labels, for
-the checks that ask before a write (`need`, `missing`). Then comes shared/lua/common.lua, the
-functions the scripts share (enqueue, ended, coalescing).
+the checks that ask before a write (`need`, `missing`). Then comes shared/jobqueue/lua/common.lua,
+the functions the scripts share (enqueue, ended, coalescing).
 """
 
 from __future__ import annotations
@@ -291,13 +292,13 @@ function L.key(name) return RAW .. name end
 @functools.cache
 def prelude() -> str:
     """Everything a script may use before its own text: the per-call declarations, then every
-    definition (key functions, tunables, shared/lua/common.lua)."""
+    definition (key functions, tunables, shared/jobqueue/lua/common.lua)."""
     return _head() + "".join(text for _, text in _definitions())
 
 
 @functools.cache
 def source(name: str) -> str:
-    """The full text of script `name`: shared/lua/<name>.lua after the prelude's per-call part and
+    """The full text of script `name`: shared/jobqueue/lua/<name>.lua after the prelude's per-call part and
     those of its definitions the script uses (directly or through another): every definition is
     made again on every call, so a script defines only what it may call."""
     body = (LUA_DIR / f"{name}.lua").read_text()
@@ -335,7 +336,7 @@ def _names(text: str) -> list[str]:
 @functools.cache
 def _definitions() -> tuple[tuple[frozenset[str], str], ...]:
     """The prelude's definitions in order, each (the names it defines, its text with the comment
-    above it): the key functions, the tunables, then shared/lua/common.lua's."""
+    above it): the key functions, the tunables, then shared/jobqueue/lua/common.lua's."""
     builders = "".join(key_function(name, template) for name, template in TEMPLATES.items())
     tunables = (
         f"local ORPHAN_CHECK_S = {ORPHAN_CHECK_S}\nlocal ORPHAN_RECHECK_S = {ORPHAN_RECHECK_S}\n"

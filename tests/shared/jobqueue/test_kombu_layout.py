@@ -1,6 +1,6 @@
 # kombu's API is untyped (pyproject.toml lists it among such packages): its calls are checked here by running.
 # mypy: disable-error-code="no-untyped-call"
-"""The contract of shared/kombu_layout.py with the pinned kombu and Celery, on the suite's real
+"""The contract of shared/jobqueue/kombu_layout.py with the pinned kombu and Celery, on the suite's real
 Redis: what genq's scripts write, kombu's public consumer receives and acknowledges, holding it
 where genq's scripts look (the unacked hash and its index, by the message's delivery tag); what
 Celery publishes, genq's take script claims and the reaper reads; and the names are the ones kombu
@@ -20,12 +20,13 @@ from kombu.entity import Queue
 from kombu.message import Message
 
 from cli.redis_server import EmbeddedRedis
-from shared import keys, kombu_layout
+from shared import keys
 from shared.celery_app import create_celery_app
 from shared.config import Settings
-from shared.reaper import Reaper
-from shared.store import job_message
-from tests.shared.test_store_scripts import LIST, QUEUE, client, jobs, record, submit
+from shared.jobqueue import kombu_layout
+from shared.jobqueue.reaper import Reaper
+from shared.jobqueue.records import job_message
+from tests.shared.jobqueue.test_job_scripts import LIST, QUEUE, client, jobs, record, submit
 from workers.jobs import WorkerJobs
 
 __all__ = ["client", "jobs"]  # the fixtures, shared with the store scripts' tests

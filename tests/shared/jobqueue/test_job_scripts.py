@@ -1,7 +1,7 @@
 """The job store's Lua scripts as state machines: each case sets a job's state in a real Redis,
 runs one script, and checks the state after (record, indexes, queue list, kombu's unacked hash).
 Jobs are accepted through the real submit script, so every case starts from what the API writes.
-Each script call may touch only the keys it declares (tests/shared/script_keys.py)."""
+Each script call may touch only the keys it declares (tests/shared/jobqueue/script_keys.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import redis.client
 
 from api.jobs.store import NewJob, cancel_labels, submit_labels
 from cli.redis_server import EmbeddedRedis
-from shared import keys, scripts
+from shared import keys
 from shared.celery_app import queue_lists
-from shared.reaper import Reaper
-from shared.store import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
+from shared.jobqueue import scripts
+from shared.jobqueue.reaper import Reaper
+from shared.jobqueue.records import TIMEOUT_ERROR, WORKER_LOST_ERROR, job_message, public_job
 from tests.conftest import commands_while
-from tests.shared.script_keys import checked_client
+from tests.shared.jobqueue.script_keys import checked_client
 from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
 
 QUEUE = keys.queue_for_model("placeholder-echo")
@@ -38,7 +39,7 @@ Script = Callable[..., Any]
 
 @pytest.fixture
 def client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    """Every script call runs allowed only the keys it declares (tests/shared/script_keys.py)."""
+    """Every script call runs allowed only the keys it declares (tests/shared/jobqueue/script_keys.py)."""
     yield from checked_client(redis_server.url)
 
 

@@ -58,7 +58,7 @@ local function unbase64(text)
 end
 
 -- A delivery message's two args (the job's or batch's id, the event): read from its argsrepr,
--- which genq's messages (shared/kombu_layout.py) and Celery's both write as repr(args), when that is
+-- which genq's messages (shared/jobqueue/kombu_layout.py) and Celery's both write as repr(args), when that is
 -- two plain quoted words; else from the body itself. nil, nil when neither says.
 local function args_of(headers, body)
   local argsrepr = headers['argsrepr']

@@ -1,8 +1,8 @@
-"""shared/scripts.py: every key a script touches is declared in its KEYS. Labels name the keys
+"""shared/jobqueue/scripts.py: every key a script touches is declared in its KEYS. Labels name the keys
 Python builds from shared/keys.py; a call that lacks one the script needs is asked for it before
 the script writes, and sent again with it; a script that would ask after a write fails instead.
 Every script's table-driven tests run as a Redis user allowed only each call's KEYS
-(tests/shared/script_keys.py): this module holds the list of where, and checks it is whole."""
+(tests/shared/jobqueue/script_keys.py): this module holds the list of where, and checks it is whole."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from cli.redis_server import EmbeddedRedis
-from shared import keys, scripts
-from tests.shared.script_keys import KeyCheckedRedis, checked_client
+from shared import keys
+from shared.jobqueue import scripts
+from tests.shared.jobqueue.script_keys import KeyCheckedRedis, checked_client
 
 SCRIPTS = sorted(p.stem for p in scripts.LUA_DIR.glob("*.lua") if p.stem != "common")
 
@@ -27,20 +28,20 @@ CHECKED_IN = {
     "batch_finalizing": "tests.shared.test_batches",
     "batch_finish": "tests.shared.test_batches",
     "batch_validated": "tests.shared.test_batches",
-    "cancel": "tests.shared.test_store_scripts",
-    "claim": "tests.shared.test_store_scripts",
-    "file_add": "tests.shared.test_scripts",
-    "file_forget": "tests.shared.test_scripts",
-    "finish": "tests.shared.test_store_scripts",
-    "hand_back": "tests.shared.test_store_scripts",
-    "reap_deadline": "tests.shared.test_store_scripts",
+    "cancel": "tests.shared.jobqueue.test_job_scripts",
+    "claim": "tests.shared.jobqueue.test_job_scripts",
+    "file_add": "tests.shared.jobqueue.test_scripts",
+    "file_forget": "tests.shared.jobqueue.test_scripts",
+    "finish": "tests.shared.jobqueue.test_job_scripts",
+    "hand_back": "tests.shared.jobqueue.test_job_scripts",
+    "reap_deadline": "tests.shared.jobqueue.test_job_scripts",
     "reap_delivery": "tests.workers.webhooks.test_orphans",
-    "reap_lease": "tests.shared.test_store_scripts",
-    "reap_orphan": "tests.shared.test_store_scripts",
-    "renew": "tests.shared.test_store_scripts",
-    "submit": "tests.shared.test_store_scripts",
-    "take": "tests.shared.test_take_script",
-    "token_bucket": "tests.shared.test_scripts",
+    "reap_lease": "tests.shared.jobqueue.test_job_scripts",
+    "reap_orphan": "tests.shared.jobqueue.test_job_scripts",
+    "renew": "tests.shared.jobqueue.test_job_scripts",
+    "submit": "tests.shared.jobqueue.test_job_scripts",
+    "take": "tests.shared.jobqueue.test_take_script",
+    "token_bucket": "tests.shared.jobqueue.test_scripts",
     "webhook_claim": "tests.workers.webhooks.test_delivery",
     "webhook_record": "tests.workers.webhooks.test_intake",
     "webhook_take": "tests.workers.webhooks.test_intake",
@@ -58,14 +59,14 @@ def _eval(client: redis.Redis, body: str, keys_: list[str], args: list[object], 
 
 
 def test_every_script_has_its_tests_under_the_key_check() -> None:
-    from tests.shared import script_keys, test_store_scripts
+    from tests.shared.jobqueue import script_keys, test_job_scripts
 
     assert sorted(CHECKED_IN) == SCRIPTS
     for name, module in CHECKED_IN.items():
         names = importlib.import_module(module).__dict__
         checked = (
             names.get("redis_client") is script_keys.redis_client
-            or names.get("client") is test_store_scripts.client  # the store scripts' tests' client
+            or names.get("client") is test_job_scripts.client  # the store scripts' tests' client
             or names.get("checked_client") is checked_client
         )
         assert checked, (name, module)

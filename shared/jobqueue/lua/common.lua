@@ -1,4 +1,4 @@
--- Functions every job-store script shares. The prelude before this file (shared/scripts.py)
+-- Functions every job-store script shares. The prelude before this file (shared/jobqueue/scripts.py)
 -- defines K (the constant keys), CH (the channels), the key functions job_key, followers_key,
 -- inflight_key, running_key, queued_key, owner_live_key, owner_bytes_key, the webhook delivery
 -- keys and batch_key, which return the keys the call declared, and L, their labels, which the
@@ -8,7 +8,7 @@ local NO_INFERENCE_METRICS = '{"inference_ms":0}'
 
 -- Push a job's pre-built webhook message for `event` onto the webhook queue, once, and index the
 -- delivery as pending: the reaper pushes its message again should the broker lose it
--- (shared/lua/reap_delivery.lua). The delivery's state lives as long as the job record.
+-- (shared/jobqueue/lua/reap_delivery.lua). The delivery's state lives as long as the job record.
 -- `message`, optional: the field's value when the caller has read it already (false: absent).
 -- `frozen`, optional: {url, body, owner} the caller built for it (the worker that finishes a job
 -- builds its `completed` body), stored as a first attempt would freeze them, so no attempt needs
@@ -256,7 +256,7 @@ end
 
 -- A task message's (kombu's JSON envelope's) string field `name` at or after `from`, by a pattern,
 -- when its value is a plain word, as its task name, id and delivery tag are in every message genq
--- (shared/kombu_layout.py) and Celery write, in either's JSON spacing; nil otherwise, and the caller
+-- (shared/jobqueue/kombu_layout.py) and Celery write, in either's JSON spacing; nil otherwise, and the caller
 -- decodes the whole envelope, which cost ~10 us more of Redis's time each time.
 local function word_field(message, name, from)
   -- A plain find (a memory search) for the name, then a pattern anchored there: a pattern searched

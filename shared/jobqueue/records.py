@@ -3,10 +3,10 @@ the job's spec, written by the API and read by the worker; its output and metric
 worker), the views the API returns and webhooks deliver, the errors the claim and reaper scripts
 write, and a job's Celery message.
 
-Every move of a job is checked and set inside Redis by one script (shared/lua/): queued ->
+Every move of a job is checked and set inside Redis by one script (shared/jobqueue/lua/): queued ->
 running -> terminal, and running -> queued only when a job is handed back (a drain, an engine
 death, or a lease that lapsed). A running job carries a lease its worker renews; the reaper
-(shared/reaper.py) hands back jobs whose lease lapsed. So a redelivered message never re-runs a
+(shared/jobqueue/reaper.py) hands back jobs whose lease lapsed. So a redelivered message never re-runs a
 finished job, and a job ends exactly once. The API's side (api/jobs/store.py, asyncio) creates,
 reads, cancels and lists; the worker's side (workers/jobs.py, blocking) claims, renews, finishes
 and hands back. Both decode records with the functions below.
@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from shared import keys
+from shared.jobqueue.kombu_layout import task_message
 from shared.jobspec import JobSpec
-from shared.kombu_layout import task_message
 from shared.schemas import JobCoreView, JobOutput, JobStatus, JobSummaryView, JobView
 
 TIMEOUT_ERROR = orjson.dumps(
