@@ -7,6 +7,7 @@ shared/jobqueue/records.py."""
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -101,8 +102,16 @@ def _taken(flat: list[bytes | str]) -> tuple[ClaimedJob | None, list[str]]:
     return (as_text(flat[0]), flat_record(flat[2:])), hints.split("\n") if hints else []
 
 
-def _queue_labels(queue: str) -> list[str]:
-    return [scripts.label("queued_key", queue), scripts.label("running_key", queue)]
+@functools.cache
+def _queue_labels(queue: str) -> tuple[str, ...]:
+    return scripts.label("queued_key", queue), scripts.label("running_key", queue)
+
+
+@functools.lru_cache(maxsize=64)
+def _lists_labels(queue_lists: tuple[str, ...], queues: frozenset[str]) -> tuple[str, ...]:
+    """The labels of the indexes of the queues of `queue_lists` and of `queues`."""
+    found = {kombu_layout.queue_of_list(name) for name in queue_lists} | queues
+    return tuple(label for queue in sorted(found) for label in _queue_labels(queue))
 
 
 def _finish_labels(job_id: str, record: dict[str, str] | None) -> list[str]:
@@ -188,10 +197,7 @@ class WorkerJobs:
         return None
 
     def _take_labels(self, queue_lists: list[str], asked: list[str]) -> list[str]:
-        labels = list(asked)
-        for queue in {kombu_layout.queue_of_list(name) for name in queue_lists} | self._queues:
-            labels += _queue_labels(queue)
-        return labels
+        return [*asked, *_lists_labels(tuple(queue_lists), frozenset(self._queues))]
 
     def _take_args(self, worker_id: str) -> list[str | int | float | bytes]:
         return [worker_id, repr(time.time()), self._lease_s, TIMEOUT_ERROR, self._max_attempts,

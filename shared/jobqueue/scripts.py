@@ -96,6 +96,7 @@ WRITES = (
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def label(template: str, *values: object) -> str:
     """The label of a key: its template's name (TEMPLATES, CONSTANTS, or RAW with the full
     name) and the template's values, in the template's order."""
