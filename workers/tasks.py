@@ -7,7 +7,7 @@ from celery.exceptions import Reject
 
 from shared import keys
 from workers import context
-from workers.runtime import HandBack
+from workers.job_runner import HandBack
 
 
 @shared_task(name=keys.GENERATE_TASK, acks_late=True, reject_on_worker_lost=True)

@@ -19,7 +19,8 @@ from tests.workers.test_runtime import accepted
 from workers import context
 from workers.context import Runtime
 from workers.engine import build_engine
-from workers.runtime import HandBack, WorkerRuntime
+from workers.job_runner import HandBack
+from workers.runtime import WorkerRuntime
 from workers.tasks import generate
 from workers.worker import engine_config
 
