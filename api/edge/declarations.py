@@ -2,7 +2,7 @@
 (`Depends`/`Security`, `Header`) and Python's own `inspect` and `typing`: the functions it runs
 before its endpoint, however deep, and the headers each reads.
 
-Why not FastAPI's solved model of a route (`fastapi.dependencies.models.Dependant`): it is an
+Why not the model FastAPI solves a route into (its `Dependant`, in a module of its internals): it is an
 internal of FastAPI that changes between minor releases. The start-up checks that keep every
 caller on one pipeline (api/edge/pipeline.py) and the hot path on the routes it mirrors
 (api/routes/hotpath.py) need only what the code declares, which these markers are."""
