@@ -248,9 +248,9 @@ _DECLARE = """local KEYS, ARGV = KEYS, ARGV
 local DECLARED, K = {}, {}
 if string.byte(ARGV[1] or '', 1) == 30 then
   local count = tonumber(string.sub(ARGV[1], 2))
-  local own = #KEYS - #CONSTANT_NAMES - count
-  for i = 1, #CONSTANT_NAMES do K[CONSTANT_NAMES[i]] = KEYS[own + i] end
-  local first = own + #CONSTANT_NAMES
+  local own = #KEYS - CONSTANT_COUNT - count
+  K = CONSTANT_TABLE
+  local first = own + CONSTANT_COUNT
   for i = 1, count do DECLARED[ARGV[1 + i]] = KEYS[first + i] end
   KEYS = {unpack(KEYS, 1, own)}
   ARGV = {unpack(ARGV, count + 2)}
@@ -258,7 +258,7 @@ end
 local WROTE = false
 local server = redis
 local redis = setmetatable({call = function(command, ...)
-  if WRITES[command] then WROTE = true end
+  if not WROTE and string.find(WRITES, ' ' .. command .. ' ', 1, true) then WROTE = true end
   return server.call(command, ...)
 end}, {__index = server})
 -- Ends the script asking for the keys `labels` (GENQNEED), or, once it wrote, as a bug.
@@ -313,13 +313,16 @@ def source(name: str) -> str:
 
 
 def _head() -> str:
-    writes = ", ".join(f"{command} = true" for command in WRITES)
+    # One string, not a table: a table of them would be built again on every call.
+    writes = _lua_string(" " + " ".join(WRITES) + " ")
     channels = ", ".join(f"{name} = {_lua_string(value)}" for name, value in CHANNELS.items())
-    constants = ", ".join(map(_lua_string, CONSTANTS))
+    # K is built by one constructor (its size known up front), not key by key.
+    places = ", ".join(f"{name} = KEYS[own + {place}]" for place, name in enumerate(CONSTANTS, 1))
     return (
-        f"local WRITES = {{{writes}}}\nlocal NEED = {_lua_string(NEED)}\n"
-        f"local CONSTANT_NAMES = {{{constants}}}\n"
-        f"local RAW = {_lua_string(RAW + SEP)}\nlocal CH = {{{channels}}}\n{_DECLARE}"
+        f"local WRITES = {writes}\nlocal NEED = {_lua_string(NEED)}\n"
+        f"local CONSTANT_COUNT = {len(CONSTANTS)}\n"
+        f"local RAW = {_lua_string(RAW + SEP)}\nlocal CH = {{{channels}}}\n"
+        + _DECLARE.replace("CONSTANT_TABLE", f"{{{places}}}")
     )
 
 
