@@ -33,7 +33,7 @@ RESULTS = ROOT / "bench" / "results"
 CPU_LABELS = {
     "machinery_amx7.json": "Intel AMX",
     "engine_reference_amx7.json": "Intel AMX",
-    "worker_memory_amx7.json": "Intel AMX",
+    "worker_memory_zen4.json": "AMD Zen 4",
     "machinery_zen4_2.json": "AMD Zen 4",
     "engine_reference_zen4_2.json": "AMD Zen 4",
     "webhook_drain.json": "x86_64",
@@ -273,7 +273,7 @@ def readme_rows() -> list[Row]:
         *webhook_row("machinery_amx7.json"),
         *engine_rows("engine_reference_amx7.json", [1, 16]),
         *http_rows("engine_reference_amx7.json"),
-        *memory_row("worker_memory_amx7.json"),
+        *memory_row("worker_memory_zen4.json"),
         *abuse_row(),
     ]
 
@@ -342,7 +342,7 @@ TABLES: list[tuple[str, str, Callable[[str], str]]] = [
     ("docs/performance.md", "machinery", machinery_table),
     ("docs/performance.md", "webhook_drain", webhook_drain_table),
     ("docs/performance.md", "engine", engine_table),
-    ("docs/performance.md", "memory", lambda prefix: table(memory_row("worker_memory_amx7.json"), prefix)),
+    ("docs/performance.md", "memory", lambda prefix: table(memory_row("worker_memory_zen4.json"), prefix)),
     ("docs/performance.md", "gateway", gateway_table),
     ("docs/performance.md", "tenants", tenants_table),
 ]
