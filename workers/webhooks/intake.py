@@ -87,8 +87,9 @@ class DeliveryIntake:
         self._wait_s = wait_s
         self._closing = closing
         self._take = scripts.Script(client, "webhook_take")
-        #: Per task thread, `hints`: the labels its last take named for its next.
-        self._thread = threading.local()
+        #: The labels the latest takes (any thread's) named for the next, oldest first (a dict as
+        #: an ordered set): a thread's next message is one that another thread's take saw next in line.
+        self._hints: dict[str, None] = {}
         #: The owners of the deliveries taken last, oldest first (a dict as an ordered set).
         self._owners: dict[str, None] = {}
 
@@ -117,10 +118,11 @@ class DeliveryIntake:
     def _take_one(self, popped: str, attempt_record: AttemptRecord | None = None) -> list[Any]:
         """The take script's reply for `popped`, or for the list's next message when "", after
         `attempt_record` is recorded (see shared/jobqueue/lua/webhook_take.lua). A take that asks for the
-        keys its message names is made again with them, recording nothing more (scripts.ROUNDS
-        times at most: other threads took the messages meanwhile; then it took nothing)."""
+        keys its message names hands the message over (popped): the take is made again with it and
+        those keys, recording nothing more (scripts.ROUNDS times at most; then the message goes
+        back first in line and it took nothing)."""
         names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
-        labels = self._known_labels()
+        labels = [*self._known_labels(), *message_labels(popped)] if popped else self._known_labels()
         for _ in range(scripts.ROUNDS):
             args = [*self._deliveries.lease_args(), *names, popped, TAKE_HINTS]
             if attempt_record is None:
@@ -131,16 +133,18 @@ class DeliveryIntake:
                 )
             if not reply or _text(reply[0]) != NEED_REPLY:
                 return self._learn(reply)
-            attempt_record, labels = None, [*labels, *(_text(name) for name in reply[1:])]
+            # the message asked about is the thread's now (the script popped one it peeked)
+            popped = _text(reply[1])
+            attempt_record, labels = None, [*labels, *(_text(name) for name in reply[2:])]
         if popped:  # the thread's message goes back first in line, for Celery's consumer
             self._redis.rpush(WEBHOOK_LIST, popped)
         return []
 
     def _known_labels(self) -> list[str]:
-        """Keys a take declares before it asks: those of the messages next in line at this
-        thread's last take, and the signing secrets of the owners whose deliveries were taken
-        lately (a frozen delivery's owner is known only once its state is read)."""
-        labels = list(getattr(self._thread, "hints", []))
+        """Keys a take declares before it asks: those of the messages next in line at the latest
+        takes, and the signing secrets of the owners whose deliveries were taken lately (a frozen
+        delivery's owner is known only once its state is read)."""
+        labels = list(self._hints)
         for owner in list(self._owners):
             labels += [
                 scripts.label("webhook_secret_key", owner),
@@ -149,12 +153,16 @@ class DeliveryIntake:
         return labels
 
     def _learn(self, reply: list[Any]) -> list[Any]:
-        """A take's reply less the labels it named for the next take (kept for this thread), the
-        claimed delivery's owner kept among the recent ones."""
+        """A take's reply less the labels it named for the next take (kept among the recent ones,
+        for every thread), the claimed delivery's owner kept among the recent ones."""
         if len(reply) < 4:
             return reply
         hints = _text(reply.pop(3))
-        self._thread.hints = hints.split("\n") if hints else []
+        for hint in hints.split("\n") if hints else ():
+            self._hints.pop(hint, None)
+            self._hints[hint] = None
+        while len(self._hints) > RECENT_HINTS:
+            self._hints.pop(next(iter(self._hints)), None)
         claimed = _claimed_delivery(reply)
         if claimed is not None and claimed.snapshot is not None and claimed.snapshot.payload is not None:
             owner = claimed.snapshot.payload.owner
@@ -171,10 +179,38 @@ NEED_REPLY = "!need"
 TAKE_HINTS = 2
 #: Owners whose signing secrets every take declares: those of the deliveries taken last.
 RECENT_OWNERS = 8
+#: Labels of the latest takes' hints every take declares: the keys of a few takes' next messages.
+RECENT_HINTS = 8 * TAKE_HINTS * 3
 
 #: The events the take script tells apart: `output` (a delivery per notice), `completed` (reads
 #: its job's `start` delivery) and `start`.
 EVENT_NAMES = [WebhookEvent.OUTPUT, WebhookEvent.COMPLETED, WebhookEvent.START]
+
+
+def message_labels(raw: str) -> list[str]:
+    """Labels of the keys a delivery message names, as webhook_take.lua finds them (its delivery's
+    state, its record's, and for a job's `completed` its `start` delivery's): a message the thread
+    popped itself is declared with its first take, which then need not ask for them. None for a
+    message that is not a delivery message (the take sends it back)."""
+    try:
+        return _delivery_labels(DeliveryMessage.parse(raw).delivery)
+    except (KeyError, ValueError, IndexError, TypeError):  # not a delivery message; a label refused
+        return []
+
+
+def _delivery_labels(delivery: Delivery) -> list[str]:
+    if delivery.batch:
+        return [
+            scripts.label("batch_webhook_delivery_key", delivery.job_id, delivery.name),
+            scripts.label("batch_key", delivery.job_id),
+        ]
+    labels = [
+        scripts.label("webhook_delivery_key", delivery.job_id, delivery.name),
+        scripts.label("job_key", delivery.job_id),
+    ]
+    if delivery.follows_start:
+        labels.append(scripts.label("webhook_delivery_key", delivery.job_id, WebhookEvent.START))
+    return labels
 
 
 def _claimed_delivery(reply: list[Any]) -> ClaimedDelivery | None:

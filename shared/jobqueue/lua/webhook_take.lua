@@ -18,9 +18,12 @@
 -- going on to its next delivery spends no round trip on ending the last.
 -- The keys the message names (its delivery's state, its record's, the `start` delivery's) and the
 -- signing secrets of the owner frozen with the delivery the take asks for in its reply, not by
--- an error, since the record it made stays made: the caller takes again with them (and the same
--- message, when the thread popped it), recording nothing.
--- Returns {} (the list is empty), {'untaken'} (the message went back), {'!need', label, ...}, or
+-- an error, since the record it made stays made; a message it peeked it pops then and hands over
+-- with the reply, as if the thread had popped it (BRPOP): asking again for whatever is next in
+-- line would race the other threads, who take it meanwhile. The caller takes again with them and
+-- the message, recording nothing.
+-- Returns {} (the list is empty), {'untaken'} (the message went back), {'!need', message, label,
+-- ...}, or
 -- {outcome, lease, message, labels of the next messages' keys (one a line)} and, claimed, the
 -- look after them: claim_and_look's reply (common.lua) with the message and the labels.
 if #KEYS > 0 then record_delivery(KEYS, {unpack(ARGV, 12)}) end
@@ -125,7 +128,9 @@ if #absent == 0 then
   absent = missing(secrets)
 end
 if #absent > 0 then
+  if peeked then redis.call('RPOP', K.webhook_queue) end
   table.insert(absent, 1, '!need')
+  table.insert(absent, 2, message)
   return absent
 end
 if peeked then redis.call('RPOP', K.webhook_queue) end

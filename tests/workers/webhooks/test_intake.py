@@ -32,7 +32,7 @@ from workers.webhooks.delivery import (
     Deliveries,
     Delivery,
 )
-from workers.webhooks.intake import DeliveryIntake, DeliveryMessage
+from workers.webhooks.intake import ClaimedDelivery, DeliveryIntake, DeliveryMessage
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 
@@ -365,3 +365,40 @@ def test_the_attempt_record_is_made_when_nothing_is_taken(
     assert redis_client.hget(COMPLETED.key, "outcome") == "delivered"
     assert redis_client.llen(keys.webhook_log("job-1")) == 1
     assert redis_client.llen(WEBHOOK_LIST) == (1 if situation == "closing" else 0)
+
+
+def _evalsha_calls(redis_client: redis.Redis) -> int:
+    return int(redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_message_popped_during_the_wait_is_claimed_without_asking_for_its_keys(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    """The thread read the message it popped: its take declares the keys it names (its delivery's
+    state, its record's, the `start` delivery's), so the script claims it without asking again."""
+    taker = intake(wait_s=5.0)
+    threading.Timer(0.2, lambda: publish(deliveries, COMPLETED)).start()
+    before = _evalsha_calls(redis_client)
+    taken = taker.next()
+    assert taken is not None and taken.claim is Claim.CLAIMED and taken.message.delivery == COMPLETED
+    assert _evalsha_calls(redis_client) - before == 2  # the take that found none, the popped one's
+
+
+def test_a_take_declares_the_keys_another_threads_take_named(
+    redis_client: redis.Redis, deliveries: Deliveries, intake: Callable[..., DeliveryIntake]
+) -> None:
+    """Task threads share what their takes saw next in line: a thread whose own last take named
+    nothing takes the message after another thread's in one round trip."""
+    taker = intake()
+    second = Delivery.of("job-22", "completed", "task-2")
+    publish(deliveries, COMPLETED)
+    publish(deliveries, second, task_id="task-2")
+    first = taker.next()
+    assert first is not None and first.message.delivery == COMPLETED
+    taken: list[ClaimedDelivery | None] = []
+    before = _evalsha_calls(redis_client)
+    other = threading.Thread(target=lambda: taken.append(taker.next()))
+    other.start()
+    other.join()
+    assert _evalsha_calls(redis_client) - before == 1
+    assert taken[0] is not None and taken[0].message.delivery == second
