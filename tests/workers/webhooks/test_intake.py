@@ -18,6 +18,7 @@ import redis
 
 from cli.redis_server import EmbeddedRedis
 from shared import keys
+from shared.jobqueue import scripts
 from shared.jobqueue.kombu_layout import task_message
 from shared.jobqueue.reaper import Reaper
 from tests.shared.jobqueue.script_keys import redis_client
@@ -32,7 +33,14 @@ from workers.webhooks.delivery import (
     Deliveries,
     Delivery,
 )
-from workers.webhooks.intake import ClaimedDelivery, DeliveryIntake, DeliveryMessage
+from workers.webhooks.intake import (
+    EVENT_NAMES,
+    NEED_REPLY,
+    ClaimedDelivery,
+    DeliveryIntake,
+    DeliveryMessage,
+    message_labels,
+)
 
 COMPLETED = Delivery.of("job-1", "completed", "task-1")
 
@@ -402,3 +410,19 @@ def test_a_take_declares_the_keys_another_threads_take_named(
     other.join()
     assert _evalsha_calls(redis_client) - before == 1
     assert taken[0] is not None and taken[0].message.delivery == second
+
+
+def test_a_take_that_asks_for_a_peeked_messages_keys_hands_the_message_over(
+    redis_client: redis.Redis, deliveries: Deliveries
+) -> None:
+    """Asking again for whatever is next in line would race the other threads for it: the take
+    pops the message it asks about and hands it to the caller, who takes again with it, so the
+    second take finds the keys it declared."""
+    publish(deliveries, COMPLETED)
+    waiting = cast(str, redis_client.lindex(WEBHOOK_LIST, -1))
+    names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
+    reply = scripts.Script(redis_client, "webhook_take")(args=[*deliveries.lease_args(), *names, "", 2])
+    assert reply[:2] == [NEED_REPLY, waiting]
+    assert sorted(reply[2:]) == sorted(message_labels(waiting))
+    assert redis_client.llen(WEBHOOK_LIST) == 0  # the caller's now
+    assert redis_client.hget(COMPLETED.key, "generation") is None  # not claimed: the caller takes again
