@@ -103,6 +103,7 @@ end
 -- Labels of the keys the next ARGV[11] messages in line name, for the thread's next take to declare.
 local function next_labels()
   local out = {}
+  if ARGV[11] == '0' then return out end  -- LRANGE -0 -1 would read the whole list
   for _, raw in ipairs(redis.call('LRANGE', K.webhook_queue, -tonumber(ARGV[11]), -1)) do
     local delivery, record, start = delivery_of(raw)
     if delivery then

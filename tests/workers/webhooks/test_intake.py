@@ -426,3 +426,14 @@ def test_a_take_that_asks_for_a_peeked_messages_keys_hands_the_message_over(
     assert sorted(reply[2:]) == sorted(message_labels(waiting))
     assert redis_client.llen(WEBHOOK_LIST) == 0  # the caller's now
     assert redis_client.hget(COMPLETED.key, "generation") is None  # not claimed: the caller takes again
+
+
+def test_a_take_asked_for_no_hints_names_none(redis_client: redis.Redis, deliveries: Deliveries) -> None:
+    """Naming the next none messages reads none of the list (LRANGE -0 -1 would read all of it)."""
+    publish(deliveries, COMPLETED)
+    publish(deliveries, Delivery.of("job-22", "completed", "task-2"), task_id="task-2")
+    raw = cast(str, redis_client.rpop(WEBHOOK_LIST))
+    names = [keys.WEBHOOK_TASK, keys.BATCH_WEBHOOK_TASK, *EVENT_NAMES, START_MESSAGE_FIELD]
+    take = scripts.Script(redis_client, "webhook_take")
+    reply = take(args=[*deliveries.lease_args(), *names, raw, 0], labels=message_labels(raw))
+    assert reply[0] == "claimed" and reply[3] == ""
