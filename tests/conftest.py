@@ -326,8 +326,9 @@ def worker(settings: Settings, start_worker: Callable[..., WorkerProcess]) -> Wo
 
 def assert_nothing_written(client: redis.Redis) -> None:
     """No job record, owner index, idempotency key or queued message exists (rate-limit buckets
-    and other bookkeeping may)."""
-    written = [k for k in cast(list[str], client.keys("genq*")) if not k.startswith("genq:ratelimit:")]
+    and the reaper's lock, which the app's reaper takes on its own schedule, may)."""
+    bookkeeping = (keys.PREFIX + ":ratelimit:", keys.REAPER_LOCK)
+    written = [k for k in cast(list[str], client.keys("genq*")) if not k.startswith(bookkeeping)]
     assert written == [], written
 
 
