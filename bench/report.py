@@ -35,6 +35,7 @@ CPU_LABELS = {
     "engine_reference_amx7.json": "Intel AMX",
     "worker_memory_zen4.json": "AMD Zen 4",
     "machinery_zen4_2.json": "AMD Zen 4",
+    "machinery_zen4_3.json": "AMD Zen 4",
     "engine_reference_zen4_2.json": "AMD Zen 4",
     "webhook_drain.json": "x86_64",
     "tenants.json": "x86_64",
@@ -269,8 +270,8 @@ def abuse_row(name: str = "abuse.json") -> list[Row]:
 
 def readme_rows() -> list[Row]:
     return [
-        *machinery_rows("machinery_amx7.json", ["poll"], [16, 64, 256]),
-        *webhook_row("machinery_amx7.json"),
+        *machinery_rows("machinery_zen4_3.json", ["poll"], [16, 64, 256]),
+        *webhook_row("machinery_zen4_3.json"),
         *engine_rows("engine_reference_amx7.json", [1, 16]),
         *http_rows("engine_reference_amx7.json"),
         *memory_row("worker_memory_zen4.json"),
@@ -280,7 +281,7 @@ def readme_rows() -> list[Row]:
 
 def machinery_table(prefix: str) -> str:
     rows = []
-    for name in ("machinery_amx7.json", "machinery_zen4_2.json"):
+    for name in ("machinery_zen4_3.json", "machinery_zen4_2.json", "machinery_amx7.json"):
         rows += machinery_rows(name, list(MODES), [16, 64, 256]) + webhook_row(name)
     return table(rows, prefix)
 

@@ -40,7 +40,7 @@ def test_the_page_tables_are_what_the_results_give(page: str) -> None:
 
 def test_every_cited_result_exists_and_is_a_full_run() -> None:
     cited = {row.source for row in report.readme_rows()}
-    assert {"machinery_amx7.json", "engine_reference_amx7.json", "worker_memory_zen4.json"} <= cited
+    assert {"machinery_zen4_3.json", "engine_reference_amx7.json", "worker_memory_zen4.json"} <= cited
     for name in cited:
         for run in report.runs_of(json.loads((report.RESULTS / name).read_text())):
             assert run.get("quick") is not True and "machine" in run, name
