@@ -7,26 +7,29 @@ The worker's process state (its engine, the jobs it holds, its life cycle) is th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import orjson
 import redis.exceptions
 
 from shared import metrics
 from shared.cache import CacheEntry, cache_key, write_entry
+from shared.config import Settings
 from shared.jobqueue.records import as_text, decode_input
 from shared.logging import fields
 from shared.schemas import JobStatus
-from workers.engine import ErrorType, FatalEngineError, GenerationResult, RequestError
-from workers.jobs import ClaimOutcome, NextTake
+from workers.engine import Engine, ErrorType, FatalEngineError, GenerationResult, RequestError
+from workers.held import HeldJobs
+from workers.intake import Intake
+from workers.jobs import ClaimOutcome, NextTake, WorkerJobs
+from workers.publish import OutputPublisher
 from workers.records import JobOutcome, generation_request, success_fields
 from workers.store_retry import StoreUnavailable, retry_store_call
-
-if TYPE_CHECKING:
-    from workers.runtime import WorkerRuntime
+from workers.webhooks.output import OutputWebhooks
 
 log = logging.getLogger("genq.worker")
 T = TypeVar("T")
@@ -45,11 +48,43 @@ def _store(call: Callable[[], T]) -> T:
         raise HandBack(str(exc)) from exc
 
 
+class RunnerHost(Protocol):
+    """What a JobRunner uses of the process it runs in (workers/runtime.py's WorkerRuntime): named
+    here, so that the runner depends on a shape and the runtime on the runner, not both ways."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def engine(self) -> Engine | None: ...
+    @property
+    def jobs(self) -> WorkerJobs: ...
+    @property
+    def intake(self) -> Intake | None: ...
+    @property
+    def held(self) -> HeldJobs: ...
+    @property
+    def output(self) -> OutputPublisher: ...
+    @property
+    def output_webhooks(self) -> OutputWebhooks: ...
+    @property
+    def cache_redis(self) -> redis.Redis | None: ...
+    @property
+    def model_id(self) -> str | None: ...
+    @property
+    def dying(self) -> bool: ...
+    @property
+    def closing(self) -> threading.Event: ...
+    def on_engine_fatal(self, error: BaseException) -> None: ...
+    def report_inflight(self) -> None: ...
+
+
 class JobRunner:
     """Runs the jobs of one worker's task threads (`run`), with the runtime's engine, job store,
     output publisher and held jobs."""
 
-    def __init__(self, runtime: WorkerRuntime) -> None:
+    def __init__(self, runtime: RunnerHost) -> None:
         self._runtime = runtime
 
     def run(self, job_id: str) -> None:
